@@ -1,0 +1,38 @@
+"""`python -m llama31_405b <command>`: each command group lives in its own module.
+
+A module in COMMANDS exposes `register(subparsers)`, which adds its parser and sets
+`func(args) -> int` as the handler. Modules are imported only when listed, and heavy imports
+(torch, megatron) stay inside the handlers so `config check` answers in well under a second.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = {
+    "config": "llama31_405b.cli.config_cmd",
+    "demo": "llama31_405b.cli.demo_cmd",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m llama31_405b",
+        description="Llama 3.1 405B MLPerf Training reference (NVFP4, GB200 NVL72)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in COMMANDS.values():
+        importlib.import_module(module).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Hardware as data: one TOML file per system id, read by the config validator and the planner.
+
+Bandwidths are per GPU and unidirectional unless the field name says otherwise. A "rack" is one
+NVLink domain: a model-parallel group (TP x PP x CP) must fit inside one.
+"""
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, fields
+from functools import cache
+from pathlib import Path
+from typing import Literal
+
+HERE = Path(__file__).parent
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class SystemSpec:
+    id: str
+    """System id (the file name without .toml)."""
+    name: str
+    """Marketing name, used in submission_platform and systems/<system>.json."""
+    accelerator: str
+    """Accelerator model name."""
+    peak_tflops_fp32: float
+    """Dense FP32 (or TF32 for GPUs) peak per accelerator, TFLOP/s."""
+    peak_tflops_bf16: float
+    """Dense BF16 peak per accelerator, TFLOP/s."""
+    peak_tflops_fp8: float
+    """Dense FP8 peak per accelerator, TFLOP/s (0: not supported)."""
+    peak_tflops_nvfp4: float
+    """Dense NVFP4 peak per accelerator, TFLOP/s (0: not supported natively)."""
+    nvfp4: Literal["native", "emulated", "none"]
+    """How NVFP4 runs: TE kernels (native), the project's PyTorch emulation, or not at all."""
+    hbm_gb: float
+    """Usable device memory per accelerator, GB."""
+    hbm_tbs: float
+    """Device memory bandwidth, TB/s."""
+    nvlink_gbs: float
+    """NVLink bandwidth per GPU per direction, GB/s."""
+    scaleout_gbs: float
+    """Scale-out (cross-rack) network bandwidth per GPU per direction, GB/s."""
+    gpus_per_nvlink_domain: int
+    """Accelerators in one NVLink domain (rack)."""
+    gpus_used_per_rack: int
+    """Accelerators a job uses per rack by default (GB200 NVL72: 16 of 18 trays = 64)."""
+    gpus_per_node: int
+    """Accelerators per node (Slurm tasks per node)."""
+    cpu_cores_per_node: int
+    """CPU cores per node (host side)."""
+    host_memory_gb: float
+    """Host memory per node, GB."""
+    interconnect: str
+    """Scale-out network, as written in systems/<system>.json."""
+
+    def peak_tflops(self, precision: str) -> float:
+        """Dense peak for a compute precision name (fp32, bf16, fp8, nvfp4)."""
+        return {"fp32": self.peak_tflops_fp32, "bf16": self.peak_tflops_bf16,
+                "fp8": self.peak_tflops_fp8, "nvfp4": self.peak_tflops_nvfp4}[precision]
+
+
+def system_ids() -> list[str]:
+    return sorted(p.stem for p in HERE.glob("*.toml"))
+
+
+@cache
+def load_system(system_id: str) -> SystemSpec:
+    path = HERE / f"{system_id}.toml"
+    if not path.is_file():
+        raise ValueError(f"unknown system id {system_id!r}: no {path}; known: {', '.join(system_ids())}")
+    with path.open("rb") as f:
+        raw = tomllib.load(f)
+    names = {f.name for f in fields(SystemSpec)}
+    unknown = sorted(set(raw) - names)
+    missing = sorted(names - set(raw) - {"id"})
+    if unknown or missing:
+        raise ValueError(f"{path}: unknown keys {unknown}, missing keys {missing}")
+    return SystemSpec(id=system_id, **raw)
