@@ -185,6 +185,8 @@ class DataConfig:
     """Blend weights of train_prefixes."""
     valid_prefix: str = "c4-validation-91205-samples.en_text_document"
     """Validation indexed-dataset prefix, relative to data_dir."""
+    pretrain_prefix: str | None = None
+    """Tiny benchmark only: prefix of the separate shard the initial checkpoint is pre-trained on."""
     index_cache_dir: str = "index_cache"
     """Where GPTDataset index caches go, relative to data_dir unless absolute."""
     require_verified: bool = True
