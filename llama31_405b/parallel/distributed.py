@@ -1,0 +1,73 @@
+"""Where this process sits in the job: rank layout from torchrun or Slurm, and process-group init.
+
+torchrun sets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT; a Slurm step (one task per GPU)
+sets SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID and the node list. A single process with neither is
+rank 0 of 1. This module is the one place that reads those variables.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from dataclasses import dataclass
+from datetime import timedelta
+
+
+@dataclass(frozen=True, slots=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    hostname: str
+    launcher: str
+    """"torchrun", "slurm" or "single"."""
+
+
+def _first_slurm_host(environ) -> str:
+    nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST", "")
+    if not nodelist:
+        return "127.0.0.1"
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
+                             text=True, timeout=30, check=True).stdout.split()
+        return out[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        # compressed lists like "n[1-4]" without scontrol: take the prefix and the first number
+        head = nodelist.split(",")[0]
+        if "[" in head:
+            prefix, rest = head.split("[", 1)
+            return prefix + rest.split("-")[0].split(",")[0].rstrip("]")
+        return head
+
+
+def dist_env_from_environ(environ=None) -> DistEnv:
+    env = os.environ if environ is None else environ
+    host = socket.gethostname()
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return DistEnv(rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]),
+                       local_rank=int(env.get("LOCAL_RANK", 0)),
+                       master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+                       master_port=int(env.get("MASTER_PORT", 29500)), hostname=host,
+                       launcher="torchrun")
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        job = int(env.get("SLURM_JOB_ID", "0") or 0)
+        return DistEnv(rank=int(env["SLURM_PROCID"]), world_size=int(env["SLURM_NTASKS"]),
+                       local_rank=int(env.get("SLURM_LOCALID", 0)),
+                       master_addr=env.get("MASTER_ADDR") or _first_slurm_host(env),
+                       master_port=int(env.get("MASTER_PORT") or 20000 + job % 20000),
+                       hostname=host, launcher="slurm")
+    return DistEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1",
+                   master_port=int(env.get("MASTER_PORT", 29500)), hostname=host, launcher="single")
+
+
+def init_process_group(de: DistEnv, *, backend: str, timeout_s: float = 120.0) -> None:
+    """Start torch.distributed for `de` (nccl on GPU, gloo on CPU). A short timeout turns a dead
+    peer into an error instead of a hang."""
+    import torch.distributed as dist
+    if dist.is_initialized():
+        return
+    dist.init_process_group(backend=backend, init_method=f"tcp://{de.master_addr}:{de.master_port}",
+                            rank=de.rank, world_size=de.world_size,
+                            timeout=timedelta(seconds=timeout_s))
