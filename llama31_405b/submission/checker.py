@@ -70,7 +70,7 @@ class CheckResult:
             if m:
                 idx = int(m.group(1))
                 where = f" at {self.path}:{lines[idx]}" if idx < len(lines) else ""
-                head = head.replace(m.group(0), where)
+                head = head.replace(m.group(0), where).rstrip(":")
             logged = next((p for p in parts[1:3] if TOKEN in p), None)
             if logged:
                 got = parse_line(logged, self.path, 0)
