@@ -200,7 +200,7 @@ class RunLog:
                    for e in self.events if e.key == "tracked_stats" and isinstance(e.value, dict)
                    and "train_step_time" in e.value and "samples_count" in e.metadata]
         if tracked:
-            return "tracked_stats train_step_time", tracked
+            return "tracked_stats train_step_time", sorted(tracked)
         gbs = self.gbs
         if not gbs:
             return "none", []

@@ -224,7 +224,7 @@ def _run(args: list[str], cwd: Path) -> tuple[int, str]:
 def _problems(text: str) -> list[str]:
     return [ln.strip() for ln in text.splitlines()
             if ln.startswith(("ERROR", "CRITICAL")) or "Skipping" in ln or "ERROR:" in ln
-            or "CRITICAL ERROR" in ln or "Traceback" in ln or "NOTICE: Dropping" in ln]
+            or "CRITICAL ERROR" in ln or "Traceback" in ln]
 
 
 def run_package_checker(org_dir: Path, ruleset: str) -> Step:
@@ -260,8 +260,9 @@ def run_summarizer(org_dir: Path, benchmark: str, ruleset: str) -> tuple[Step, f
         vals = [r.get(benchmark) for r in rows if r.get(benchmark)]
         score = float(vals[0]) if vals else None
     ok = rc == 0 and score is not None and not probs
+    notices = [ln.strip() for ln in text.splitlines() if ln.startswith("NOTICE")]
     detail = (f"{benchmark} score {score:.3f} min" if score is not None else "no score") + (
-        "; " + "; ".join(probs) if probs else "")
+        "; " + "; ".join(probs + notices) if probs or notices else "")
     return Step("result summarizer", ok, detail), score
 
 

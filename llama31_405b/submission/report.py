@@ -26,6 +26,13 @@ class Summary:
     rows: list[tuple[str, object, str, float | None, float | None]]
     """(run name, seed, status, minutes, samples to converge)."""
     score: float | None
+    norm_factor: float = 1.0
+    """The RCP checker's normalisation for runs faster than the RCP mean (1.0 otherwise)."""
+    rcp_message: str = ""
+
+    @property
+    def scored(self) -> float | None:
+        return None if self.score is None else self.score * self.norm_factor
 
     def text(self) -> str:
         lines = [f"{len(self.rows)} run(s) of {self.benchmark} at GBS {self.gbs}, target "
@@ -36,9 +43,11 @@ class Summary:
             t = f"{minutes:9.3f} min" if minutes is not None else "      n/a    "
             s = f"{samples:,.0f} samples" if samples is not None else "did not converge"
             lines.append(f"  {name:<24} seed {seed!s:>8}  {status:<8} {t}  {s}")
-        lines.append("olympic score (raw, before RCP normalisation): " +
-                     (f"{self.score:.3f} min" if self.score is not None else "n/a (too few "
-                      "converged runs)"))
+        if self.rcp_message:
+            lines.append(f"RCP check: {self.rcp_message}; normalisation factor {self.norm_factor:.4f}")
+        lines.append("olympic score: " + (f"{self.score:.3f} min raw, {self.scored:.3f} min "
+                                          "RCP-normalised" if self.score is not None else
+                                          "n/a (too few converged runs)"))
         return "\n".join(lines)
 
 
@@ -55,7 +64,12 @@ def summarize(runs: list[RunLog], ruleset: str = DEFAULT_RULESET) -> Summary:
     rows = [(Path(r.path).name, r.seed, r.status or "no stop",
              r.time_to_train_min if r.converged else None, r.samples_to_converge) for r in runs]
     score = olympic_score([m for *_, m, _ in rows]) if len(runs) >= 3 else None
-    return Summary(bench, gbs, target, ref, rows, score)
+    norm, msg = 1.0, ""
+    if ref is not None and len(runs) >= 3:
+        from .rcp import check_runs
+        res = check_runs(runs, ruleset=ruleset)
+        norm, msg = res.norm_factor, f"{'pass' if res.ok else 'FAIL'} ({res.message})"
+    return Summary(bench, gbs, target, ref, rows, score, norm, msg)
 
 
 def draw(runs: list[RunLog], out_png: str | Path, ruleset: str = DEFAULT_RULESET) -> Summary:
@@ -106,6 +120,8 @@ def draw(runs: list[RunLog], out_png: str | Path, ruleset: str = DEFAULT_RULESET
     cells = [[n, str(seed), st, f"{m:.3f}" if m is not None else "n/a",
               f"{x:,.0f}" if x is not None else "n/a"] for n, seed, st, m, x in s.rows]
     cells.append(["olympic score", "", "", f"{s.score:.3f}" if s.score is not None else "n/a", ""])
+    if s.norm_factor != 1.0 and s.scored is not None:
+        cells.append([f"RCP-normalised (x{s.norm_factor:.4f})", "", "", f"{s.scored:.3f}", ""])
     tab = ax_tab.table(cellText=cells, colLabels=["run", "seed", "status", "time to train [min]",
                                                    "samples to converge"], loc="center")
     tab.auto_set_font_size(False)

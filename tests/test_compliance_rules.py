@@ -1,0 +1,64 @@
+"""The tiny rules file and the tiny RCP file: current, derived from rules.py, readable by the
+real checkers."""
+import ast
+import json
+
+import yaml
+
+from llama31_405b.config.rules import LLAMA31_405B, TINY_LLAMA31
+from llama31_405b.submission import rcp, tiny_rules
+
+
+def _norm(expr: str) -> str:
+    return ast.dump(ast.parse(expr.strip(), mode="eval"))
+
+
+def test_committed_tiny_rules_file_is_current():
+    assert tiny_rules.TINY_RULES_FILE.read_text() == tiny_rules.render_tiny_rules(), (
+        "compliance/tiny_llama31.yaml is stale: run "
+        "`python -m llama31_405b compliance tiny-rules --write`")
+
+
+def test_benchmark_formulas_reproduce_the_packages_llama31_405b_rules():
+    ours = {r["NAME"]: r for r in tiny_rules.benchmark_records(LLAMA31_405B)}
+    stock = {}
+    for item in tiny_rules.package_rules("closed_llama31_405b.yaml"):
+        stock[item["KEY"]["NAME"]] = item["KEY"]
+    assert set(ours) == set(stock)
+    for name, rec in stock.items():
+        for field in ("CHECK", "POST", "ATLEAST_ONE_CHECK"):
+            got, want = ours[name].get(field), rec.get(field)
+            assert (got is None) == (want is None), (name, field)
+            if want is None:
+                continue
+            got = got if isinstance(got, list) else [got]
+            want = want if isinstance(want, list) else [want]
+            mode = "exec" if field == "POST" else "eval"
+            assert [ast.dump(ast.parse(g.strip(), mode=mode)) for g in got] == \
+                   [ast.dump(ast.parse(w.strip(), mode=mode)) for w in want], (name, field)
+        assert ours[name]["REQ"] == rec["REQ"]
+
+
+def test_tiny_rules_take_every_constant_from_rules_py():
+    recs = {r["NAME"]: r for r in yaml.load(tiny_rules.TINY_RULES_FILE.read_text(),
+                                            Loader=yaml.BaseLoader) if "KEY" in r
+            for r in [r["KEY"]]}
+    t = TINY_LLAMA31
+    assert f"== {t.name!r}" in recs["submission_benchmark"]["CHECK"][0]
+    assert recs["max_sequence_length"]["CHECK"] == [f"v['value'] == {t.seq_length}"]
+    assert recs["eval_samples"]["CHECK"][-1] == f"v['value'] == {t.eval_samples}"
+    assert _norm(recs["opt_base_learning_rate"]["CHECK"][0]) == _norm(
+        f"v['value'] * {t.ref_gbs} == s['global_batch_size'] * {t.base_lr!r}")
+    assert f"math.ceil({t.total_ref_steps} * {t.ref_gbs} /" in recs["opt_learning_rate_decay_steps"]["CHECK"][0]
+    assert f"math.ceil({t.warmup_ref_steps} * {t.ref_gbs} /" in recs["opt_learning_rate_warmup_steps"]["POST"]
+    assert f"<= {t.target!r}" in recs["eval_accuracy"]["ATLEAST_ONE_CHECK"]
+    # no enqueue of the package's closed_<benchmark> rules anywhere
+    assert "enqueue_config" not in tiny_rules.TINY_RULES_FILE.read_text().split("- BEGIN:")[1]
+
+
+def test_tiny_rcp_file_is_read_by_the_rcp_checker():
+    data = json.loads(rcp.TINY_RCP_FILE.read_text())
+    assert all(r["Benchmark"] == TINY_LLAMA31.name for r in data.values())
+    ref = rcp.reference(TINY_LLAMA31.name, TINY_LLAMA31.ref_gbs)
+    assert ref.kind == "found" and ref.mean > 0 and ref.min_samples <= ref.mean
+    assert rcp.reference(TINY_LLAMA31.name, 2 * TINY_LLAMA31.ref_gbs).kind == "missing"
