@@ -199,6 +199,12 @@ class RunLog:
         tracked = [(float(e.metadata["samples_count"]), float(e.value["train_step_time"]))
                    for e in self.events if e.key == "tracked_stats" and isinstance(e.value, dict)
                    and "train_step_time" in e.value and "samples_count" in e.metadata]
+        per_step = [(float(e.metadata["samples_count"]), float(e.value["train_step_time"]))
+                    for e in self.events if e.key == "tracked_stats" and isinstance(e.value, dict)
+                    and "train_step_time" in e.value and "samples_count" in e.metadata
+                    and "step" in e.metadata]
+        if per_step:   # per-block summaries (no step; samples_count = block length) left out
+            tracked = per_step
         if tracked:
             return "tracked_stats train_step_time", sorted(tracked)
         gbs = self.gbs
