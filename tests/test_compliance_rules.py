@@ -3,6 +3,7 @@ real checkers."""
 import ast
 import json
 
+import pytest
 import yaml
 
 from llama31_405b.config.rules import LLAMA31_405B, TINY_LLAMA31
@@ -62,3 +63,34 @@ def test_tiny_rcp_file_is_read_by_the_rcp_checker():
     ref = rcp.reference(TINY_LLAMA31.name, TINY_LLAMA31.ref_gbs)
     assert ref.kind == "found" and ref.mean > 0 and ref.min_samples <= ref.mean
     assert rcp.reference(TINY_LLAMA31.name, 2 * TINY_LLAMA31.ref_gbs).kind == "missing"
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")   # scipy: 3 runs leave 0 dof in the t-test
+def test_rcp_records_from_runs_are_read_by_the_rcp_checker(tmp_path):
+    """The generator behind `compliance tiny-rcp`, on real converged runs."""
+    from mlperf_logs import LOGS, need_fixture
+
+    from llama31_405b.submission.mllog import load_run
+    need_fixture()
+    recs = rcp.rcp_records([load_run(p) for p in LOGS], creator="t", when="w", platform="p",
+                           precision="NVFP4")
+    assert list(recs) == ["llama31_405b_ref_576"]
+    assert recs["llama31_405b_ref_576"]["Epochs to converge"] == [288000, 294912, 294912]
+    path = rcp.write_rcps(recs, tmp_path / "r.json")
+    ref = rcp.reference("llama31_405b", 576, rcp_file=path)
+    assert ref.kind == "found" and abs(ref.mean - 294912) < 1e-6
+
+
+def test_tiny_rcp_cli_refuses_non_tiny_logs(capsys):
+    from mlperf_logs import LOGS, need_fixture
+
+    from llama31_405b.cli import main
+    need_fixture()
+    assert main(["compliance", "tiny-rcp", str(LOGS[0]), "--out", "/nonexistent/x.json"]) == 1
+    assert "not tiny_llama31 logs" in capsys.readouterr().err
+
+
+def test_tiny_rules_cli_prints_the_committed_file(capsys):
+    from llama31_405b.cli import main
+    assert main(["compliance", "tiny-rules"]) == 0
+    assert capsys.readouterr().out == tiny_rules.TINY_RULES_FILE.read_text()

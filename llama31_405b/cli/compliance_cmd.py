@@ -103,6 +103,11 @@ def tiny_rcp(args) -> int:
         return 1
     path = write_rcps(recs, args.out or TINY_RCP_FILE)
     for name, rec in recs.items():
+        n = len(rec["Epochs to converge"])
         print(f"{name}: BS {rec['BS']}, samples to converge {rec['Epochs to converge']}")
+        if n < 6:
+            print(f"  note: {n} runs; MLPerf RCPs use 6 (twice the submission's runs). With "
+                  f"{n} the checker's t-test has {max(n - 3, 0)} degree(s) of freedom"
+                  + (", so no run may be faster than the RCP mean" if n <= 3 else ""))
     print(f"wrote {path}")
     return 0

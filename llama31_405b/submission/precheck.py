@@ -96,9 +96,8 @@ class PrecheckResult:
 
 
 def precheck_config(cfg: Config, *, ruleset: str = DEFAULT_RULESET) -> PrecheckResult:
-    from mlperf_logging.benchmark_meta import get_result_file_counts
-
     from ..config.validate import problems
+    from .package import run_count
     from .rcp import reference
 
     out = PrecheckResult(source=cfg.source or "<config>")
@@ -113,8 +112,7 @@ def precheck_config(cfg: Config, *, ruleset: str = DEFAULT_RULESET) -> PrecheckR
     if len(set(logged)) != len(logged):
         out.errors.append(f"seeds {logged}: the runs of one submission need distinct seeds "
                           "(the package checker rejects a seed logged twice on the same line)")
-    want = get_result_file_counts("training").get(d.rules.name, cfg.run.num_runs
-                                                    if d.rules.name not in ("tiny_llama31",) else 3)
+    want = run_count(d.rules.name)
     if cfg.run.num_runs != want:
         out.errors.append(f"run.num_runs = {cfg.run.num_runs}: a {d.rules.name} submission has "
                           f"exactly {want} result files")

@@ -143,6 +143,10 @@ def render_tiny_rules(r: BenchmarkRules = TINY_LLAMA31) -> str:
         from importlib.metadata import version as _v
         version = _v("mlperf-logging")
     begin, recs = tiny_records(r)
+    known = {"NAME", "REQ", "PRE", "CHECK", "POST", "ATLEAST_ONE_CHECK"}
+    for rec in recs:
+        if set(rec) - known:   # a field this renderer would silently drop
+            raise ValueError(f"rule {rec['NAME']}: unsupported fields {sorted(set(rec) - known)}")
     lines = [
         f"# Compliance rules of the project's {r.name} benchmark (CPU), for",
         "#   python -m mlperf_logging.compliance_checker --usage training --ruleset 6.0.0 \\",
