@@ -94,3 +94,28 @@ def test_tiny_rules_cli_prints_the_committed_file(capsys):
     from llama31_405b.cli import main
     assert main(["compliance", "tiny-rules"]) == 0
     assert capsys.readouterr().out == tiny_rules.TINY_RULES_FILE.read_text()
+
+
+def test_the_stock_command_line_runs_the_tiny_chain(tmp_path):
+    """`python -m mlperf_logging.compliance_checker --usage training --ruleset 6.0.0 --config
+    <absolute path>` runs the tiny rules; a relative --config cannot (the checker joins it onto
+    its package directory), which is why the docs and the tool use the absolute path."""
+    import subprocess
+    import sys
+
+    from llama31_405b.config import load_config
+    from llama31_405b.mlperf import header_events
+    from llama31_405b.submission.precheck import log_lines
+    cfg = load_config(tiny_rules.COMPLIANCE_DIR.parent / "configs" / "tiny_cpu.toml")
+    log = tmp_path / "tiny.log"
+    log.write_text("\n".join(log_lines(header_events(cfg, seed=1), cfg)) + "\n")
+    base = [sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training",
+            "--ruleset", "6.0.0", "--log_output", str(tmp_path / "cc.log")]
+    p = subprocess.run(base + ["--config", str(tiny_rules.TINY_RULES_FILE), str(log)],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert p.returncode == 0 and "SUCCESS" in p.stderr + p.stdout
+    assert "tiny_llama31.yaml" in p.stderr + p.stdout
+    p = subprocess.run(base + ["--config", "compliance/tiny_llama31.yaml", str(log)],
+                       capture_output=True, text=True, cwd=tiny_rules.COMPLIANCE_DIR.parent)
+    assert p.returncode != 0
+    assert "compliance_checker/compliance/tiny_llama31.yaml" in p.stderr  # looked up in site-packages

@@ -44,3 +44,12 @@ def test_mixed_batch_sizes_are_refused(tmp_path, capsys):
     set_value(logs[1], "global_batch_size", 1152)
     assert main(["report", *map(str, logs), "--out", str(tmp_path / "x.png")]) == 1
     assert "mix benchmarks or batch sizes" in capsys.readouterr().err
+
+
+def test_demo_tail_prints_verdict_and_png(tmp_path, capsys):
+    need_fixture()
+    from llama31_405b.cli.report_cmd import verdict_and_report
+    png = tmp_path / "demo.png"
+    assert verdict_and_report([str(LOGS[0])], str(png)) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("compliance: PASS") and out[-1] == f"report: {png}" and png.is_file()

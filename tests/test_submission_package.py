@@ -98,3 +98,10 @@ def test_rcp_decision_equals_the_checkers_own(ruleset):
     ok, msg, norm = rc.check_directory(str(LOGS[0].parent), "training", ruleset, False, False,
                                        rcp_pass="pruned_rcps")
     assert (ours.ok, ours.message, ours.norm_factor) == (ok, msg, pytest.approx(float(norm)))
+
+
+def test_logs_that_do_not_match_the_config_are_refused(tmp_path):
+    need_fixture()
+    cfg = load_config("configs/config_GB200_1024x4x16xtp4pp8cp2.toml")
+    with pytest.raises(PackageError, match="GBS 576, config .* GBS 1024"):
+        package(LOGS[0].parent, out=tmp_path, org=ORG, cfg=cfg, ruleset="5.1.0")

@@ -28,3 +28,28 @@ def run(args) -> int:
     print(summary.text())
     print(f"report: {args.out}")
     return 0
+
+
+def verdict_and_report(logs: list[str], out_png: str, ruleset: str = "6.0.0") -> int:
+    """What `make demo` ends with: one compliance verdict line per log (tiny logs get the tiny
+    rules), the report summary and the PNG path. Returns 0 only when every log passes."""
+    from ..submission.checker import check_log
+    from ..submission.mllog import LogError, load_run
+    from ..submission.report import draw
+    bad = 0
+    for path in logs:
+        res = check_log(path, ruleset=ruleset)
+        print(f"compliance: {res.verdict()}")
+        if not res.ok:
+            bad += 1
+            for line in res.summary()[1:]:
+                print(f"  {line}")
+    try:
+        runs = [load_run(p) for p in logs]
+    except LogError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    summary = draw(runs, out_png, ruleset=ruleset)
+    print(summary.text())
+    print(f"report: {out_png}")
+    return 1 if bad else 0
