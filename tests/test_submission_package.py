@@ -105,3 +105,13 @@ def test_logs_that_do_not_match_the_config_are_refused(tmp_path):
     cfg = load_config("configs/config_GB200_1024x4x16xtp4pp8cp2.toml")
     with pytest.raises(PackageError, match="GBS 576, config .* GBS 1024"):
         package(LOGS[0].parent, out=tmp_path, org=ORG, cfg=cfg, ruleset="5.1.0")
+
+
+def test_a_repeated_seed_is_refused(tmp_path):
+    need_fixture()
+    logs = copy_logs(tmp_path / "logs")
+    from mlperf_logs import set_value
+    set_value(logs[2], "seed", 30472)       # result_0's seed, same source line
+    with pytest.raises(PackageError, match="result_2.txt logs seed 30472"):
+        package(tmp_path / "logs", out=tmp_path / "out", org=ORG, system_desc=SYSTEM_JSON,
+                ruleset="5.1.0")

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .checker import DEFAULT_RULESET, REPO, USAGE, check_log
-from .mllog import LogError, RunLog, read_events
+from .mllog import RunLog, read_events
 
 TEMPLATE = REPO / "compliance" / "system_description.json"
 STATUS = {"available": "Available on-premise", "onprem": "Available on-premise",
@@ -130,11 +130,17 @@ def validate_runs(runs: list[RunLog], cfg=None) -> tuple[str, list[str]]:
         raise PackageError(f"{len(failed)} of {len(runs)} runs did not finish with run_stop status "
                            "success; the checkers tolerate one:\n  " +
                            "\n  ".join(f"{p}: {w}" for p, w in why.items()))
-    seeds = [r.seed for r in runs]
-    if None in seeds:
+    if any(r.seed is None for r in runs):
         raise PackageError("no seed logged in: " + ", ".join(r.path for r in runs if r.seed is None))
-    if len(set(map(str, seeds))) != len(seeds):
-        raise PackageError(f"seeds {seeds} repeat: every run needs its own seed")
+    # the seed checker's rule: no two runs log the same seed on the same source line
+    where: dict[tuple, str] = {}
+    for r in runs:
+        e = r.first("seed")
+        key = (e.metadata.get("file"), e.metadata.get("lineno"), str(e.value))
+        if key in where:
+            raise PackageError(f"{r.path} logs seed {e.value} on {key[0]}:{key[1]} like "
+                               f"{where[key]}: every run needs its own seed")
+        where[key] = r.path
     return bench, [f"{p}: {w} (tolerated: one of {len(runs)} runs may fail)" for p, w in why.items()]
 
 
