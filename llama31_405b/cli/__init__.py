@@ -13,6 +13,9 @@ import sys
 COMMANDS = {
     "config": "llama31_405b.cli.config_cmd",
     "demo": "llama31_405b.cli.demo_cmd",
+    "compliance": "llama31_405b.cli.compliance_cmd",
+    "submission": "llama31_405b.cli.submission_cmd",
+    "report": "llama31_405b.cli.report_cmd",
 }
 
 

@@ -52,6 +52,14 @@ class SystemSpec:
     """Host memory per node, GB."""
     interconnect: str
     """Scale-out network, as written in systems/<system>.json."""
+    host_processor_model_name: str
+    """Host CPU model (systems/<system>.json host_processor_model_name)."""
+    host_processors_per_node: int
+    """Host CPU sockets per node (the result summarizer multiplies it by the node count)."""
+    accelerator_host_interconnect: str
+    """Link between accelerator and host CPU (systems/<system>.json)."""
+    cooling: str
+    """Cooling of the system: liquid or air (systems/<system>.json)."""
 
     def peak_tflops(self, precision: str) -> float:
         """Dense peak for a compute precision name (fp32, bf16, fp8, nvfp4)."""

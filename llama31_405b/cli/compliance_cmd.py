@@ -1,0 +1,113 @@
+"""`compliance precheck CONFIG...`, `compliance check LOG... [--ruleset R]`,
+`compliance tiny-rules [--write]`, `compliance tiny-rcp LOG... [--out FILE]`."""
+from __future__ import annotations
+
+import sys
+
+
+def register(sub) -> None:
+    p = sub.add_parser("compliance", help="MLPerf compliance: before launch and on finished logs")
+    s = p.add_subparsers(dest="compliance_command", required=True, metavar="ACTION")
+    pre = s.add_parser("precheck", help="run the real checker on the events a config will log")
+    pre.add_argument("configs", nargs="+", metavar="CONFIG")
+    pre.add_argument("--ruleset", default="6.0.0")
+    pre.set_defaults(func=precheck)
+    chk = s.add_parser("check", help="run the compliance checker on finished logs")
+    chk.add_argument("logs", nargs="+", metavar="LOG")
+    chk.add_argument("--ruleset", default="6.0.0")
+    chk.add_argument("--config", default=None,
+                     help="rule file (default: by the log's submission_benchmark)")
+    chk.add_argument("-v", "--verbose", action="store_true", help="the checker's full messages")
+    chk.set_defaults(func=check)
+    tr = s.add_parser("tiny-rules", help="print (or --write) compliance/tiny_llama31.yaml")
+    tr.add_argument("--write", action="store_true")
+    tr.set_defaults(func=tiny_rules)
+    rc = s.add_parser("tiny-rcp", help="tiny reference convergence points from converged runs")
+    rc.add_argument("logs", nargs="+", metavar="LOG")
+    rc.add_argument("--out", default=None, help="default: compliance/tiny_llama31_rcps.json")
+    rc.add_argument("--creator", default="llama31_405b project")
+    rc.add_argument("--platform", default="cpu")
+    rc.add_argument("--precision", default="FP32")
+    rc.set_defaults(func=tiny_rcp)
+
+
+def precheck(args) -> int:
+    from ..config import ConfigError, load_config
+    from ..submission.precheck import cross_config_problems, precheck_config
+    bad = 0
+    done = []
+    for path in args.configs:
+        try:
+            cfg = load_config(path, validate=False)
+        except ConfigError as e:
+            print(f"FAIL {e}", file=sys.stderr)
+            bad += 1
+            continue
+        res = precheck_config(cfg, ruleset=args.ruleset)
+        done.append((cfg, res))
+        rules = ", ".join(res.check.rule_files) if res.check else "not run"
+        if res.ok:
+            print(f"PASS {path}: GBS {cfg.derived.gbs}, seeds {res.seeds} (ruleset {args.ruleset}: "
+                  f"{rules})")
+        else:
+            bad += 1
+            print(f"FAIL {path}:", file=sys.stderr)
+            for e in res.errors:
+                print(f"  - {e}", file=sys.stderr)
+        for n in res.notes:
+            print(f"     {n}")
+    for problem in cross_config_problems(done):
+        # alternatives for one system are fine; submitting both for the same system is not
+        print(f"warning: {problem}: do not submit both for the same system")
+    return 1 if bad else 0
+
+
+def check(args) -> int:
+    from ..submission.checker import check_log
+    bad = 0
+    for path in args.logs:
+        res = check_log(path, ruleset=args.ruleset, config=args.config)
+        print(res.verdict(), file=sys.stdout if res.ok else sys.stderr)
+        if not res.ok:
+            bad += 1
+            for line in (res.details().splitlines() if args.verbose else res.summary()[1:]):
+                print(f"  {line}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def tiny_rules(args) -> int:
+    from ..submission.tiny_rules import render_tiny_rules, write_tiny_rules
+    if args.write:
+        print(f"wrote {write_tiny_rules()}")
+    else:
+        sys.stdout.write(render_tiny_rules())
+    return 0
+
+
+def tiny_rcp(args) -> int:
+    import datetime
+
+    from ..submission.mllog import LogError, load_run
+    from ..submission.rcp import TINY_RCP_FILE, rcp_records, write_rcps
+    try:
+        runs = [load_run(p) for p in args.logs]
+        bad = [r.path for r in runs if r.benchmark != "tiny_llama31"]
+        if bad:
+            raise ValueError(f"not tiny_llama31 logs: {', '.join(bad)}")
+        recs = rcp_records(runs, creator=args.creator, platform=args.platform,
+                           precision=args.precision,
+                           when=f"measured {datetime.date.today().isoformat()} from "
+                                f"{len(runs)} runs: " + ", ".join(args.logs))
+    except (LogError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    path = write_rcps(recs, args.out or TINY_RCP_FILE)
+    for name, rec in recs.items():
+        n = len(rec["Epochs to converge"])
+        print(f"{name}: BS {rec['BS']}, samples to converge {rec['Epochs to converge']}")
+        if n < 6:
+            print(f"  note: {n} runs; MLPerf RCPs use 6 (twice the submission's runs). With "
+                  f"{n} the checker's t-test has {max(n - 3, 0)} degree(s) of freedom"
+                  + (", so no run may be faster than the RCP mean" if n <= 3 else ""))
+    print(f"wrote {path}")
+    return 0

@@ -1,0 +1,43 @@
+"""`submission package --logs DIR --config CONFIG --org ORG --out DIR [--ruleset R]`."""
+from __future__ import annotations
+
+import sys
+
+
+def register(sub) -> None:
+    p = sub.add_parser("submission", help="assemble and check an MLPerf submission package")
+    s = p.add_subparsers(dest="submission_command", required=True, metavar="ACTION")
+    k = s.add_parser("package", help="results + systems + code, then every MLPerf checker")
+    k.add_argument("--logs", required=True, help="directory with the runs' MLPerf logs")
+    k.add_argument("--config", default=None, help="the config the runs used (system data, checks)")
+    k.add_argument("--org", required=True, help="submitting organisation (top directory)")
+    k.add_argument("--out", required=True, help="output directory")
+    k.add_argument("--ruleset", default="6.0.0")
+    k.add_argument("--system-desc", default=None,
+                   help="use this systems/<system>.json instead of generating one")
+    k.add_argument("--system", default=None, help="system directory name (default: derived)")
+    k.add_argument("--impl", default="megatron-core", help="implementation directory name")
+    k.set_defaults(func=package)
+
+
+def package(args) -> int:
+    from ..config import ConfigError, load_config
+    from ..submission.package import PackageError, package as build
+    try:
+        cfg = load_config(args.config) if args.config else None
+        res = build(args.logs, out=args.out, org=args.org, cfg=cfg, system_desc=args.system_desc,
+                    system=args.system, impl=args.impl, ruleset=args.ruleset)
+    except (ConfigError, PackageError) as e:
+        print(f"REFUSED: {e}", file=sys.stderr)
+        return 1
+    print(f"package {res.org_dir} ({res.benchmark} on {res.system}, ruleset {args.ruleset})")
+    for n in res.notes:
+        print(f"note: {n}")
+    for w in res.warnings:
+        print(f"warning: {w}")
+    for step in res.steps:
+        print(step.line(), file=sys.stdout if step.ok and not step.skipped else sys.stderr)
+    if res.score_min is not None:
+        print(f"score: {res.score_min:.3f} minutes (olympic mean, RCP-normalised)")
+    print("verdict: " + ("PASS" if res.ok else "FAIL"))
+    return 0 if res.ok else 1

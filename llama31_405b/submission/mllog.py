@@ -1,0 +1,238 @@
+"""Read MLPerf logs: every `:::MLLOG {json}` line, with the file and line of anything malformed.
+
+Anything before `:::MLLOG ` on a line is ignored, as the checkers do, so `srun -l` prefixes
+("  0: :::MLLOG ...") and timestamps from other loggers are fine. Lines without the token are other
+output and are skipped. A line with the token whose JSON does not parse (a truncated last line,
+garbage bytes, a missing field) is a `LogProblem` naming file and line; the checkers would only say
+"Log lines had parsing errors" or crash.
+
+`RunLog` answers the questions the package, the RCP check and the report ask of one run: benchmark,
+GBS, seed, status, time to train, the evaluations and the step times.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TOKEN = ":::MLLOG "
+_REQUIRED = ("key", "time_ms", "value", "metadata")
+
+
+@dataclass(frozen=True, slots=True)
+class LogEvent:
+    key: str
+    value: Any
+    metadata: dict
+    time_ms: float
+    lineno: int
+    """1-based line number in the file."""
+    event_type: str = "POINT_IN_TIME"
+
+
+@dataclass(frozen=True, slots=True)
+class LogProblem:
+    path: str
+    lineno: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.lineno}: {self.message}"
+
+
+class LogError(ValueError):
+    """A log cannot be used; the message names the file (and line) and what is wrong."""
+
+
+def event_type_for(key: str) -> str:
+    if key.endswith("_start"):
+        return "INTERVAL_START"
+    if key.endswith("_stop"):
+        return "INTERVAL_END"
+    return "POINT_IN_TIME"
+
+
+def format_line(key: str, value: Any, *, time_ms: float, metadata: dict | None = None,
+                event_type: str | None = None) -> str:
+    """One MLLOG line as mlperf_logging.mllog writes it (floats keep their exact repr)."""
+    record = {"namespace": "", "time_ms": time_ms, "event_type": event_type or event_type_for(key),
+              "key": key, "value": value, "metadata": metadata or {}}
+    return TOKEN + json.dumps(record)
+
+
+def parse_line(text: str, path: str, lineno: int) -> LogEvent | LogProblem | None:
+    """Parse one text line: an event, a problem, or None when it is not an MLLOG line."""
+    pos = text.find(TOKEN)
+    if pos < 0:
+        return None
+    payload = text[pos + len(TOKEN):].strip()
+    try:
+        rec = json.loads(payload)
+    except json.JSONDecodeError as e:
+        what = "truncated" if e.pos >= len(payload) - 1 else "malformed"
+        return LogProblem(path, lineno, f"{what} MLLOG line ({e.msg} at column {e.pos + 1}): "
+                                        f"{payload[:80]!r}")
+    if not isinstance(rec, dict):
+        return LogProblem(path, lineno, "MLLOG payload is not a JSON object")
+    missing = [k for k in _REQUIRED if k not in rec]
+    if missing:
+        return LogProblem(path, lineno, f"MLLOG record lacks {', '.join(missing)}")
+    if not isinstance(rec["metadata"], dict):
+        return LogProblem(path, lineno, "MLLOG metadata is not a JSON object")
+    try:
+        t = float(rec["time_ms"])
+    except (TypeError, ValueError):
+        return LogProblem(path, lineno, f"time_ms {rec['time_ms']!r} is not a number")
+    return LogEvent(key=str(rec["key"]), value=rec["value"], metadata=rec["metadata"], time_ms=t,
+                    lineno=lineno, event_type=str(rec.get("event_type", event_type_for(rec["key"]))))
+
+
+def read_events(path: str | Path) -> tuple[list[LogEvent], list[LogProblem]]:
+    """All MLLOG events of a file and the problems found, each with its 1-based line number."""
+    path = str(path)
+    events: list[LogEvent] = []
+    problems: list[LogProblem] = []
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as e:
+        raise LogError(f"{path}: cannot read: {e.strerror}") from None
+    for lineno, bline in enumerate(raw.splitlines(), start=1):
+        if TOKEN.encode() not in bline:
+            continue
+        try:
+            text = bline.decode("utf-8")
+        except UnicodeDecodeError as e:
+            problems.append(LogProblem(path, lineno, f"garbage bytes (not UTF-8) at byte {e.start}"
+                                                     f" of an MLLOG line: {bline[:60]!r}"))
+            continue
+        if "\x00" in text:
+            problems.append(LogProblem(path, lineno, "NUL bytes in an MLLOG line"))
+            continue
+        got = parse_line(text, path, lineno)
+        if isinstance(got, LogEvent):
+            events.append(got)
+        elif isinstance(got, LogProblem):
+            problems.append(got)
+    return events, problems
+
+
+@dataclass(slots=True)
+class RunLog:
+    """One run's MLLOG events and what follows from them."""
+    path: str
+    events: list[LogEvent]
+    problems: list[LogProblem] = field(default_factory=list)
+
+    def values(self, key: str) -> list[Any]:
+        return [e.value for e in self.events if e.key == key]
+
+    def first(self, key: str) -> LogEvent | None:
+        return next((e for e in self.events if e.key == key), None)
+
+    def value(self, key: str, default: Any = None) -> Any:
+        e = self.first(key)
+        return default if e is None else e.value
+
+    @property
+    def benchmark(self) -> str | None:
+        return self.value("submission_benchmark")
+
+    @property
+    def gbs(self) -> int | None:
+        v = self.value("global_batch_size")
+        return None if v is None else int(v)
+
+    @property
+    def seed(self) -> Any:
+        return self.value("seed")
+
+    @property
+    def status(self) -> str | None:
+        """run_stop's metadata status ('success', 'aborted'), or None without run_stop."""
+        e = self.first("run_stop")
+        return None if e is None else e.metadata.get("status")
+
+    @property
+    def converged(self) -> bool:
+        return self.status == "success"
+
+    @property
+    def run_start_ms(self) -> float | None:
+        e = self.first("run_start")
+        return None if e is None else e.time_ms
+
+    @property
+    def run_stop_ms(self) -> float | None:
+        e = self.first("run_stop")
+        return None if e is None else e.time_ms
+
+    @property
+    def time_to_train_min(self) -> float | None:
+        """run_start -> run_stop in minutes (the MLPerf score of one run)."""
+        if self.run_start_ms is None or self.run_stop_ms is None:
+            return None
+        return (self.run_stop_ms - self.run_start_ms) / 60_000.0
+
+    @property
+    def evals(self) -> list[tuple[float, float]]:
+        """(samples_count, eval_accuracy) of every evaluation, in log order."""
+        return [(float(e.metadata["samples_count"]), float(e.value)) for e in self.events
+                if e.key == "eval_accuracy" and "samples_count" in e.metadata]
+
+    @property
+    def samples_to_converge(self) -> float | None:
+        """The RCP checker's measure: samples_count of the last evaluation before a successful
+        run_stop; None when the run did not converge."""
+        last = None
+        for e in self.events:
+            if e.key == "eval_accuracy" and "samples_count" in e.metadata:
+                last = float(e.metadata["samples_count"])
+            if e.key == "run_stop":
+                return last if e.metadata.get("status") == "success" else None
+        return None
+
+    def step_times(self) -> tuple[str, list[tuple[float, float]]]:
+        """(source, [(samples, seconds per step)]): per-step `tracked_stats` train_step_time when
+        the log has them, else the mean step time of each block (block wall time divided by the
+        steps between consecutive evaluations)."""
+        tracked = [(float(e.metadata["samples_count"]), float(e.value["train_step_time"]))
+                   for e in self.events if e.key == "tracked_stats" and isinstance(e.value, dict)
+                   and "train_step_time" in e.value and "samples_count" in e.metadata]
+        per_step = [(float(e.metadata["samples_count"]), float(e.value["train_step_time"]))
+                    for e in self.events if e.key == "tracked_stats" and isinstance(e.value, dict)
+                    and "train_step_time" in e.value and "samples_count" in e.metadata
+                    and "step" in e.metadata]
+        if per_step:   # per-block summaries (no step; samples_count = block length) left out
+            tracked = per_step
+        if tracked:
+            return "tracked_stats train_step_time", sorted(tracked)
+        gbs = self.gbs
+        if not gbs:
+            return "none", []
+        out: list[tuple[float, float]] = []
+        start = None
+        prev_samples = 0.0
+        evals = iter(self.evals)
+        for e in self.events:
+            if e.key == "block_start":
+                start = e.time_ms
+            elif e.key == "block_stop" and start is not None:
+                nxt = next(evals, None)
+                if nxt is None:
+                    break
+                steps = (nxt[0] - prev_samples) / gbs
+                if steps > 0:
+                    out.append((nxt[0], (e.time_ms - start) / 1000.0 / steps))
+                prev_samples, start = nxt[0], None
+        return "block timing", out
+
+
+def load_run(path: str | Path, *, strict: bool = True) -> RunLog:
+    """Read one log. strict: raise LogError listing every malformed line (file:line: reason)."""
+    events, problems = read_events(path)
+    if strict and problems:
+        raise LogError("\n".join(str(p) for p in problems))
+    if strict and not events:
+        raise LogError(f"{path}: no ':::MLLOG ' lines: not an MLPerf log")
+    return RunLog(path=str(path), events=events, problems=problems)

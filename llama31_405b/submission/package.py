@@ -1,0 +1,361 @@
+"""Finished runs -> a checked MLPerf submission package.
+
+Layout (what the package checker and result summarizer walk):
+  <out>/<org>/results/<system>/<benchmark>/result_{0,1,2}.txt
+  <out>/<org>/systems/<system>.json
+  <out>/<org>/benchmarks/<benchmark>/implementations/<impl>/   (a clean copy of the code)
+The package checker of mlperf-logging 4.1.68 reads results/ and systems/ (it lists source files
+under benchmarks/<benchmark> but checks nothing there); the code copy is for the submission itself.
+
+Before the checkers run, every log is read (malformed lines: file and line), and what they would
+refuse is refused here with the file named: more than one run without a successful run_stop, more
+than one log failing the compliance rules, mixed benchmarks or batch sizes, logs that do not
+match the config. Then, for an MLPerf benchmark: the package checker, the RCP checker and the
+result summarizer, as subprocesses with their own command lines; their output is scanned so a
+skipped check ("Skipping", a tolerated failure) is never reported as a pass. For the tiny
+benchmark, which the package checker would skip: the system description checker, the compliance
+checker with the tiny rules, the seed checker and the RCP checker with the project's RCPs.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .checker import DEFAULT_RULESET, REPO, USAGE, check_log
+from .mllog import RunLog, read_events
+
+TEMPLATE = REPO / "compliance" / "system_description.json"
+STATUS = {"available": "Available on-premise", "onprem": "Available on-premise",
+          "cloud": "Available cloud", "preview": "Preview",
+          "research": "Research, Development, or Internal (RDI)"}
+
+
+class PackageError(RuntimeError):
+    """The package is refused; the message names the files and the reasons."""
+
+
+@dataclass(slots=True)
+class Step:
+    name: str
+    ok: bool
+    detail: str
+    skipped: bool = False
+
+    def line(self) -> str:
+        tag = "SKIP" if self.skipped else ("PASS" if self.ok else "FAIL")
+        return f"{tag} {self.name}: {self.detail}"
+
+
+@dataclass(slots=True)
+class PackageResult:
+    org_dir: Path
+    benchmark: str
+    system: str
+    steps: list[Step] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    score_min: float | None = None
+    runs: list[RunLog] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(s.ok and not s.skipped for s in self.steps)
+
+
+# --- inputs -------------------------------------------------------------------------------------
+
+def find_logs(logs_dir: str | Path) -> list[Path]:
+    """result_*.txt in DIR, else every file in DIR with MLLOG lines (sorted by name)."""
+    d = Path(logs_dir)
+    if not d.is_dir():
+        raise PackageError(f"{d}: not a directory")
+    files = sorted(d.glob("result_*.txt"))
+    if not files:
+        files = sorted(p for p in d.iterdir() if p.is_file() and p.suffix in (".txt", ".log")
+                       and b":::MLLOG " in p.read_bytes())
+    if not files:
+        raise PackageError(f"{d}: no result_*.txt and no file with ':::MLLOG ' lines")
+    return files
+
+
+def read_runs(files: list[Path]) -> list[RunLog]:
+    runs, bad = [], []
+    for f in files:
+        events, problems = read_events(f)
+        if problems:
+            bad += [str(p) for p in problems]
+        if not events:
+            bad.append(f"{f}: no ':::MLLOG ' lines")
+        runs.append(RunLog(path=str(f), events=events, problems=problems))
+    if bad:
+        raise PackageError("malformed logs:\n  " + "\n  ".join(bad))
+    return runs
+
+
+def run_count(benchmark: str) -> int:
+    from mlperf_logging.benchmark_meta import get_result_file_counts
+    from .rcp import RUNS_PER_SUBMISSION
+    return RUNS_PER_SUBMISSION.get(benchmark) or get_result_file_counts(USAGE)[benchmark]
+
+
+def validate_runs(runs: list[RunLog], cfg=None) -> tuple[str, list[str]]:
+    """(benchmark, warnings); PackageError for what the checkers would refuse."""
+    benches = {r.benchmark for r in runs}
+    if len(benches) != 1 or None in benches:
+        raise PackageError("logs disagree on submission_benchmark: " + ", ".join(
+            f"{r.path}={r.benchmark!r}" for r in runs))
+    bench = benches.pop()
+    want = run_count(bench) if _known(bench) else None
+    if want is not None and len(runs) != want:
+        raise PackageError(f"{len(runs)} logs for {bench}; a submission has exactly {want} "
+                           f"({', '.join(r.path for r in runs)})")
+    gbss = {r.gbs for r in runs}
+    if len(gbss) != 1:
+        raise PackageError("logs disagree on global_batch_size: " + ", ".join(
+            f"{r.path}={r.gbs}" for r in runs))
+    if cfg is not None:
+        d = cfg.derived
+        if bench != d.rules.name or runs[0].gbs != d.gbs:
+            raise PackageError(f"logs are {bench} at GBS {runs[0].gbs}, config {cfg.source} is "
+                               f"{d.rules.name} at GBS {d.gbs}: wrong --config or --logs")
+    failed = [r for r in runs if not r.converged]
+    why = {r.path: ("no run_stop" if r.status is None else f"run_stop status {r.status!r}")
+           for r in failed}
+    if len(failed) > 1:
+        raise PackageError(f"{len(failed)} of {len(runs)} runs did not finish with run_stop status "
+                           "success; the checkers tolerate one:\n  " +
+                           "\n  ".join(f"{p}: {w}" for p, w in why.items()))
+    if any(r.seed is None for r in runs):
+        raise PackageError("no seed logged in: " + ", ".join(r.path for r in runs if r.seed is None))
+    # the seed checker's rule: no two runs log the same seed on the same source line
+    where: dict[tuple, str] = {}
+    for r in runs:
+        e = r.first("seed")
+        key = (e.metadata.get("file"), e.metadata.get("lineno"), str(e.value))
+        if key in where:
+            raise PackageError(f"{r.path} logs seed {e.value} on {key[0]}:{key[1]} like "
+                               f"{where[key]}: every run needs its own seed")
+        where[key] = r.path
+    return bench, [f"{p}: {w} (tolerated: one of {len(runs)} runs may fail)" for p, w in why.items()]
+
+
+def _known(benchmark: str) -> bool:
+    from mlperf_logging.benchmark_meta import get_result_file_counts
+    from .rcp import RUNS_PER_SUBMISSION
+    return benchmark in RUNS_PER_SUBMISSION or benchmark in get_result_file_counts(USAGE)
+
+
+# --- layout -------------------------------------------------------------------------------------
+
+def system_description(cfg, org: str, template: Path = TEMPLATE) -> dict:
+    """systems/<system>.json: hardware from llama31_405b/systems, the rest from the template."""
+    d = cfg.derived
+    s = d.system
+    desc = {
+        "submitter": org, "division": cfg.run.division, "status": STATUS[cfg.run.status],
+        "system_name": f"{d.nodes}x {s.name}" if d.nodes > 1 else s.name,
+        "number_of_nodes": str(d.nodes),
+        "host_processors_per_node": str(s.host_processors_per_node),
+        "host_processor_model_name": s.host_processor_model_name,
+        "host_processor_core_count": str(s.cpu_cores_per_node),
+        "host_memory_capacity": f"{s.host_memory_gb:g} GB",
+        "host_networking": s.interconnect,
+        "accelerators_per_node": str(s.gpus_per_node if s.id != "cpu" else 0),
+        "accelerator_model_name": s.accelerator,
+        "accelerator_host_interconnect": s.accelerator_host_interconnect,
+        "accelerator_memory_capacity": f"{s.hbm_gb:g} GB",
+        "accelerator_interconnect": f"NVLink {2 * s.nvlink_gbs:g} GB/s bidirectional per GPU"
+                                    if s.id != "cpu" else "none",
+        "accelerator_interconnect_topology": f"NVLink domain of {s.gpus_per_nvlink_domain} GPUs, "
+                                             f"{d.gpus_per_rack} used per rack"
+                                             if s.id != "cpu" else "none",
+        "cooling": s.cooling,
+    }
+    try:
+        extra = json.loads(template.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise PackageError(f"{template}: cannot read the system description template: {e}") from None
+    desc.update({k: v for k, v in extra.items() if not k.startswith("_")})
+    return desc
+
+
+def code_files(root: Path = REPO) -> list[Path]:
+    """The repository's own files: git's tracked + untracked-not-ignored, else the package,
+    configs, compliance rules, scripts and build files (never the venv, data or outputs)."""
+    try:
+        out = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others",
+                              "--exclude-standard"], capture_output=True, check=True, timeout=60)
+        names = [n for n in out.stdout.decode().split("\0") if n]
+        return [root / n for n in names if (root / n).is_file() and not (root / n).is_symlink()]
+    except (OSError, subprocess.SubprocessError):
+        keep = ["llama31_405b", "configs", "compliance", "scripts", "docs", "tests"]
+        files = [p for k in keep if (root / k).is_dir() for p in (root / k).rglob("*")
+                 if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"]
+        return files + [root / n for n in ("pyproject.toml", "Makefile", "README.md",
+                                           "DEVELOPERS.md") if (root / n).is_file()]
+
+
+def assemble(runs: list[RunLog], *, out: Path, org: str, system: str, desc: dict,
+             benchmark: str, impl: str) -> Path:
+    org_dir = out / org
+    if org_dir.exists():
+        shutil.rmtree(org_dir)
+    res_dir = org_dir / "results" / system / benchmark
+    res_dir.mkdir(parents=True)
+    for i, r in enumerate(runs):
+        shutil.copyfile(r.path, res_dir / f"result_{i}.txt")
+    (org_dir / "systems").mkdir()
+    (org_dir / "systems" / f"{system}.json").write_text(json.dumps(desc, indent=4) + "\n")
+    impl_dir = org_dir / "benchmarks" / benchmark / "implementations" / impl
+    for f in code_files():
+        dst = impl_dir / f.relative_to(REPO)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(f, dst)
+    return org_dir
+
+
+# --- checkers -----------------------------------------------------------------------------------
+
+def _run(args: list[str], cwd: Path) -> tuple[int, str]:
+    p = subprocess.run([sys.executable, "-m", *args], cwd=cwd, capture_output=True, text=True,
+                       timeout=600)
+    return p.returncode, p.stdout + p.stderr
+
+
+def _problems(text: str) -> list[str]:
+    return [ln.strip() for ln in text.splitlines()
+            if ln.startswith(("ERROR", "CRITICAL")) or "Skipping" in ln or "ERROR:" in ln
+            or "CRITICAL ERROR" in ln or "Traceback" in ln]
+
+
+def run_package_checker(org_dir: Path, ruleset: str) -> Step:
+    rc, text = _run(["mlperf_logging.package_checker", str(org_dir), USAGE, ruleset,
+                     "--log_output", str(org_dir.parent / "package_checker.log")], org_dir.parent)
+    probs = _problems(text)
+    warned = [ln.strip() for ln in text.splitlines() if ln.startswith("WARNING")]
+    skipped = any("Skipping" in ln for ln in probs)
+    ok = rc == 0 and "PACKAGE CHECKER FOUND NO ERRORS" in text and not probs
+    detail = "found no errors" if ok else "; ".join(probs or ["did not report success"])
+    if warned:
+        detail += " (warnings: " + "; ".join(warned) + ")"
+    return Step("package checker", ok and not skipped, detail, skipped=skipped)
+
+
+def run_rcp_checker(res_dir: Path, ruleset: str) -> Step:
+    rc, text = _run(["mlperf_logging.rcp_checker", str(res_dir), "--rcp_version", ruleset,
+                     "--log_output", str(res_dir.parents[3] / "rcp_checker.log")], res_dir.parents[3])
+    verdict = next((ln.strip().removeprefix("INFO - ").removeprefix("ERROR - ") for ln in text.splitlines()
+                    if "RCP test" in ln), text.strip()[-300:])
+    return Step("RCP checker", rc == 0 and "PASSED" in verdict, verdict)
+
+
+def run_summarizer(org_dir: Path, benchmark: str, ruleset: str) -> tuple[Step, float | None]:
+    out_csv = org_dir.parent / "summary.csv"
+    rc, text = _run(["mlperf_logging.result_summarizer", str(org_dir), USAGE, ruleset,
+                     "--csv", str(out_csv)], org_dir.parent)
+    probs = _problems(text)
+    score = None
+    if out_csv.is_file():
+        with out_csv.open() as f:
+            rows = list(csv.DictReader(f))
+        vals = [r.get(benchmark) for r in rows if r.get(benchmark)]
+        score = float(vals[0]) if vals else None
+    ok = rc == 0 and score is not None and not probs
+    notices = [ln.strip() for ln in text.splitlines() if ln.startswith("NOTICE")]
+    detail = (f"{benchmark} score {score:.3f} min" if score is not None else "no score") + (
+        "; " + "; ".join(probs + notices) if probs or notices else "")
+    return Step("result summarizer", ok, detail), score
+
+
+def tiny_checks(org_dir: Path, res_dir: Path, runs: list[RunLog], desc_path: Path,
+                ruleset: str) -> tuple[list[Step], float | None]:
+    """The package checker's parts for a benchmark it does not know (it would skip it)."""
+    import logging
+
+    from mlperf_logging.package_checker.seed_checker import SeedChecker
+    from mlperf_logging.system_desc_checker import system_desc_checker
+
+    from .rcp import check_runs, olympic_score
+
+    steps = []
+    root = logging.getLogger()
+    old = root.level
+    root.setLevel(logging.CRITICAL)   # their INFO chatter; verdicts are the return values
+    try:
+        ok, *_ = system_desc_checker.check_system_desc(str(desc_path), USAGE, ruleset)
+        steps.append(Step("system description checker", bool(ok), desc_path.name))
+        files = sorted(str(p) for p in res_dir.glob("result_*.txt"))
+        seed_ok = SeedChecker(ruleset).check_seeds(files)
+        steps.append(Step("seed checker", bool(seed_ok), f"{len(files)} runs, seeds "
+                          f"{[r.seed for r in runs]}"))
+    finally:
+        root.setLevel(old)
+    rcp = check_runs([RunLog(path=str(p), events=r.events) for p, r in
+                      zip(sorted(res_dir.glob("result_*.txt")), runs)],
+                     ruleset=ruleset, results_dir=res_dir)
+    steps.append(Step("RCP checker (project RCPs, compliance/tiny_llama31_rcps.json)", rcp.ok,
+                      f"{rcp.message}; samples to converge {rcp.samples}; "
+                      f"normalisation {rcp.norm_factor:.4f}"))
+    score = olympic_score([r.time_to_train_min if r.converged else None for r in runs],
+                          rcp.norm_factor)
+    return steps, score
+
+
+def package(logs_dir: str | Path, *, out: str | Path, org: str, cfg=None,
+            system_desc: str | Path | None = None, system: str | None = None,
+            impl: str = "megatron-core", ruleset: str = DEFAULT_RULESET) -> PackageResult:
+    """Assemble and check; PackageError when refused before the checkers."""
+    if cfg is None and system_desc is None:
+        raise PackageError("give --config (system data from llama31_405b/systems) or --system-desc")
+    runs = read_runs(find_logs(logs_dir))
+    bench, warnings = validate_runs(runs, cfg)
+    comp = [check_log(r.path, ruleset=ruleset) for r in runs]
+    bad = [c for c in comp if not c.ok]
+    tolerated = 1 if len(runs) > 1 else 0
+    if len(bad) > tolerated:
+        raise PackageError(f"{len(bad)} of {len(runs)} logs fail the compliance checker "
+                           f"(ruleset {ruleset}); the package checker accepts at most {tolerated}:"
+                           "\n  " + "\n  ".join(c.verdict() for c in bad))
+    warnings += [f"{c.verdict()} (tolerated under olympic scoring)" for c in bad]
+    if system_desc is not None:
+        sd = Path(system_desc)
+        try:
+            desc = json.loads(sd.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise PackageError(f"{sd}: cannot read the system description: {e}") from None
+        system = system or sd.stem
+    else:
+        desc = system_description(cfg, org)
+        system = system or f"{cfg.derived.system.id}_n{cfg.derived.nodes}"
+    if desc.get("submitter") != org:
+        warnings.append(f"system description submitter {desc.get('submitter')!r} != --org {org!r}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    org_dir = assemble(runs, out=out, org=org, system=system, desc=desc, benchmark=bench, impl=impl)
+    res = PackageResult(org_dir=org_dir, benchmark=bench, system=system, warnings=warnings, runs=runs)
+    res.steps.append(Step("compliance checker", True, "; ".join(
+        f"{Path(c.path).name}: {'pass' if c.ok else 'FAIL'} ({len(c.rule_files)} rule files)"
+        for c in comp)))
+    res_dir = org_dir / "results" / system / bench
+    from mlperf_logging.benchmark_meta import get_allowed_benchmarks
+    if bench in get_allowed_benchmarks(USAGE, ruleset):
+        res.steps.append(run_package_checker(org_dir, ruleset))
+        res.steps.append(run_rcp_checker(res_dir, ruleset))
+        step, res.score_min = run_summarizer(org_dir, bench, ruleset)
+        res.steps.append(step)
+    elif bench == "tiny_llama31":
+        res.notes.append("package checker and result summarizer not run: tiny_llama31 is not an "
+                         "MLPerf benchmark (the package checker would print 'Skipping benchmark'); "
+                         "their checks run one by one with the project's rules and RCPs")
+        steps, res.score_min = tiny_checks(org_dir, res_dir, runs,
+                                           org_dir / "systems" / f"{system}.json", ruleset)
+        res.steps += steps
+    else:
+        res.steps.append(Step("package checker", False, f"{bench} is not a benchmark of ruleset "
+                              f"{ruleset}", skipped=True))
+    return res

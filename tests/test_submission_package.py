@@ -1,0 +1,117 @@
+"""`submission package` on the published v5.1 logs: every checker passes; what they would refuse
+is refused with the files named."""
+import json
+
+import pytest
+from mlperf_logs import LOGS, ORG, SYSTEM_JSON, copy_logs, drop_key, need_fixture
+
+from llama31_405b.cli import main
+from llama31_405b.config import load_config
+from llama31_405b.submission.package import PackageError, package, system_description
+
+
+@pytest.fixture(scope="module")
+def packaged(tmp_path_factory):
+    need_fixture()
+    out = tmp_path_factory.mktemp("pkg")
+    rc = main(["submission", "package", "--logs", str(LOGS[0].parent), "--org", ORG,
+               "--out", str(out), "--ruleset", "5.1.0", "--system-desc", str(SYSTEM_JSON)])
+    return rc, out
+
+
+def test_real_logs_pass_every_checker(packaged, capsys):
+    rc, out = packaged
+    assert rc == 0
+    org = out / ORG
+    res = org / "results" / "hpg.dgxb200x8.n32" / "llama31_405b"
+    assert sorted(p.name for p in res.glob("result_*.txt")) == [f"result_{i}.txt" for i in range(3)]
+    assert json.loads((res / "scaling.json").read_text())["scaling_factor"] == 1.0625
+    assert (org / "systems" / "hpg.dgxb200x8.n32.json").is_file()
+    impl = org / "benchmarks" / "llama31_405b" / "implementations" / "megatron-core"
+    assert (impl / "llama31_405b" / "submission" / "package.py").is_file()
+    assert (impl / "configs" / "config_GB200_1024x4x16xtp4pp8cp2.toml").is_file()
+    assert not list(impl.rglob("*.pyc")) and not (impl / ".venv").exists()
+    log = (out / "package_checker.log").read_text()
+    assert "PACKAGE CHECKER FOUND NO ERRORS" in log and "Skipping" not in log
+
+
+def test_score_matches_the_summarizer(packaged):
+    _, out = packaged
+    import csv
+    with (out / "summary.csv").open() as f:
+        row = next(csv.DictReader(f))
+    assert float(row["llama31_405b"]) == pytest.approx(256.3331, abs=1e-3)
+
+
+def test_two_logs_without_run_stop_are_refused_naming_them(tmp_path, capsys):
+    need_fixture()
+    logs = copy_logs(tmp_path / "logs")
+    drop_key(logs[0], "run_stop")
+    drop_key(logs[2], "run_stop")
+    with pytest.raises(PackageError) as e:
+        package(tmp_path / "logs", out=tmp_path / "out", org=ORG, system_desc=SYSTEM_JSON,
+                ruleset="5.1.0")
+    assert str(logs[0]) in str(e.value) and str(logs[2]) in str(e.value)
+    assert str(logs[1]) not in str(e.value)
+    rc = main(["submission", "package", "--logs", str(tmp_path / "logs"), "--org", ORG, "--out",
+               str(tmp_path / "out"), "--ruleset", "5.1.0", "--system-desc", str(SYSTEM_JSON)])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert "REFUSED" in err and "no run_stop" in err
+
+
+def test_one_failed_run_is_tolerated_as_the_checkers_do(tmp_path):
+    need_fixture()
+    logs = copy_logs(tmp_path / "logs")
+    drop_key(logs[1], "run_stop")
+    res = package(tmp_path / "logs", out=tmp_path / "out", org=ORG, system_desc=SYSTEM_JSON,
+                  ruleset="5.1.0")
+    assert res.ok, [s.line() for s in res.steps]
+    assert any("result_1.txt" in w and "no run_stop" in w for w in res.warnings)
+    assert res.score_min is not None
+
+
+def test_generated_system_description_passes_the_checker(tmp_path):
+    from mlperf_logging.system_desc_checker import system_desc_checker
+    for name in ("config_GB200_2048x4x8xtp4pp8cp2.toml", "tiny_cpu.toml"):
+        cfg = load_config(f"configs/{name}")
+        desc = system_description(cfg, "reference")
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(desc))
+        ok, *_ = system_desc_checker.check_system_desc(str(path), "training", "6.0.0")
+        assert ok, desc
+    assert desc["number_of_nodes"] == "1" and desc["submitter"] == "reference"
+    gb = system_description(load_config("configs/config_GB200_2048x4x8xtp4pp8cp2.toml"), "x")
+    assert gb["number_of_nodes"] == "2048" and gb["accelerators_per_node"] == "4"
+
+
+@pytest.mark.parametrize("ruleset", ["5.1.0", "6.0.0"])
+def test_rcp_decision_equals_the_checkers_own(ruleset):
+    """rcp.check_runs (used for tiny runs, which the stock CLI cannot read) takes the same
+    decision as mlperf_logging.rcp_checker.check_directory on real logs."""
+    need_fixture()
+    from mlperf_logging.rcp_checker import rcp_checker as rc
+
+    from llama31_405b.submission.mllog import load_run
+    from llama31_405b.submission.rcp import check_runs
+    ours = check_runs([load_run(p) for p in LOGS], ruleset=ruleset)
+    ok, msg, norm = rc.check_directory(str(LOGS[0].parent), "training", ruleset, False, False,
+                                       rcp_pass="pruned_rcps")
+    assert (ours.ok, ours.message, ours.norm_factor) == (ok, msg, pytest.approx(float(norm)))
+
+
+def test_logs_that_do_not_match_the_config_are_refused(tmp_path):
+    need_fixture()
+    cfg = load_config("configs/config_GB200_1024x4x16xtp4pp8cp2.toml")
+    with pytest.raises(PackageError, match="GBS 576, config .* GBS 1024"):
+        package(LOGS[0].parent, out=tmp_path, org=ORG, cfg=cfg, ruleset="5.1.0")
+
+
+def test_a_repeated_seed_is_refused(tmp_path):
+    need_fixture()
+    logs = copy_logs(tmp_path / "logs")
+    from mlperf_logs import set_value
+    set_value(logs[2], "seed", 30472)       # result_0's seed, same source line
+    with pytest.raises(PackageError, match="result_2.txt logs seed 30472"):
+        package(tmp_path / "logs", out=tmp_path / "out", org=ORG, system_desc=SYSTEM_JSON,
+                ruleset="5.1.0")
