@@ -58,10 +58,12 @@ def test_explain_writes_table_and_png(capsys, tmp_path):
 def test_bad_input_is_rejected_with_reasons(capsys):
     rc, _, err = run(capsys, "--tp", "4")
     assert rc == 2 and "--racks" in err
-    rc, _, err = run(capsys, "--racks", "8", "--tp", "3", "--pp", "8", "--vp", "8", "--cp", "2", "--minibs", "8")
+    rc, _, err = run(capsys, "--racks", "8", "--tp", "3", "--pp", "8", "--vp", "8", "--cp", "2",
+                     "--minibs", "8")
     assert rc == 2 and "does not divide" in err
     rc, _, err = run(capsys, "--system", "tpu", "--racks", "8")
     assert rc == 2 and "unknown system id" in err
     # TP2-PP8-CP2 does not fit a GB200: reported, exit 0 for an explicit layout
-    rc, out, _ = run(capsys, "--racks", "64", "--tp", "2", "--pp", "8", "--vp", "8", "--cp", "2", "--minibs", "8")
+    rc, out, _ = run(capsys, "--racks", "64", "--tp", "2", "--pp", "8", "--vp", "8", "--cp", "2",
+                     "--minibs", "8")
     assert rc == 0 and "DOES NOT FIT" in out

@@ -52,7 +52,8 @@ def _print_prediction(p) -> None:
           f"{p.eval_time_s:.1f} s)   time-to-train {p.time_to_train_min:.2f} min   "
           f"samples to converge {p.samples_to_converge:,.0f}")
     print(f"  memory {p.memory_per_gpu_gb:.1f} GB per GPU: " + ", ".join(
-        f"{k[:-3]} {v:.1f}" for k, v in p.memory.items()) + ("" if p.fits else f"  -> DOES NOT FIT ({p.why_not})"))
+        f"{k[:-3]} {v:.1f}" for k, v in p.memory.items())
+          + ("" if p.fits else f"  -> DOES NOT FIT ({p.why_not})"))
     b = p.breakdown
     print("  step breakdown (s): " + ", ".join(
         f"{k[:-2]} {v:.4f}" for k, v in b.items() if k.endswith("_s") and k != "dp_unoverlapped_s"))
@@ -97,7 +98,8 @@ def run(args) -> int:
         print(json.dumps(p.as_dict(), indent=2)) if args.json else _print_prediction(p)
         return 0
     if args.racks is None or args.racks < 1:
-        print("error: --racks N (N >= 1) is required (or --config, --write-configs, --explain)", file=sys.stderr)
+        print("error: --racks N (N >= 1) is required (or --config, --write-configs, --explain)",
+              file=sys.stderr)
         return 2
     from ..systems import load_system
     try:
@@ -112,7 +114,8 @@ def run(args) -> int:
                           minibs=args.minibs, mbs=args.mbs, precision=args.precision, recompute=rc)
         found = layout_problems(cfg)
         if found:
-            print("error: the config validator rejects this layout:\n  - " + "\n  - ".join(found), file=sys.stderr)
+            print("error: the config validator rejects this layout:\n  - " + "\n  - ".join(found),
+                  file=sys.stderr)
             return 2
         p = predict(cfg)
         print(json.dumps(p.as_dict(), indent=2)) if args.json else _print_prediction(p)

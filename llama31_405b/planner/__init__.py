@@ -10,4 +10,5 @@ from .spec import make_config
 from .step import Prediction, predict
 from .sweep import Fixed, best, sweep
 
-__all__ = ["ASSUMED", "CALIBRATION", "Fixed", "Prediction", "best", "fitted", "make_config", "predict", "sweep"]
+__all__ = ["ASSUMED", "CALIBRATION", "Fixed", "Prediction", "best", "fitted", "make_config", "predict",
+           "sweep"]

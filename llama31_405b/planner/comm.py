@@ -106,7 +106,8 @@ def dp_time(ctx: Context) -> float:
     if ctx.dp * ctx.cp == 1:
         return 0.0
     if ctx.cfg.optimizer.distributed:
-        return _hierarchical(ctx, params * grad) + _hierarchical(ctx, params * param_gather_bytes_per_param(ctx))
+        return (_hierarchical(ctx, params * grad)
+                + _hierarchical(ctx, params * param_gather_bytes_per_param(ctx)))
     return 2 * _hierarchical(ctx, params * grad)
 
 

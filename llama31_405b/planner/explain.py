@@ -37,10 +37,12 @@ def table(data: list[dict]) -> str:
         eff = f"{r['scaling_efficiency_vs_40']:.0%}" if r["scaling_efficiency_vs_40"] else "-"
         note = ""
         if r["pinned"]:
-            note = "published MiniBS" + (f"; model: {r['model_minibs']} ({r['model_time_to_train_min']:.2f} min)"
-                                         if r["model_minibs"] != r["minibs"] else "")
-        lines.append(f"{r['racks']:>5} {r['nodes']:>5} {r['minibs']:>6} {r['gbs']:>5} {r['step_time_s']:>7.2f} "
-                     f"{r['steps']:>5} {r['time_to_train_min']:>7.2f} {r['mfu']:>6.1%} {eff:>6}  {note}")
+            note = "published MiniBS"
+            if r["model_minibs"] != r["minibs"]:
+                note += f"; model: {r['model_minibs']} ({r['model_time_to_train_min']:.2f} min)"
+        lines.append(f"{r['racks']:>5} {r['nodes']:>5} {r['minibs']:>6} {r['gbs']:>5} "
+                     f"{r['step_time_s']:>7.2f} {r['steps']:>5} {r['time_to_train_min']:>7.2f} "
+                     f"{r['mfu']:>6.1%} {eff:>6}  {note}")
     return "\n".join(lines)
 
 

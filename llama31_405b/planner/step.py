@@ -118,7 +118,8 @@ def breakdown(ctx: Context, fit: Fitted | None = None) -> Breakdown:
     base = sum(comp.values())
     comp = {k: v * (1 + slowdown / base) for k, v in comp.items()}
     shard = ctx.params_per_gpu / (ctx.dp * ctx.cp if ctx.cfg.optimizer.distributed else 1)
-    opt = shard * ASSUMED.optimizer_bytes_per_param / (ctx.system.hbm_tbs * 1e12) + ASSUMED.optimizer_fixed_s
+    opt = (shard * ASSUMED.optimizer_bytes_per_param / (ctx.system.hbm_tbs * 1e12)
+           + ASSUMED.optimizer_fixed_s)
     return Breakdown(compute_s=comp, dp_slowdown_s=slowdown, tp_s=tp * m, cp_s=cp * m, pp_s=pp,
                      bubble_s=bf * busy, dp_exposed_s=dp_exp, optimizer_s=opt, bubble_fraction=bf,
                      dp_total_s=dp_s,
@@ -132,8 +133,10 @@ def eval_time_s(ctx: Context, b: Breakdown, samples: int) -> float:
     n_mb = math.ceil(per_replica / ASSUMED.eval_micro_batch_size)
     m = ctx.microbatches
     scale = ASSUMED.eval_micro_batch_size / ctx.mbs
-    fwd = ((b.compute_total_s - b.dp_slowdown_s - b.recompute_s) / 3 + b.tp_s * 0.4 + b.cp_s / 3) / m * scale
-    return (n_mb / scale + (ctx.pp - 1) / ctx.vp) * fwd if ctx.pp > 1 else n_mb / scale * fwd
+    base = b.compute_total_s - b.dp_slowdown_s - b.recompute_s
+    fwd = (base / 3 + b.tp_s * 0.4 + b.cp_s / 3) / m * scale
+    fill = (ctx.pp - 1) / ctx.vp if ctx.pp > 1 else 0.0
+    return (n_mb + fill) * fwd
 
 
 @dataclass(frozen=True, slots=True)

@@ -67,7 +67,8 @@ def layouts(system: str, racks: int, fixed: Fixed = Fixed(), benchmark: str = "l
                 yield first, ok
 
 
-def sweep(system: str, racks: int, fixed: Fixed = Fixed(), benchmark: str = "llama31_405b") -> list[Prediction]:
+def sweep(system: str, racks: int, fixed: Fixed = Fixed(),
+          benchmark: str = "llama31_405b") -> list[Prediction]:
     """Predictions of every valid candidate: those that fit first, by time-to-train. A layout
     that does not fit at a batch size is not tried at larger ones (memory grows with MiniBS)."""
     fit = fitted()
