@@ -125,8 +125,13 @@ def run(args) -> int:
                   recompute=("none", "full") if args.recompute == "any" else (args.recompute,))
     ranked = sweep(args.system, args.racks, fixed)
     if not ranked:
-        print(f"error: no layout of {args.system} at {args.racks} racks passes the config validator "
-              "with these fixed values", file=sys.stderr)
+        probe = make_config(args.system, args.racks, tp=args.tp or 1, pp=args.pp or 1, vp=args.vp or 1,
+                            cp=args.cp or 1, minibs=args.minibs or (args.pp or 1) * args.mbs,
+                            mbs=args.mbs, precision=args.precision)
+        why = "\n  - ".join(layout_problems(probe)) or "no batch size passes the LR rule"
+        print(f"error: no layout of {args.system} at {args.racks} racks passes the config validator; "
+              f"e.g. TP{probe.parallel.tp}-PP{probe.parallel.pp}-CP{probe.parallel.cp}:\n  - {why}",
+              file=sys.stderr)
         return 1
     shown = ranked if args.top == 0 else ranked[:args.top]
     if args.json:

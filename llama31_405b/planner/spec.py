@@ -34,19 +34,21 @@ def pipeline_split_flags(num_layers: int, pp: int, vp: int) -> tuple[bool, bool]
 def make_config(system: str, racks: int, *, tp: int, pp: int, vp: int, cp: int, minibs: int,
                 mbs: int = 1, precision: str | None = None, recompute: str = "none",
                 model: ModelConfig | None = None) -> Config:
-    """The Config of a 405B run with this layout (not validated: call `layout_problems`)."""
+    """The Config of a 405B run with this layout (not validated: call `layout_problems`). On the
+    'cpu' system the GPU-only settings (CUDA graphs, sequence parallelism, FP8 gather) are off."""
     model = model or ModelConfig()
     precision = precision or default_precision(system)
     flags = pipeline_split_flags(model.num_layers, pp, vp) or (False, False)
-    low = precision in ("fp8", "nvfp4")
+    gpu = system != "cpu"  # the validator's test for GPU-only settings
+    low = precision in ("fp8", "nvfp4") and gpu
     return Config(
         model=model,
-        parallel=ParallelConfig(tp=tp, pp=pp, vp=vp, cp=cp, sequence_parallel=tp > 1),
+        parallel=ParallelConfig(tp=tp, pp=pp, vp=vp, cp=cp, sequence_parallel=tp > 1 and gpu),
         batch=BatchConfig(minibs=minibs, micro_batch_size=mbs),
         precision=PrecisionConfig(compute=precision, params="bf16", attention="bf16"),
         performance=PerformanceConfig(
-            cuda_graphs="layers", overlap_grad_reduce=True, overlap_param_gather=True,
-            fp8_param_gather=low, recompute=recompute,
+            cuda_graphs="layers" if gpu else "none", overlap_grad_reduce=True,
+            overlap_param_gather=True, fp8_param_gather=low, recompute=recompute,
             account_for_embedding_in_pipeline_split=flags[0],
             account_for_loss_in_pipeline_split=flags[1]),
         system=SystemConfig(id=system, racks=racks),
