@@ -115,7 +115,6 @@ NEUTRAL = Fitted(nvfp4_gemm_peak_fraction=1.0, attention_bf16_fraction=1.0, elem
 @cache
 def fitted() -> Fitted:
     """Solve the fitted constants from CALIBRATION (closed form, a few microseconds, cached)."""
-    from ..config.schema import Config  # noqa: F401  (import order: config before planner)
     from . import compute, step
     from .spec import make_config
 

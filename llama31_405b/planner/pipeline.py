@@ -11,19 +11,6 @@ def bubble_fraction(ctx: Context) -> float:
     return (ctx.pp - 1) / (ctx.vp * ctx.microbatches)
 
 
-def chunks_in_flight(ctx: Context) -> int:
-    """Model chunks whose activations the first pipeline rank holds at its peak.
-
-    Megatron's interleaved schedule runs (PP-1)*2 + (VP-1)*PP warm-up forwards before the first
-    backward (all m*VP when m == PP), then one more in steady state; plain 1F1B holds PP."""
-    m, pp, vp = ctx.microbatches, ctx.pp, ctx.vp
-    if pp == 1:
-        return 1
-    if vp == 1:
-        return min(m, pp)
-    return min(m * vp, (pp - 1) * 2 + (vp - 1) * pp + 1)
-
-
 def warmup_forwards(ctx: Context, rank: int) -> int:
     """Forwards pipeline rank `rank` runs before its first backward, plus the one in flight in
     steady state (Megatron's interleaved schedule; plain 1F1B: PP - rank)."""
@@ -73,14 +60,6 @@ def _peak_layer_microbatches(ctx: Context) -> int:
             group += 1
         best = max(best, total)
     return best
-
-
-def layers_per_chunk(ctx: Context) -> float:
-    """Pipeline-split slots per model chunk (an upper bound on its transformer layers)."""
-    perf = ctx.cfg.performance
-    slots = (ctx.model.num_layers + perf.account_for_embedding_in_pipeline_split
-             + perf.account_for_loss_in_pipeline_split)
-    return slots / (ctx.pp * ctx.vp)
 
 
 def p2p_messages(ctx: Context) -> int:
