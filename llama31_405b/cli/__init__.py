@@ -16,6 +16,7 @@ COMMANDS = {
     "compliance": "llama31_405b.cli.compliance_cmd",
     "submission": "llama31_405b.cli.submission_cmd",
     "report": "llama31_405b.cli.report_cmd",
+    "plan": "llama31_405b.cli.plan_cmd",
 }
 
 

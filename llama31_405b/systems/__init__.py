@@ -40,6 +40,9 @@ class SystemSpec:
     """NVLink bandwidth per GPU per direction, GB/s."""
     scaleout_gbs: float
     """Scale-out (cross-rack) network bandwidth per GPU per direction, GB/s."""
+    sm_count: int
+    """Streaming multiprocessors per GPU (CPU: cores); the planner's GEMM wave and NCCL SM-share
+    models use it."""
     gpus_per_nvlink_domain: int
     """Accelerators in one NVLink domain (rack)."""
     gpus_used_per_rack: int

@@ -1,0 +1,151 @@
+"""`plan`: predict step time, time-to-train, MFU and memory of a layout, sweep layouts, write the
+per-scale GB200 configs, or explain the scaling (docs/planner.md)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def register(sub) -> None:
+    p = sub.add_parser("plan", help="performance model: predict, sweep layouts, write configs/",
+                       description="Without a full layout, sweep every feasible layout ranked by "
+                                   "predicted time-to-train; with --tp --pp --vp --cp --minibs, "
+                                   "predict that layout.")
+    p.add_argument("--system", default="gb200-nvl72", help="system id (llama31_405b/systems/*.toml)")
+    p.add_argument("--racks", type=int, help="NVLink domains (racks); nodes for 8-GPU systems")
+    for name in ("tp", "pp", "vp", "cp", "minibs"):
+        p.add_argument(f"--{name}", type=int, help=f"fix {name.upper()} (default: sweep it)")
+    p.add_argument("--mbs", type=int, default=1, help="microbatch size (default 1)")
+    p.add_argument("--precision", choices=("nvfp4", "fp8", "bf16"),
+                   help="GEMM precision (default: NVFP4 where native, else FP8)")
+    p.add_argument("--recompute", choices=("none", "full", "any"), default="none",
+                   help="activation recomputation (any: sweep both)")
+    p.add_argument("--config", metavar="PATH", help="predict the run of an existing config file")
+    p.add_argument("--top", type=int, default=10, help="sweep rows to show (0: all)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--write-configs", action="store_true",
+                   help="regenerate configs/config_GB200_*.toml for 8..128 racks")
+    p.add_argument("--configs-dir", default=str(REPO / "configs"), help="where --write-configs writes")
+    p.add_argument("--explain", action="store_true",
+                   help="table of the per-scale configs' predictions and a PNG (see --out)")
+    p.add_argument("--out", default="out/planner_scaling.png", help="PNG path for --explain")
+    p.set_defaults(func=run)
+
+
+def _fmt_row(p) -> str:
+    fit = "yes" if p.fits else "NO"
+    return (f"{p.layout:<18} {p.dp:>4} {p.minibs:>6} {p.gbs:>5} {p.step_time_s:>8.3f} {p.steps:>5} "
+            f"{p.time_to_train_min:>8.2f} {p.mfu:>6.1%} {p.memory_per_gpu_gb:>6.0f} {fit:>4}")
+
+
+HEADER = (f"{'layout':<18} {'DP':>4} {'MiniBS':>6} {'GBS':>5} {'step s':>8} {'steps':>5} "
+          f"{'TTT min':>8} {'MFU':>6} {'GB':>6} {'fits':>4}")
+
+
+def _print_prediction(p) -> None:
+    print(f"{p.system}, {p.racks} racks ({p.nodes} nodes): {p.layout} DP{p.dp} MiniBS {p.minibs} "
+          f"MBS {p.mbs} GBS {p.gbs}, {p.precision}, recompute {p.recompute}")
+    print(f"  step {p.step_time_s:.3f} s   MFU {p.mfu:.2%}   {p.steps} steps ({p.evaluations} evaluations of "
+          f"{p.eval_time_s:.1f} s)   time-to-train {p.time_to_train_min:.2f} min   "
+          f"samples to converge {p.samples_to_converge:,.0f}")
+    print(f"  memory {p.memory_per_gpu_gb:.1f} GB per GPU: " + ", ".join(
+        f"{k[:-3]} {v:.1f}" for k, v in p.memory.items())
+          + ("" if p.fits else f"  -> DOES NOT FIT ({p.why_not})"))
+    b = p.breakdown
+    print("  step breakdown (s): " + ", ".join(
+        f"{k[:-2]} {v:.4f}" for k, v in b.items() if k.endswith("_s") and k != "dp_unoverlapped_s"))
+
+
+def run(args) -> int:
+    from ..config.load import ConfigError
+    from ..planner import explain as ex
+    from ..planner import writer
+    from ..planner.spec import layout_problems, make_config
+    from ..planner.step import predict
+    from ..planner.sweep import Fixed, sweep
+
+    if args.write_configs:
+        try:
+            written, deleted = writer.write_configs(Path(args.configs_dir))
+        except (ConfigError, ValueError, FileNotFoundError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        for path in written:
+            print(f"wrote   {path}")
+        for path in deleted:
+            print(f"deleted {path} (stale: not a scale the planner writes)")
+        return 0
+    if args.explain:
+        data = ex.explain()
+        if args.json:
+            print(json.dumps(data, indent=2))
+        else:
+            print(ex.table(data))
+        png = ex.plot(data, Path(args.out))
+        print(f"plot: {png}", file=sys.stderr if args.json else sys.stdout)
+        return 0
+    if args.config:
+        from ..config.load import load_config
+        try:
+            cfg = load_config(args.config)
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        p = predict(cfg)
+        print(json.dumps(p.as_dict(), indent=2)) if args.json else _print_prediction(p)
+        return 0
+    if args.racks is None or args.racks < 1:
+        print("error: --racks N (N >= 1) is required (or --config, --write-configs, --explain)",
+              file=sys.stderr)
+        return 2
+    from ..systems import load_system
+    try:
+        load_system(args.system)
+    except ValueError as e:
+        print(f"error: --system: {e}", file=sys.stderr)
+        return 2
+    full = all(getattr(args, k) is not None for k in ("tp", "pp", "vp", "cp", "minibs"))
+    if full:
+        rc = "none" if args.recompute == "any" else args.recompute
+        cfg = make_config(args.system, args.racks, tp=args.tp, pp=args.pp, vp=args.vp, cp=args.cp,
+                          minibs=args.minibs, mbs=args.mbs, precision=args.precision, recompute=rc)
+        found = layout_problems(cfg)
+        if found:
+            print("error: the config validator rejects this layout:\n  - " + "\n  - ".join(found),
+                  file=sys.stderr)
+            return 2
+        p = predict(cfg)
+        print(json.dumps(p.as_dict(), indent=2)) if args.json else _print_prediction(p)
+        return 0
+    fixed = Fixed(tp=args.tp, pp=args.pp, vp=args.vp, cp=args.cp, minibs=args.minibs, mbs=args.mbs,
+                  precision=args.precision,
+                  recompute=("none", "full") if args.recompute == "any" else (args.recompute,))
+    ranked = sweep(args.system, args.racks, fixed)
+    if not ranked:
+        probe = make_config(args.system, args.racks, tp=args.tp or 1, pp=args.pp or 1, vp=args.vp or 1,
+                            cp=args.cp or 1, minibs=args.minibs or (args.pp or 1) * args.mbs,
+                            mbs=args.mbs, precision=args.precision)
+        why = "\n  - ".join(layout_problems(probe)) or "no batch size passes the LR rule"
+        print(f"error: no layout of {args.system} at {args.racks} racks passes the config validator; "
+              f"e.g. TP{probe.parallel.tp}-PP{probe.parallel.pp}-CP{probe.parallel.cp}:\n  - {why}",
+              file=sys.stderr)
+        return 1
+    shown = ranked if args.top == 0 else ranked[:args.top]
+    if args.json:
+        print(json.dumps({"system": args.system, "racks": args.racks, "candidates": len(ranked),
+                          "fitting": sum(p.fits for p in ranked),
+                          "results": [p.as_dict() for p in shown]}, indent=2))
+        return 0 if ranked[0].fits else 1
+    n_fit = sum(p.fits for p in ranked)
+    print(f"{args.system}, {args.racks} racks: {len(ranked)} candidates, {n_fit} fit in memory; "
+          f"ranked by predicted time-to-train")
+    print(HEADER)
+    for p in shown:
+        print(_fmt_row(p))
+    if not ranked[0].fits:
+        print(f"nothing fits: best candidate {ranked[0].layout} {ranked[0].why_not}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,149 @@
+"""Compute time of one microbatch (forward + backward) on one GPU, by part of the model.
+
+FLOPs follow the project's convention (config.derived.model_flops_per_sequence: non-causal
+Megatron formula, FACTS.md section 2); `flops_by_part` splits it into QKV, attention core, output
+projection, FFN up/gate, FFN down and logits and sums back to it exactly. Times:
+
+* GEMMs: each of forward, data-gradient and weight-gradient GEMM of a linear layer, at the
+  precision's achievable peak fraction times a wave-quantisation factor (output tiles against
+  SMs, padding of partial tiles), or the HBM time of its operands if that is longer.
+* Attention core: the FLOPs a causal fused kernel executes (half the convention's) at a fitted
+  fraction of the attention precision's peak.
+* Everything else (norms, SwiGLU, RoPE, residuals, quantisation, loss): HBM-bound passes over the
+  layer's activations, a fitted number of them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from ..config.schema import ModelConfig
+from .calibration import ASSUMED, Fitted
+from .context import Context, Stage
+
+PARTS = ("qkv", "attention", "proj", "ffn_up", "ffn_down", "logits")
+
+# Bytes per element of a GEMM operand in each compute precision (NVFP4: 4 bits + an E4M3 scale
+# per 16 elements).
+OPERAND_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp8": 1.0, "nvfp4": 0.5625}
+
+
+def flops_by_part(model: ModelConfig) -> dict[str, float]:
+    """Training FLOPs per sequence (forward + backward = 3x forward) by part, convention of
+    config.derived.model_flops_per_sequence; the values sum to it."""
+    s, h, f, L = model.seq_length, model.hidden_size, model.ffn_hidden_size, model.num_layers
+    qkv = (model.num_attention_heads + 2 * model.num_query_groups) * model.kv_channels
+    return {
+        "qkv": 6.0 * s * h * qkv * L,
+        "attention": 12.0 * s * s * h * L,
+        "proj": 6.0 * s * h * h * L,
+        "ffn_up": 12.0 * s * h * f * L,
+        "ffn_down": 6.0 * s * h * f * L,
+        "logits": 6.0 * s * h * model.vocab_size,
+    }
+
+
+def gemm_shapes(ctx: Context) -> dict[str, tuple[int, int, int]]:
+    """Forward GEMM (M tokens, N outputs, K inputs) of each linear part on one GPU."""
+    m = ctx.model
+    h, f, t, T = m.hidden_size, m.ffn_hidden_size, ctx.tp, ctx.tokens
+    qkv = (m.num_attention_heads + 2 * m.num_query_groups) * m.kv_channels
+    return {"qkv": (T, qkv // t, h), "proj": (T, h, m.num_attention_heads * m.kv_channels // t),
+            "ffn_up": (T, 2 * f // t, h), "ffn_down": (T, h, f // t), "logits": (T, ctx.vocab // t, h)}
+
+
+def wave_efficiency(M: int, N: int, sms: int) -> float:
+    """Useful share of the SM time: padding of partial tiles x the last wave's idle SMs."""
+    tm, tn = ASSUMED.gemm_tile_m, ASSUMED.gemm_tile_n
+    tiles_m, tiles_n = math.ceil(M / tm), math.ceil(N / tn)
+    tiles = tiles_m * tiles_n
+    waves = math.ceil(tiles / sms)
+    return (M * N) / (tiles_m * tm * tiles_n * tn) * tiles / (waves * sms)
+
+
+def gemm_peak_fraction(precision: str, fit: Fitted) -> float:
+    if precision == "nvfp4":
+        return fit.nvfp4_gemm_peak_fraction
+    return dict(ASSUMED.gemm_peak_fraction)[precision]
+
+
+def gemm_time(ctx: Context, M: int, N: int, K: int, fit: Fitted) -> float:
+    """Forward + data-gradient + weight-gradient GEMMs of a (M, N, K) linear layer, seconds."""
+    sysm, prec = ctx.system, ctx.precision
+    peak = sysm.peak_tflops(prec) * 1e12 * gemm_peak_fraction(prec, fit)
+    b_in = OPERAND_BYTES[prec]
+    total = 0.0
+    for m_, n_, k_ in ((M, N, K), (M, K, N), (N, K, M)):  # fwd, dgrad, wgrad
+        t_compute = 2.0 * m_ * n_ * k_ / (peak * wave_efficiency(m_, n_, sysm.sm_count))
+        t_memory = ((m_ * k_ + k_ * n_) * b_in + m_ * n_ * 2.0) / (sysm.hbm_tbs * 1e12)
+        total += max(t_compute, t_memory)
+    return total
+
+
+@dataclass(frozen=True, slots=True)
+class PartTimes:
+    """Seconds of one microbatch (forward + backward) on one GPU of a pipeline rank."""
+    qkv: float
+    attention: float
+    proj: float
+    ffn_up: float
+    ffn_down: float
+    logits: float
+    elementwise: float
+
+    @property
+    def ffn(self) -> float:
+        return self.ffn_up + self.ffn_down
+
+    @property
+    def total(self) -> float:
+        return sum(getattr(self, f.name) for f in fields(self))
+
+    def scaled(self, k: float) -> "PartTimes":
+        return PartTimes(**{f.name: getattr(self, f.name) * k for f in fields(self)})
+
+
+def attention_time(ctx: Context, fit: Fitted) -> float:
+    """Causal fused attention of one layer and microbatch on one GPU (forward + backward)."""
+    m = ctx.model
+    executed = 3 * 2.0 * m.seq_length ** 2 * m.hidden_size * ctx.mbs / (ctx.cp * ctx.tp)
+    peak = ctx.system.peak_tflops(ctx.cfg.precision.attention) * 1e12
+    return executed / (peak * fit.attention_bf16_fraction)
+
+
+def elementwise_width(ctx: Context, logits: bool) -> tuple[float, float]:
+    """Activation elements per token of one layer on one GPU touched by non-GEMM kernels:
+    two norm inputs and the residual stream (4h), the QKV output (RoPE), the FFN's 2f input and f
+    output of SwiGLU; the loss adds 2 x V (FP32 logits) on the last rank."""
+    m = ctx.model
+    qkv = (m.num_attention_heads + 2 * m.num_query_groups) * m.kv_channels
+    width = (4 * m.hidden_size + qkv + 3 * m.ffn_hidden_size) / ctx.tp
+    return width, (2.0 * ctx.vocab / ctx.tp if logits else 0.0)
+
+
+def stage_parts(ctx: Context, st: Stage, fit: Fitted) -> PartTimes:
+    """Compute of one microbatch on one GPU of pipeline rank `st`."""
+    shapes = gemm_shapes(ctx)
+    n = st.layers
+    g = {k: gemm_time(ctx, *shape, fit) for k, shape in shapes.items()}
+    layer_w, loss_w = elementwise_width(ctx, st.logits)
+    ew = fit.elementwise_passes * ctx.tokens * 2.0 * (n * layer_w + loss_w) / (ctx.system.hbm_tbs * 1e12)
+    return PartTimes(qkv=n * g["qkv"], attention=n * attention_time(ctx, fit), proj=n * g["proj"],
+                     ffn_up=n * g["ffn_up"], ffn_down=n * g["ffn_down"],
+                     logits=g["logits"] if st.logits else 0.0, elementwise=ew)
+
+
+def stage_times(ctx: Context, fit: Fitted) -> PartTimes:
+    """Compute of the slowest pipeline rank (it sets the pace of the steady state)."""
+    return max((stage_parts(ctx, st, fit) for st in ctx.stages), key=lambda p: p.total)
+
+
+def part_rates(ctx: Context, fit: Fitted) -> dict[str, float]:
+    """Predicted TFLOP/s of each part of one layer on one GPU (convention FLOPs for GEMMs,
+    executed causal FLOPs for attention), forward + backward."""
+    shapes = gemm_shapes(ctx)
+    out = {k: 6.0 * M * N * K / gemm_time(ctx, M, N, K, fit) / 1e12 for k, (M, N, K) in shapes.items()}
+    m = ctx.model
+    executed = 3 * 2.0 * m.seq_length ** 2 * m.hidden_size * ctx.mbs / (ctx.cp * ctx.tp)
+    out["attention"] = executed / attention_time(ctx, fit) / 1e12
+    return out

@@ -1,0 +1,89 @@
+"""Memory per GPU: weights, gradients, optimizer state, activations in flight, reserve.
+
+* Weights: the stored parameter (BF16, or FP8/NVFP4 with the low-precision parameter gather)
+  plus the quantised copies the GEMMs read (row- and column-wise NVFP4 or FP8 copies, cached
+  across microbatches).
+* Gradients: the full main-grad buffer (FP32 when grad_reduce_in_fp32).
+* Optimizer: FP32 master weights + Adam m and v, sharded over DP x CP by the distributed
+  optimizer.
+* Activations: per layer and microbatch, the tensors kept for the backward pass with sequence
+  parallelism and fused attention (all divided by TP): both norm inputs, Q/K/V, the attention
+  output and the FC1 output in BF16, and the GEMM inputs (QKV, projection, FC1, FC2) in the
+  compute precision; times the layer-microbatches the fullest pipeline rank holds at its peak
+  (pipeline.py).
+  Full recomputation keeps only each layer's input plus one layer's working set.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .calibration import ASSUMED
+from .comm import param_gather_bytes_per_param
+from .compute import OPERAND_BYTES
+from .context import Context
+from .pipeline import peak_layer_microbatches
+
+GB = 1e9
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    weights_gb: float
+    grads_gb: float
+    optimizer_gb: float
+    activations_gb: float
+    reserved_gb: float
+    capacity_gb: float
+
+    @property
+    def total_gb(self) -> float:
+        return self.weights_gb + self.grads_gb + self.optimizer_gb + self.activations_gb + self.reserved_gb
+
+    @property
+    def fits(self) -> bool:
+        return self.total_gb <= self.capacity_gb
+
+    def why_not(self) -> str:
+        return (f"needs {self.total_gb:.0f} GB of {self.capacity_gb:.0f} GB: weights "
+                f"{self.weights_gb:.0f}, grads {self.grads_gb:.0f}, optimizer {self.optimizer_gb:.0f}, "
+                f"activations {self.activations_gb:.0f}, reserved {self.reserved_gb:.0f}")
+
+
+def weight_bytes_per_param(ctx: Context) -> float:
+    prec = ctx.precision
+    stored = param_gather_bytes_per_param(ctx) if prec in ("fp8", "nvfp4") else 2.0
+    if prec == "nvfp4":
+        copies = OPERAND_BYTES["nvfp4"] * (1 if ctx.cfg.performance.fp4_param_gather else 2)
+    elif prec == "fp8":
+        copies = 0.0 if ctx.cfg.performance.fp8_param_gather else 2 * OPERAND_BYTES["fp8"]
+    else:
+        copies = 0.0
+    return stored + copies
+
+
+def activation_bytes_per_token(ctx: Context) -> float:
+    """Bytes one layer keeps per token of a microbatch on one GPU (no recomputation)."""
+    m = ctx.model
+    h, f = m.hidden_size, m.ffn_hidden_size
+    kv = 2 * m.num_query_groups * m.kv_channels
+    q = OPERAND_BYTES[ctx.precision]
+    bf16 = 2.0 * (2 * h + (h + kv) + h + 2 * f)
+    gemm_inputs = q * (h + h + f) + (0.0 if ctx.precision in ("bf16", "fp32") else q * h)
+    return (bf16 + gemm_inputs) / ctx.tp
+
+
+def memory(ctx: Context) -> Memory:
+    params = ctx.params_per_gpu
+    cfg = ctx.cfg
+    grad = 4.0 if cfg.precision.grad_reduce_in_fp32 else 2.0
+    shards = ctx.dp * ctx.cp if cfg.optimizer.distributed else 1
+    per_layer = activation_bytes_per_token(ctx) * ctx.tokens
+    layers = peak_layer_microbatches(ctx)
+    if cfg.performance.recompute == "full":
+        act = layers * ctx.tokens * 2.0 * ctx.model.hidden_size / ctx.tp + per_layer
+    else:
+        act = layers * per_layer
+    logits = ctx.tokens * ctx.vocab / ctx.tp * 6.0  # BF16 logits + FP32 softmax gradient, last rank
+    return Memory(weights_gb=params * weight_bytes_per_param(ctx) / GB, grads_gb=params * grad / GB,
+                  optimizer_gb=params * 12.0 / shards / GB, activations_gb=(act + logits) / GB,
+                  reserved_gb=ASSUMED.memory_reserved_gb, capacity_gb=ctx.system.hbm_gb)

@@ -1,0 +1,61 @@
+"""A planner candidate is a real `Config`: built here, checked by the project's validator.
+
+`make_config` builds the 405B config a run on `system` with a layout would use (the GPU settings
+of configs/base/gb200_405b.toml on Blackwell; FP8 or BF16 where NVFP4 is missing), so layout
+validity (heads vs TP, pipeline split, microbatches vs PP, the LR rule, GBS limits, placement in a
+rack) comes from `config.validate.problems`, the one place those rules live. The planner adds only
+what the validator cannot know: memory fit (memory.py).
+"""
+from __future__ import annotations
+
+from ..config.schema import (BatchConfig, Config, ModelConfig, ParallelConfig, PerformanceConfig,
+                             PrecisionConfig, SystemConfig)
+from ..config.validate import problems
+from ..systems import load_system
+
+
+def default_precision(system_id: str) -> str:
+    """NVFP4 where the GPU runs it natively, else FP8 (Hopper), else BF16."""
+    s = load_system(system_id)
+    if s.nvfp4 == "native":
+        return "nvfp4"
+    return "fp8" if s.peak_tflops_fp8 > 0 else "bf16"
+
+
+def pipeline_split_flags(num_layers: int, pp: int, vp: int) -> tuple[bool, bool] | None:
+    """Embedding/loss accounting that splits the layers evenly over PP x VP chunks (both counted
+    first, as the submissions do), or None when no choice divides."""
+    for emb, loss in ((True, True), (False, False), (True, False)):
+        if (num_layers + emb + loss) % (pp * vp) == 0 and (pp > 1 or not (emb or loss)):
+            return emb, loss
+    return None
+
+
+def make_config(system: str, racks: int, *, tp: int, pp: int, vp: int, cp: int, minibs: int,
+                mbs: int = 1, precision: str | None = None, recompute: str = "none",
+                model: ModelConfig | None = None) -> Config:
+    """The Config of a 405B run with this layout (not validated: call `layout_problems`). On the
+    'cpu' system the GPU-only settings (CUDA graphs, sequence parallelism, FP8 gather) are off."""
+    model = model or ModelConfig()
+    precision = precision or default_precision(system)
+    flags = pipeline_split_flags(model.num_layers, pp, vp) or (False, False)
+    gpu = system != "cpu"  # the validator's test for GPU-only settings
+    low = precision in ("fp8", "nvfp4") and gpu
+    return Config(
+        model=model,
+        parallel=ParallelConfig(tp=tp, pp=pp, vp=vp, cp=cp, sequence_parallel=tp > 1 and gpu),
+        batch=BatchConfig(minibs=minibs, micro_batch_size=mbs),
+        precision=PrecisionConfig(compute=precision, params="bf16", attention="bf16"),
+        performance=PerformanceConfig(
+            cuda_graphs="layers" if gpu else "none", overlap_grad_reduce=True,
+            overlap_param_gather=True, fp8_param_gather=low, recompute=recompute,
+            account_for_embedding_in_pipeline_split=flags[0],
+            account_for_loss_in_pipeline_split=flags[1]),
+        system=SystemConfig(id=system, racks=racks),
+        source=f"<planner {system} {racks} racks tp{tp} pp{pp} vp{vp} cp{cp} minibs{minibs}>",
+    )
+
+
+def layout_problems(cfg: Config) -> list[str]:
+    """The config validator's verdict (empty list: a valid layout)."""
+    return problems(cfg)

@@ -1,0 +1,91 @@
+"""Every feasible layout for a system and scale, ranked by predicted time-to-train.
+
+Candidates: TP x PP x CP dividing the GPUs used per rack, every VP and MiniBS (a multiple of PP)
+the config validator accepts (pipeline split, microbatches vs PP, the LR rule, GBS <= the largest
+RCP), predicted by step.predict and checked for memory. Fixed values (`tp=4`, ...) narrow it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from itertools import product
+
+from ..config.rules import lr_passes_checker, rules_for
+from ..systems import load_system
+from .calibration import fitted
+from .spec import layout_problems, make_config
+from .step import Context, Prediction, predict_context
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass(frozen=True, slots=True)
+class Fixed:
+    """Layout values the user fixed (None: sweep it)."""
+    tp: int | None = None
+    pp: int | None = None
+    vp: int | None = None
+    cp: int | None = None
+    minibs: int | None = None
+    mbs: int = 1
+    precision: str | None = None
+    recompute: tuple[str, ...] = ("none",)
+
+
+def layouts(system: str, racks: int, fixed: Fixed = Fixed(), benchmark: str = "llama31_405b"):
+    """(config at the smallest batch, valid MiniBS values) of every layout the validator accepts.
+
+    Each layout is validated in full once, at its smallest batch; its other batch sizes are
+    multiples of PP x MBS up to the largest RCP batch, so only the LR rule, which depends on GBS
+    alone, is re-checked (`config.rules.lr_passes_checker`, the validator's own test)."""
+    spec = load_system(system)
+    rules = rules_for(benchmark)
+    per_rack = spec.gpus_used_per_rack
+    pick = lambda v, options: [v] if v is not None else options  # noqa: E731
+    for tp, cp, pp in product(pick(fixed.tp, divisors(per_rack)), pick(fixed.cp, divisors(per_rack)),
+                              pick(fixed.pp, divisors(per_rack))):
+        if per_rack % (tp * pp * cp):
+            continue
+        dp = racks * (per_rack // (tp * pp * cp))
+        unit = pp * fixed.mbs
+        minibs_opts = pick(fixed.minibs, list(range(unit, rules.max_gbs // dp + 1, unit)))
+        if not minibs_opts:
+            continue
+        for vp, rc in product(pick(fixed.vp, divisors(128 // pp) if pp > 1 else [1]), fixed.recompute):
+            first = make_config(system, racks, tp=tp, pp=pp, vp=vp, cp=cp, minibs=minibs_opts[0],
+                                mbs=fixed.mbs, precision=fixed.precision, recompute=rc)
+            found = layout_problems(first)
+            if fixed.minibs is not None:
+                if not found:
+                    yield first, minibs_opts
+                continue
+            if [p for p in found if not p.startswith("GBS")]:
+                continue
+            ok = [mb for mb in minibs_opts if lr_passes_checker(rules, mb * dp)]
+            if ok:
+                yield first, ok
+
+
+def sweep(system: str, racks: int, fixed: Fixed = Fixed(),
+          benchmark: str = "llama31_405b") -> list[Prediction]:
+    """Predictions of every valid candidate: those that fit first, by time-to-train. A layout
+    that does not fit at a batch size is not tried at larger ones (memory grows with MiniBS)."""
+    fit = fitted()
+    preds = []
+    for cfg, minibs_opts in layouts(system, racks, fixed, benchmark):
+        ctx0 = Context.of(cfg)
+        for mb in minibs_opts:
+            pred = predict_context(replace(ctx0, microbatches=mb // fixed.mbs), fit)
+            preds.append(pred)
+            if not pred.fits:  # memory only grows with MiniBS: one line says why not
+                break
+    return sorted(preds, key=lambda p: (not p.fits, p.time_to_train_min))
+
+
+def best(system: str, racks: int, fixed: Fixed = Fixed()) -> Prediction:
+    ranked = sweep(system, racks, fixed)
+    if not ranked or not ranked[0].fits:
+        why = ranked[0].why_not if ranked else "no layout passes the config validator"
+        raise ValueError(f"no layout fits {racks} racks of {system}: {why}")
+    return ranked[0]
