@@ -78,8 +78,8 @@ def test_tp_group_split_names_ranks_and_hosts():
           Placement(rank=2, host="n3", rack="rack0", source="t"),
           Placement(rank=3, host="n4", rack="rack1", source="t")]
     v = find_violations(lay, ps)
-    assert "TP group ranks 0-1 spans racks: rack rack0 (ranks 0 on n1); rack rack1 (ranks 1 on n2)" in v
-    assert "TP group ranks 2-3 spans racks: rack rack0 (ranks 2 on n3); rack rack1 (ranks 3 on n4)" in v
+    assert "TP group ranks 0-1 spans racks: rack rack0 (rank 0 on n1); rack rack1 (rank 1 on n2)" in v
+    assert "TP group ranks 2-3 spans racks: rack rack0 (rank 2 on n3); rack rack1 (rank 3 on n4)" in v
 
 
 def test_missing_ranks_reported():

@@ -161,7 +161,8 @@ def _describe(group: list[int], by_rank: dict[int, Placement]) -> str:
     parts = []
     for rack, ranks in sorted(racks.items()):
         hosts = sorted({by_rank[r].host for r in ranks})
-        parts.append(f"rack {rack} (ranks {_ranges(ranks)} on {', '.join(_short(hosts))})")
+        word = "rank" if len(ranks) == 1 else "ranks"
+        parts.append(f"rack {rack} ({word} {_ranges(ranks)} on {', '.join(_short(hosts))})")
     return "; ".join(parts)
 
 
