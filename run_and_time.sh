@@ -32,7 +32,7 @@ set -euo pipefail
 die() { echo "run_and_time.sh: $*" >&2; exit 2; }
 say() { echo "[run_and_time $(date -u +%H:%M:%S)] $*" >&2; }
 
-: "${CONFIG:?set CONFIG=configs/<file>.toml (see the header of run_and_time.sh)}"
+[ -n "${CONFIG:-}" ] || die "set CONFIG=configs/<file>.toml (see the header of run_and_time.sh)"
 
 # --- where the code is: sbatch runs a spooled copy of this file, so fall back to the submit dir
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -108,14 +108,14 @@ say "config $CONFIG: $LAUNCH_WORLD_SIZE rank(s) on $LAUNCH_NODES node(s) x $LAUN
 clear_caches() {  # prints true or false
   local mode=${CLEAR_CACHES:-auto} ok=false
   case "$mode" in 0|no|false) echo false; return 0 ;; esac
-  if [ "$DRY" = 1 ]; then echo dry-run; return 0; fi
-  local drop='sync && echo 3 > /proc/sys/vm/drop_caches'
+  local drop='{ sync && echo 3 > /proc/sys/vm/drop_caches; } 2>/dev/null'
   if [ "$IN_SLURM" = 1 ]; then
-    run srun --nodes="$LAUNCH_NODES" --ntasks="$LAUNCH_NODES" --ntasks-per-node=1 \
-      bash -c "$drop" 2>/dev/null && ok=true
+    run srun --quiet --nodes="$LAUNCH_NODES" --ntasks="$LAUNCH_NODES" --ntasks-per-node=1 \
+      bash -c "$drop" && ok=true
   else
-    run bash -c "$drop" 2>/dev/null && ok=true
+    run bash -c "$drop" && ok=true
   fi
+  if [ "$DRY" = 1 ]; then echo dry-run; return 0; fi
   if [ "$ok" = false ] && [ "$mode" = 1 ]; then die "CLEAR_CACHES=1 but the page cache cannot be dropped here"; fi
   echo "$ok"
 }
@@ -163,7 +163,8 @@ for i in "${!LAUNCH_SEEDS[@]}"; do
   say "run $i: train exited $rc after $((SECONDS - t0)) s"
   verdict=FAIL
   if [ "$DRY" = 1 ]; then verdict=DRY
-  elif [ "$rc" = 0 ] && py launch check-log --config "$CONFIG" "${SETS[@]}" --require-success "$STEP_LOGDIR/result_$i.txt"; then
+  elif [ "$rc" = 0 ] && py launch check-log --config "$CONFIG" "${SETS[@]}" --require-success \
+         --report-dir "$STEP_LOGDIR" "$STEP_LOGDIR/result_$i.txt"; then
     verdict=PASS
   fi
   summary+=("run $i seed $seed: train exit $rc, $verdict, $log")

@@ -48,6 +48,8 @@ def register(sub) -> None:
                    help="the config the runs used (selects the benchmark's rules)")
     c.add_argument("--require-success", action="store_true",
                    help="fail a log whose run_stop status is not success")
+    c.add_argument("--report-dir", default=None, metavar="DIR",
+                   help="keep the checker's output here as <log>.compliance.log")
     c.add_argument("logs", nargs="+", metavar="LOG")
     add_set_option(c)
     c.set_defaults(func=check_log)
@@ -108,7 +110,8 @@ def check_log(args) -> int:
     bad = 0
     for log in args.logs:
         try:
-            v = check_one(Path(log), cfg.run.benchmark)
+            v = check_one(Path(log), cfg.run.benchmark,
+                          Path(args.report_dir) if args.report_dir else None)
         except FileNotFoundError as e:
             print(f"error: {e}", file=sys.stderr)
             return EXIT_CONFIG

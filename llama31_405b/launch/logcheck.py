@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,7 +73,12 @@ def _project_command_available() -> bool:
     return "compliance" in COMMANDS
 
 
-def check_log(log: Path, benchmark: str) -> Verdict:
+def check_log(log: Path, benchmark: str, report_dir: Path | None = None) -> Verdict:
+    """Check one log; the checker's own output goes to `report_dir`/<log name>.compliance.log
+    (a temporary directory when None: never next to a log that may be read-only)."""
+    if report_dir is None:
+        with tempfile.TemporaryDirectory() as tmp:
+            return check_log(log, benchmark, Path(tmp))
     log = Path(log)
     if not log.is_file():
         return Verdict(str(log), False, None, "log file missing: the run wrote no MLPerf log")
@@ -81,7 +87,7 @@ def check_log(log: Path, benchmark: str) -> Verdict:
     else:
         rules = rules_file(benchmark)
         cmd = [sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training",
-               "--ruleset", RULESET, "--log_output", str(log.with_suffix(".compliance.log"))]
+               "--ruleset", RULESET, "--log_output", str(Path(report_dir) / f"{log.stem}.compliance.log")]
         if rules is not None:
             cmd += ["--config", str(rules)]
         cmd.append(str(log))
