@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -120,3 +121,21 @@ def test_check_log_verdicts(tmp_path):
     assert "run_stop" in lines[0]
     assert lines[1] == f"FAIL {aborted}: compliant, run_stop status aborted"
     assert "the run wrote no MLPerf log" in lines[2]
+
+
+def test_config_names_match_their_launch_plan():
+    """config_<SYSTEM>_<NODES>x<GPUS_PER_NODE>x<MINIBS>xtp<T>pp<P>cp<C>: the sbatch -N of the docs
+    comes from the name, the srun layout from the plan; they must agree."""
+    pattern = re.compile(r"config_\w+?_(\d+)x(\d+)x(\d+)xtp(\d+)pp(\d+)cp(\d+)\.toml")
+    checked = 0
+    for path in sorted((REPO / "configs").glob("config_*.toml")):
+        m = pattern.fullmatch(path.name)
+        assert m, f"{path.name} does not follow the MLPerf config naming"
+        nodes, gpn, minibs, tp, pp, cp = map(int, m.groups())
+        cfg = load_config(path)
+        plan = launch_plan(cfg)
+        assert (plan.nodes, plan.tasks_per_node, cfg.batch.minibs) == (nodes, gpn, minibs), path.name
+        assert (cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.cp) == (tp, pp, cp), path.name
+        assert plan.world_size == nodes * gpn
+        checked += 1
+    assert checked >= 1
