@@ -11,6 +11,7 @@ Test modules import the fixture (`from conftest_slurm import slurm_cluster`); th
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import subprocess
@@ -24,6 +25,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "local_slurm_cluster.sh"
 NODES, RACKS = 4, 2
+LOCK = "/tmp/llama31_slurm.lock"
 
 
 @dataclass
@@ -80,6 +82,18 @@ def _run(cmd: list[str], timeout: float) -> str:
 
 @pytest.fixture(scope="session")
 def slurm_cluster():
+    # one cluster per machine (/etc/slurm, fixed ports): a second test session waits here
+    # instead of restarting the daemons under the first one's jobs
+    with open(LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            _up()
+            yield SlurmCluster(nodes=NODES, racks=RACKS)
+        finally:
+            subprocess.run([str(SCRIPT), "down"], capture_output=True, timeout=120)
+
+
+def _up() -> None:
     env = dict(os.environ, SLURM_CI_NODES=str(NODES), SLURM_CI_RACKS=str(RACKS),
                SLURM_CI_RACK_ORDER="block")
     try:
@@ -90,7 +104,3 @@ def slurm_cluster():
                     f"{e.stdout}\n{e.stderr}", pytrace=False)
     except (OSError, subprocess.TimeoutExpired) as e:
         pytest.fail(f"the local Slurm cluster did not start: {e}", pytrace=False)
-    try:
-        yield SlurmCluster(nodes=NODES, racks=RACKS)
-    finally:
-        subprocess.run([str(SCRIPT), "down"], capture_output=True, timeout=120)

@@ -208,10 +208,10 @@ def test_check_placement_gloo_4_ranks(tmp_path, monkeypatch):
     assert len(bad) == 1
     msg = bad.pop()
     assert msg.startswith("interleaved: PlacementError\nplacement check failed")
-    assert ("PP group ranks 0-1 spans racks: rack rack0 (ranks 0 on n1); "
-            "rack rack1 (ranks 1 on n2)") in msg
-    assert ("PP group ranks 2-3 spans racks: rack rack0 (ranks 2 on n3); "
-            "rack rack1 (ranks 3 on n4)") in msg
+    assert ("PP group ranks 0-1 spans racks: rack rack0 (rank 0 on n1); "
+            "rack rack1 (rank 1 on n2)") in msg
+    assert ("PP group ranks 2-3 spans racks: rack rack0 (rank 2 on n3); "
+            "rack rack1 (rank 3 on n4)") in msg
 
 
 def test_world_size_mismatch_is_an_error():

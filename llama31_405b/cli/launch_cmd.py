@@ -8,19 +8,9 @@ from __future__ import annotations
 
 import sys
 
+from .options import add_set_option, load_with_sets
+
 EXIT_OK, EXIT_FAIL, EXIT_CONFIG, EXIT_PLACEMENT = 0, 1, 2, 3
-
-
-def add_set_option(p) -> None:
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override a config value (TOML value; repeatable), e.g. "
-                        "--set data.data_dir=/data --set run.seed_base=7")
-
-
-def load_with_sets(path: str, sets: list[str]):
-    from ..config import load_config
-    from ..config.overrides import parse_sets
-    return load_config(path, overrides=parse_sets(sets))
 
 
 def register(sub) -> None:
