@@ -157,6 +157,12 @@ def test_config_override_loads(tmp_path):
     cfg = load_config(REPO / "configs/tiny_cpu_2racks.toml",
                       overrides={"system": {"rack_of_host": {"n[12]": "rack0", "n[34]": "rack1"}}})
     assert cfg.system.rack_of_host == {"n[12]": "rack0", "n[34]": "rack1"}
+    site = tmp_path / "site.toml"
+    site.write_text(f'base = "{REPO / "configs/tiny_cpu_2racks.toml"}"\n'
+                    '[system.rack_of_host]\n"gb200-r01-*" = "r01"\n"gb200-r02-*" = "r02"\n')
+    cfg = load_config(site)
+    assert cfg.system.rack_of_host == {"gb200-r01-*": "r01", "gb200-r02-*": "r02"}
+    assert detect_rack("gb200-r02-n07", cfg.system.rack_of_host, {}) == ("r02", "config")
 
 
 # --- the collective on 4 gloo processes ---------------------------------------------------------
