@@ -93,6 +93,7 @@ def check_log(log: Path, benchmark: str, report_dir: Path | None = None) -> Verd
         cmd.append(str(log))
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
     out = (proc.stdout + proc.stderr).strip().splitlines()
-    problems = [ln for ln in out if ln.startswith(("ERROR", "WARNING", "FAIL", "error"))]
+    problems = [ln.strip() for ln in out if ln.strip()
+                and not ln.startswith(("INFO", "** Logging output"))]
     detail = "; ".join(problems[-5:]) if proc.returncode else "compliance checker passed"
     return Verdict(str(log), proc.returncode == 0, run_status(log), detail)
