@@ -22,7 +22,7 @@ demo: $(STAMP)
 	$(PY) -m llama31_405b demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(JOBS) --durations=15
+	$(PY) -m pytest -q -n $(JOBS) --dist loadgroup --durations=15
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -n $(JOBS) -m "not slow and not slurm"

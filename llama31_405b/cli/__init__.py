@@ -17,6 +17,7 @@ COMMANDS = {
     "submission": "llama31_405b.cli.submission_cmd",
     "report": "llama31_405b.cli.report_cmd",
     "plan": "llama31_405b.cli.plan_cmd",
+    "launch": "llama31_405b.cli.launch_cmd",
 }
 
 

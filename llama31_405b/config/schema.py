@@ -211,6 +211,10 @@ class SystemConfig:
     """NVLink domains (racks) used by the job."""
     gpus_per_rack: int | None = None
     """GPUs used per rack (default: the system file's gpus_used_per_rack)."""
+    rack_of_host: dict[str, str] = field(default_factory=dict)
+    """Explicit rack (NVLink domain) of each host, for the placement check: keys are hostnames
+    or shell patterns ("gb200-r07-*"), values rack names. When set, it overrides the driver's
+    fabric clique and Slurm's topology, and every host of the job must match a key."""
 
 
 @dataclass(kw_only=True, slots=True)

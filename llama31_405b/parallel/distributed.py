@@ -42,6 +42,16 @@ def _first_slurm_host(environ) -> str:
         return head
 
 
+def _slurm_master_port(environ) -> int:
+    """A port every task of one srun step derives alike: distinct for each step of a job (runs
+    of run_and_time.sh follow each other, sockets may linger in TIME_WAIT), and kept below
+    Linux's ephemeral range (32768+) so it does not collide with outgoing connections."""
+    def num(name: str) -> int:
+        value = environ.get(name, "")
+        return int(value) if value.isdigit() else 0
+    return 20000 + (num("SLURM_JOB_ID") * 64 + num("SLURM_STEP_ID")) % 12000
+
+
 def dist_env_from_environ(environ=None) -> DistEnv:
     env = os.environ if environ is None else environ
     host = socket.gethostname()
@@ -52,11 +62,10 @@ def dist_env_from_environ(environ=None) -> DistEnv:
                        master_port=int(env.get("MASTER_PORT", 29500)), hostname=host,
                        launcher="torchrun")
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
-        job = int(env.get("SLURM_JOB_ID", "0") or 0)
         return DistEnv(rank=int(env["SLURM_PROCID"]), world_size=int(env["SLURM_NTASKS"]),
                        local_rank=int(env.get("SLURM_LOCALID", 0)),
                        master_addr=env.get("MASTER_ADDR") or _first_slurm_host(env),
-                       master_port=int(env.get("MASTER_PORT") or 20000 + job % 20000),
+                       master_port=int(env.get("MASTER_PORT") or _slurm_master_port(env)),
                        hostname=host, launcher="slurm")
     return DistEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1",
                    master_port=int(env.get("MASTER_PORT", 29500)), hostname=host, launcher="single")

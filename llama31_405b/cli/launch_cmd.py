@@ -1,0 +1,113 @@
+"""`launch env CONFIG`, `launch preflight --config CONFIG`, `launch check-log --config CONFIG LOG...`:
+the pieces of run_and_time.sh that need the config.
+
+Exit codes (shared with `train`): 0 ok, 1 failure, 2 bad config or arguments, 3 placement check
+failed (the layout of the job cannot work; retrying the same allocation is pointless).
+"""
+from __future__ import annotations
+
+import sys
+
+from .options import add_set_option, load_with_sets
+
+EXIT_OK, EXIT_FAIL, EXIT_CONFIG, EXIT_PLACEMENT = 0, 1, 2, 3
+
+
+def register(sub) -> None:
+    p = sub.add_parser("launch", help="launcher helpers: env for run_and_time.sh, pre-flight, "
+                                      "result checks")
+    s = p.add_subparsers(dest="launch_command", required=True, metavar="ACTION")
+
+    e = s.add_parser("env", help="print the launch plan of a config as shell assignments")
+    e.add_argument("config", metavar="CONFIG")
+    e.add_argument("--runs", type=int, default=None, help="runs (default: run.num_runs)")
+    e.add_argument("--seed-base", type=int, default=None, help="default: run.seed_base")
+    add_set_option(e)
+    e.set_defaults(func=env)
+
+    f = s.add_parser("preflight", help="init the process group from the launcher's environment "
+                                       "and run the placement check (exit 0 ok, 3 misplaced)")
+    f.add_argument("--config", required=True, metavar="CONFIG")
+    f.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds to wait for all ranks to join (default 120)")
+    add_set_option(f)
+    f.set_defaults(func=preflight)
+
+    c = s.add_parser("check-log", help="compliance checker + run_stop status of result logs")
+    c.add_argument("--config", required=True, metavar="CONFIG",
+                   help="the config the runs used (selects the benchmark's rules)")
+    c.add_argument("--require-success", action="store_true",
+                   help="fail a log whose run_stop status is not success")
+    c.add_argument("--report-dir", default=None, metavar="DIR",
+                   help="keep the checker's output here as <log>.compliance.log")
+    c.add_argument("logs", nargs="+", metavar="LOG")
+    add_set_option(c)
+    c.set_defaults(func=check_log)
+
+
+def env(args) -> int:
+    from ..config import ConfigError
+    from ..launch import launch_plan, shell_assignments
+    try:
+        plan = launch_plan(load_with_sets(args.config, args.set), runs=args.runs,
+                           seed_base=args.seed_base)
+    except (ConfigError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    sys.stdout.write(shell_assignments(plan))
+    return EXIT_OK
+
+
+def preflight(args) -> int:
+    from ..config import ConfigError
+    from ..parallel.distributed import dist_env_from_environ, init_process_group
+    from ..parallel.placement import PlacementError, check_placement
+    try:
+        cfg = load_with_sets(args.config, args.set)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    de = dist_env_from_environ()
+    if de.world_size > 1:
+        init_process_group(de, backend="gloo", timeout_s=args.timeout)
+    try:
+        check_placement(cfg, de)
+    except PlacementError as e:
+        # every rank holds the same message: one copy (rank 0) is enough for thousands of ranks
+        if de.rank == 0:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        return EXIT_PLACEMENT
+    finally:
+        if de.world_size > 1:
+            import torch.distributed as dist
+            dist.destroy_process_group()
+    if de.rank == 0:
+        print(f"preflight ok: {de.world_size} rank(s) via {de.launcher}, placement good",
+              flush=True)
+    return EXIT_OK
+
+
+def check_log(args) -> int:
+    from pathlib import Path
+
+    from ..config import ConfigError
+    from ..launch.logcheck import check_log as check_one
+    try:
+        cfg = load_with_sets(args.config, args.set)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    bad = 0
+    for log in args.logs:
+        try:
+            v = check_one(Path(log), cfg.run.benchmark,
+                          Path(args.report_dir) if args.report_dir else None)
+        except FileNotFoundError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return EXIT_CONFIG
+        ok = v.success if args.require_success else v.compliant
+        bad += not ok
+        print(f"{'PASS' if ok else 'FAIL'} {log}: "
+              f"{'compliant' if v.compliant else 'NOT compliant'}, run_stop status "
+              f"{v.status or 'missing'}{'' if v.compliant else ' -- ' + v.detail}", flush=True)
+    return EXIT_FAIL if bad else EXIT_OK

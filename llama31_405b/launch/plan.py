@@ -1,0 +1,83 @@
+"""The launch plan of a config: every number run_and_time.sh uses, computed here and printed as
+shell assignments, so the batch script holds no arithmetic of its own.
+
+`python -m llama31_405b launch env CONFIG` prints, e.g. for configs/tiny_cpu_2racks.toml:
+
+    LAUNCH_BENCHMARK=tiny_llama31
+    LAUNCH_WORLD_SIZE=4
+    LAUNCH_NODES=4
+    LAUNCH_TASKS_PER_NODE=1
+    LAUNCH_NODES_PER_RACK=2
+    LAUNCH_DEVICE=cpu
+    LAUNCH_SEEDS=(1 2 3)
+    LAUNCH_LOCAL_ERROR=''
+
+followed by `export NAME=value` for each variable of `config.env.launch_env`.
+"""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from ..config.env import launch_env
+from ..config.schema import Config
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchPlan:
+    config: str
+    benchmark: str
+    world_size: int
+    nodes: int
+    tasks_per_node: int
+    """Tasks (ranks) per node: one per GPU; one per (fake) node slot for CPU systems."""
+    nodes_per_rack: int
+    """Nodes of one rack (NVLink domain): the `sbatch --segment` value on Slurm >= 23.11."""
+    device: str
+    """"gpu" or "cpu"."""
+    seeds: tuple[int, ...]
+    """Seed of run i = seed_base + i."""
+    local_error: str
+    """Why the config cannot run on this one machine without Slurm ("" when it can)."""
+    env: dict[str, str]
+
+
+def launch_plan(cfg: Config, *, runs: int | None = None, seed_base: int | None = None) -> LaunchPlan:
+    d = cfg.derived
+    n = cfg.run.num_runs if runs is None else runs
+    if n < 1:
+        raise ValueError(f"number of runs must be >= 1, got {n}")
+    base = cfg.run.seed_base if seed_base is None else seed_base
+    gpu = not d.system.accelerator.lower().startswith("none")
+    tasks = min(d.system.gpus_per_node, d.world_size)
+    per_rack = max(1, d.gpus_per_rack // d.system.gpus_per_node)
+    local_error = ""
+    if gpu and d.nodes > 1:
+        local_error = (f"{cfg.source or 'this config'} needs {d.nodes} nodes x {tasks} GPUs; "
+                       f"submit it with: CONFIG={cfg.source} sbatch -N {d.nodes} run_and_time.sh "
+                       f"(Slurm >= 23.11 with topology/block: add --segment {per_rack})")
+    return LaunchPlan(config=cfg.source, benchmark=cfg.run.benchmark, world_size=d.world_size,
+                      nodes=d.nodes, tasks_per_node=tasks, nodes_per_rack=per_rack, device="gpu" if gpu else "cpu",
+                      seeds=tuple(base + i for i in range(n)), local_error=local_error,
+                      env=launch_env(cfg))
+
+
+def shell_assignments(plan: LaunchPlan) -> str:
+    """Bash assignments for `eval`; every value shell-quoted."""
+    q = shlex.quote
+    lines = [
+        f"LAUNCH_CONFIG={q(plan.config)}",
+        f"LAUNCH_BENCHMARK={q(plan.benchmark)}",
+        f"LAUNCH_WORLD_SIZE={plan.world_size}",
+        f"LAUNCH_NODES={plan.nodes}",
+        f"LAUNCH_TASKS_PER_NODE={plan.tasks_per_node}",
+        f"LAUNCH_NODES_PER_RACK={plan.nodes_per_rack}",
+        f"LAUNCH_DEVICE={plan.device}",
+        f"LAUNCH_SEEDS=({' '.join(str(s) for s in plan.seeds)})",
+        f"LAUNCH_LOCAL_ERROR={q(plan.local_error)}",
+    ]
+    for name, value in sorted(plan.env.items()):
+        if not name.isidentifier():
+            raise ValueError(f"launch_env name {name!r} is not a valid environment variable name")
+        lines.append(f"export {name}={q(value)}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,305 @@
+"""Placement check: every TP, CP and PP group must lie inside one rack (NVLink domain).
+
+Run once, right after the process group is up and before the model is built or a checkpoint is
+read: a model-parallel group split across racks would run its all-reduces and pipeline sends over
+the scale-out network, many times slower, and nothing else would tell.
+
+Each rank learns its rack from, in order:
+1. `system.rack_of_host` in the config (an explicit hostname -> rack map, patterns allowed);
+2. the GB200 fabric clique reported by the driver (`nvidia-smi -q`: ClusterUUID + CliqueId;
+   the GPUs of one NVL72 rack share one clique);
+3. Slurm's `SLURM_TOPOLOGY_ADDR` (topology/tree: the leaf switch; topology/block: the block);
+4. otherwise the host itself (a single node is always one NVLink domain).
+The ranks exchange (rank, host, rack) with one all_gather_object; every rank then evaluates the
+same pure function `find_violations` and raises the same `PlacementError`, so the whole job
+stops within seconds with one message naming group kind, ranks and hosts.
+"""
+from __future__ import annotations
+
+import fnmatch
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+from .layout import Layout
+
+MAX_LINES = 20
+"""Violation lines printed in a PlacementError message (the count of the rest is given)."""
+
+
+class PlacementError(RuntimeError):
+    """The ranks of this job are placed so that a model-parallel group spans racks (or the job's
+    size does not match the config); the message says which and what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    rank: int
+    host: str
+    rack: str
+    source: str
+    """Where the rack came from: "config", "fabric", "slurm-topology" or "host"."""
+
+
+# --- where is this rank? ----------------------------------------------------------------------
+
+def rack_from_override(host: str, rack_of_host: Mapping[str, str]) -> str | None:
+    """The rack `rack_of_host` gives `host` (exact name first, then the first matching pattern).
+    None when the map is empty; PlacementError when the map is set but does not cover `host`."""
+    if not rack_of_host:
+        return None
+    if host in rack_of_host:
+        return rack_of_host[host]
+    short = host.split(".")[0]
+    for pattern, rack in rack_of_host.items():
+        if fnmatch.fnmatchcase(host, pattern) or fnmatch.fnmatchcase(short, pattern):
+            return rack
+    raise PlacementError(
+        f"host {host!r} matches no key of system.rack_of_host ({', '.join(rack_of_host)}): "
+        "add it (or a pattern covering it) to the config, or remove the table to detect racks")
+
+
+def parse_fabric(nvidia_smi_q: str) -> list[tuple[str, str, str]]:
+    """(state, cluster_uuid, clique_id) of each GPU's "Fabric" section in `nvidia-smi -q` text."""
+    out: list[tuple[str, str, str]] = []
+    cur: dict[str, str] | None = None
+    depth = 0
+    for line in nvidia_smi_q.splitlines():
+        stripped = line.strip()
+        indent = len(line) - len(line.lstrip())
+        if stripped == "Fabric":
+            if cur is not None:
+                out.append((cur.get("State", ""), cur.get("ClusterUUID", ""),
+                            cur.get("CliqueId", "")))
+            cur, depth = {}, indent
+            continue
+        if cur is None:
+            continue
+        if stripped and indent <= depth:        # the section ended
+            out.append((cur.get("State", ""), cur.get("ClusterUUID", ""), cur.get("CliqueId", "")))
+            cur = None
+            continue
+        if ":" in stripped:
+            key, _, value = stripped.partition(":")
+            cur.setdefault(key.strip(), value.strip())
+    if cur is not None:
+        out.append((cur.get("State", ""), cur.get("ClusterUUID", ""), cur.get("CliqueId", "")))
+    return out
+
+
+def rack_from_fabric_text(nvidia_smi_q: str, local_rank: int = 0) -> str | None:
+    """Rack name "<ClusterUUID>/<CliqueId>" from `nvidia-smi -q` output, or None when no GPU
+    reports a completed multi-node NVLink fabric (H100/H200 HGX, GPUs without NVLink switches,
+    an all-zero cluster UUID)."""
+    cliques = []
+    for state, uuid, clique in parse_fabric(nvidia_smi_q):
+        if state != "Completed" or not uuid or not clique or uuid.upper() == "N/A":
+            continue
+        if set(uuid.replace("-", "")) <= {"0"}:
+            continue
+        cliques.append(f"{uuid}/{clique}")
+    if not cliques:
+        return None
+    return cliques[local_rank % len(cliques)]
+
+
+def rack_from_fabric(local_rank: int = 0) -> str | None:
+    """The GB200 NVL72 clique of this node's GPUs as reported by the driver; None without
+    nvidia-smi or without a multi-node NVLink fabric."""
+    try:
+        text = subprocess.run(["nvidia-smi", "-q"], capture_output=True, text=True, timeout=30,
+                              check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return rack_from_fabric_text(text, local_rank)
+
+
+def rack_from_slurm_topology(environ: Mapping[str, str]) -> str | None:
+    """The leaf switch (topology/tree) or block (topology/block) above this node, from
+    SLURM_TOPOLOGY_ADDR (e.g. "spine.rack0.n1" with pattern "switch.switch.node"); None when
+    Slurm knows no topology (the address is just the node name)."""
+    addr = environ.get("SLURM_TOPOLOGY_ADDR", "")
+    parts = addr.split(".") if addr else []
+    pattern = environ.get("SLURM_TOPOLOGY_ADDR_PATTERN", "").split(".")
+    if len(parts) < 2:
+        return None
+    node_at = pattern.index("node") if "node" in pattern and len(pattern) == len(parts) \
+        else len(parts) - 1
+    if node_at < 1:
+        return None
+    return parts[node_at - 1]
+
+
+def detect_rack(host: str, rack_of_host: Mapping[str, str], environ: Mapping[str, str],
+                local_rank: int = 0,
+                fabric: Callable[[int], str | None] = rack_from_fabric) -> tuple[str, str]:
+    """(rack, source) of this process, trying the sources in the documented order."""
+    rack = rack_from_override(host, rack_of_host)
+    if rack is not None:
+        return rack, "config"
+    rack = fabric(local_rank)
+    if rack is not None:
+        return rack, "fabric"
+    rack = rack_from_slurm_topology(environ)
+    if rack is not None:
+        return rack, "slurm-topology"
+    return host, "host"
+
+
+# --- the pure check ---------------------------------------------------------------------------
+
+_KIND_NAME = {"tp": "TP", "cp": "CP", "pp": "PP", "tp-cp-pp": "model-parallel (TP x CP x PP)"}
+
+
+def _describe(group: list[int], by_rank: dict[int, Placement]) -> str:
+    racks: dict[str, list[int]] = defaultdict(list)
+    for r in group:
+        racks[by_rank[r].rack].append(r)
+    parts = []
+    for rack, ranks in sorted(racks.items()):
+        hosts = sorted({by_rank[r].host for r in ranks})
+        word = "rank" if len(ranks) == 1 else "ranks"
+        parts.append(f"rack {rack} ({word} {_ranges(ranks)} on {', '.join(_short(hosts))})")
+    return "; ".join(parts)
+
+
+def _short(hosts: list[str], limit: int = 4) -> list[str]:
+    return hosts if len(hosts) <= limit else hosts[:limit] + [f"... {len(hosts) - limit} more"]
+
+
+def _ranges(values: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> "0-2,5,7-8"."""
+    vs = sorted(set(values))
+    out, i = [], 0
+    while i < len(vs):
+        j = i
+        while j + 1 < len(vs) and vs[j + 1] == vs[j] + 1:
+            j += 1
+        out.append(str(vs[i]) if i == j else f"{vs[i]}-{vs[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def find_violations(layout: Layout, placements: list[Placement]) -> list[str]:
+    """Every TP, CP or PP group whose ranks sit in more than one rack, and racks holding
+    different numbers of ranks; one line each, naming the group kind, ranks, racks and hosts.
+    Empty when the placement is good. Pure: no process group, works for any world size."""
+    by_rank = {p.rank: p for p in placements}
+    missing = sorted(set(range(layout.world_size)) - set(by_rank))
+    if missing or len(by_rank) != layout.world_size:
+        return [f"placement known for {len(by_rank)} ranks, layout has {layout.world_size}"
+                f"{f' (missing ranks {_ranges(missing)})' if missing else ''}"]
+    out: list[str] = []
+    split_kinds = []
+    for kind in ("tp", "cp", "pp"):
+        if getattr(layout, kind) == 1:
+            continue
+        bad = [g for g in layout.groups(kind) if len({by_rank[r].rack for r in g}) > 1]
+        for g in bad:
+            out.append(f"{_KIND_NAME[kind]} group ranks {_ranges(g)} spans racks: "
+                       f"{_describe(g, by_rank)}")
+        if bad:
+            split_kinds.append(f"{len(bad)} {_KIND_NAME[kind]} group(s)")
+    if split_kinds:
+        mp = layout.groups("tp-cp-pp")
+        n_bad = sum(len({by_rank[r].rack for r in g}) > 1 for g in mp)
+        out.insert(0, f"{', '.join(split_kinds)} span racks; {n_bad} of {len(mp)} "
+                      f"{_KIND_NAME['tp-cp-pp']} groups are split")
+    counts: dict[str, list[int]] = defaultdict(list)
+    for p in placements:
+        counts[p.rack].append(p.rank)
+    if len({len(v) for v in counts.values()}) > 1:
+        sizes = ", ".join(f"{rack}: {len(ranks)} (hosts "
+                          f"{', '.join(_short(sorted({by_rank[r].host for r in ranks})))})"
+                          for rack, ranks in sorted(counts.items()))
+        out.append(f"racks hold different numbers of ranks: {sizes}")
+    return out
+
+
+def rack_map(layout: Layout, placements: list[Placement]) -> dict[str, list[int]]:
+    """Rack -> the DP ranks (model replicas) with at least one rank in it, racks sorted by their
+    lowest global rank."""
+    dp_of: dict[str, set[int]] = defaultdict(set)
+    first: dict[str, int] = {}
+    for p in placements:
+        dp_of[p.rack].add(layout.coords(p.rank)["dp"])
+        first[p.rack] = min(first.get(p.rack, p.rank), p.rank)
+    return {rack: sorted(dp_of[rack]) for rack in sorted(dp_of, key=first.__getitem__)}
+
+
+def format_rack_map(layout: Layout, placements: list[Placement]) -> str:
+    by_rack: dict[str, list[Placement]] = defaultdict(list)
+    for p in placements:
+        by_rack[p.rack].append(p)
+    sources = sorted({p.source for p in placements})
+    lines = [f"placement: {len(by_rack)} rack(s), world {layout.world_size}, "
+             f"TP{layout.tp} CP{layout.cp} PP{layout.pp} DP{layout.dp}; racks from "
+             f"{', '.join(sources)}"]
+    for rack, dps in rack_map(layout, placements).items():
+        ps = by_rack[rack]
+        hosts = sorted({p.host for p in ps})
+        lines.append(f"placement:   rack {rack}: DP ranks {_ranges(dps)} "
+                     f"(global ranks {_ranges([p.rank for p in ps])}, {len(hosts)} host(s): "
+                     f"{', '.join(_short(hosts))})")
+    return "\n".join(lines)
+
+
+def error_message(violations: list[str]) -> str:
+    shown = violations[:MAX_LINES]
+    more = len(violations) - len(shown)
+    return ("placement check failed: model-parallel groups must stay inside one rack (NVLink "
+            "domain).\n  " + "\n  ".join(shown)
+            + (f"\n  ... and {more} more" if more > 0 else "")
+            + "\nFix: allocate whole racks in rank order (Slurm >= 23.11 with topology/block: "
+              "sbatch --segment=<nodes per rack>; otherwise a node list ordered by rack), or set "
+              "system.rack_of_host if the detected racks are wrong.")
+
+
+# --- the collective wrapper -------------------------------------------------------------------
+
+def layout_of(cfg) -> Layout:
+    p = cfg.parallel
+    return Layout(tp=p.tp, cp=p.cp, pp=p.pp, dp=cfg.derived.dp, order=p.order)
+
+
+def check_placement(cfg, dist_env, group=None, *, environ: Mapping[str, str] | None = None,
+                    log: Callable[[str], None] | None = None) -> list[Placement]:
+    """Collective over `group` (default: the world): every rank calls it after
+    init_process_group and before building the model. Returns all placements when good; raises
+    PlacementError with the same message on every rank otherwise. Rank 0 logs the rack ->
+    DP-rank mapping once (to stderr unless `log` is given)."""
+    env = os.environ if environ is None else environ
+    layout = layout_of(cfg)
+    if dist_env.world_size != layout.world_size:
+        raise PlacementError(
+            f"the job has {dist_env.world_size} ranks but {cfg.source or 'the config'} needs "
+            f"{layout.world_size} (TP{layout.tp} x CP{layout.cp} x PP{layout.pp} x DP{layout.dp}); "
+            f"launch {cfg.derived.nodes} node(s) x {cfg.derived.system.gpus_per_node} task(s) "
+            "(run_and_time.sh does) or fix system.racks")
+    try:
+        rack, source = detect_rack(dist_env.hostname, cfg.system.rack_of_host, env,
+                                   dist_env.local_rank)
+        mine: Placement | str = Placement(rank=dist_env.rank, host=dist_env.hostname, rack=rack,
+                                          source=source)
+    except PlacementError as e:          # still take part in the collective, then fail together
+        mine = f"rank {dist_env.rank} on {dist_env.hostname}: {e}"
+    gathered: list = [None] * dist_env.world_size
+    if dist_env.world_size > 1:
+        import torch.distributed as dist
+        dist.all_gather_object(gathered, mine, group=group)
+    else:
+        gathered = [mine]
+    errors = [g for g in gathered if isinstance(g, str)]
+    if errors:
+        raise PlacementError("placement check failed: " + "; ".join(errors[:MAX_LINES]))
+    placements: list[Placement] = gathered
+    violations = find_violations(layout, placements)
+    if violations:
+        raise PlacementError(error_message(violations))
+    if dist_env.rank == 0:
+        (log or (lambda s: print(s, file=sys.stderr, flush=True)))(
+            format_rack_map(layout, placements))
+    return placements

@@ -1,0 +1,187 @@
+#!/usr/bin/env bash
+# run_and_time.sh: the MLPerf runs of one config, on a Slurm cluster or on this machine.
+#
+#   CONFIG=configs/config_GB200_2048x4x8xtp4pp8cp2.toml sbatch -N 2048 run_and_time.sh
+#       (Slurm >= 23.11 with topology/block: add `--segment 16`, the nodes of one NVL72 rack,
+#        so every rack's nodes come as one block; older Slurm rejects the option)
+#   CONFIG=configs/tiny_cpu.toml ./run_and_time.sh          # no Slurm: torchrun or one process
+#
+# Variables (all but CONFIG optional; every default comes from the config):
+#   CONFIG        config file (relative to the repository root, or to the image's WORKDIR with CONT)
+#   LOGDIR        where result_<i>.txt go (default runs/<config>-<job id or timestamp>)
+#   NEXP          number of runs (default run.num_runs)
+#   SEED_BASE     run i uses seed SEED_BASE + i (default run.seed_base)
+#   CONT          container image; steps then run through pyxis (--container-image) with
+#                 DATADIR:/data, CKPTDIR:/ckpt and LOGDIR:/logs mounted
+#   DATADIR       dataset root (overrides data.data_dir)
+#   CKPTDIR       checkpoint root (overrides checkpoint.ckpt_dir)
+#   CLEAR_CACHES  auto (default: drop the page cache where permitted), 1 (required), 0 (never)
+#   PYTHON        interpreter outside a container (default .venv/bin/python, else python3)
+#   PREFLIGHT=0   skip the placement pre-flight step (Slurm; on by default)
+#   DRY_RUN=1     print the commands instead of running them
+#
+# Exit status: 0 when every run ended with run_stop status success and its log passed the
+# compliance check; 1 otherwise; 2 bad config or variables; 3 the placement check failed.
+#
+#SBATCH --job-name=llama31_405b
+#SBATCH --exclusive
+#SBATCH --mem=0
+#SBATCH --output=slurm-%x-%j.out
+set -euo pipefail
+
+die() { echo "run_and_time.sh: $*" >&2; exit 2; }
+say() { echo "[run_and_time $(date -u +%H:%M:%S)] $*" >&2; }
+
+[ -n "${CONFIG:-}" ] || die "set CONFIG=configs/<file>.toml (see the header of run_and_time.sh)"
+
+# --- where the code is: sbatch runs a spooled copy of this file, so fall back to the submit dir
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+if [ -d "$here/llama31_405b" ]; then REPO=$here
+elif [ -n "${SLURM_SUBMIT_DIR:-}" ] && [ -d "$SLURM_SUBMIT_DIR/llama31_405b" ]; then REPO=$SLURM_SUBMIT_DIR
+else die "cannot find the repository: submit from its root (sbatch run_and_time.sh there)"; fi
+cd "$REPO"
+
+IN_SLURM=0; [ -n "${SLURM_JOB_ID:-}" ] && IN_SLURM=1
+DRY=${DRY_RUN:-0}
+CONT=${CONT:-}
+CONT_WORKDIR=${CONT_WORKDIR:-/workspace/llama31_405b}
+if [ -z "${PYTHON:-}" ]; then
+  if [ -x "$REPO/.venv/bin/python" ]; then PYTHON=$REPO/.venv/bin/python; else PYTHON=python3; fi
+fi
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+LOGDIR=${LOGDIR:-$REPO/runs/$(basename "$CONFIG" .toml)-${SLURM_JOB_ID:-$(date -u +%Y%m%d-%H%M%S)}}
+mkdir -p "$LOGDIR"
+LOGDIR=$(cd "$LOGDIR" && pwd)
+
+run() {          # run CMD...: execute, or print it under DRY_RUN=1
+  if [ "$DRY" = 1 ]; then { printf '+'; printf ' %q' "$@"; printf '\n'; } >&2; return 0; fi
+  "$@"
+}
+
+# --- container (pyxis) arguments and the paths the training process sees --------------------
+SETS=()          # --set overrides passed to every python command
+CONT_ARGS=()
+if [ -n "$CONT" ]; then
+  [ "$IN_SLURM" = 1 ] || die "CONT needs a Slurm job with pyxis; without Slurm, run inside the container"
+  mounts="$LOGDIR:/logs"
+  if [ -n "${DATADIR:-}" ]; then mounts="$DATADIR:/data,$mounts"; SETS+=(--set data.data_dir=/data); fi
+  if [ -n "${CKPTDIR:-}" ]; then mounts="$CKPTDIR:/ckpt,$mounts"; SETS+=(--set checkpoint.ckpt_dir=/ckpt); fi
+  CONT_ARGS=(--container-image="$CONT" --container-name=llama31_405b
+             --container-mounts="$mounts" --container-workdir="$CONT_WORKDIR")
+  STEP_PY=python; STEP_LOGDIR=/logs
+else
+  [ -z "${DATADIR:-}" ] || SETS+=(--set "data.data_dir=$DATADIR")
+  [ -z "${CKPTDIR:-}" ] || SETS+=(--set "checkpoint.ckpt_dir=$CKPTDIR")
+  STEP_PY=$PYTHON; STEP_LOGDIR=$LOGDIR
+fi
+
+py() {           # py ARGS...: `python -m llama31_405b ARGS` where the training code lives
+  if [ -n "$CONT" ] && [ "$DRY" != 1 ]; then
+    srun --nodes=1 --ntasks=1 "${CONT_ARGS[@]}" python -m llama31_405b "$@"
+  else
+    "$PYTHON" -m llama31_405b "$@"
+  fi
+}
+
+# --- the launch plan: every number below comes from the config, via one Python helper -------
+plan_args=(launch env "$CONFIG" "${SETS[@]}")
+[ -z "${NEXP:-}" ] || plan_args+=(--runs "$NEXP")
+[ -z "${SEED_BASE:-}" ] || plan_args+=(--seed-base "$SEED_BASE")
+plan=$(py "${plan_args[@]}") || die "launch plan failed for CONFIG=$CONFIG (message above)"
+eval "$plan"     # LAUNCH_* variables and `export` of the config's launch_env
+
+if [ "$IN_SLURM" = 1 ]; then
+  have=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-0}}
+  if [ "$have" -lt "$LAUNCH_NODES" ]; then
+    die "the job has $have node(s), $CONFIG needs $LAUNCH_NODES: sbatch -N $LAUNCH_NODES run_and_time.sh"
+  elif [ "$have" -gt "$LAUNCH_NODES" ]; then
+    say "warning: the job has $have nodes, the runs use the first $LAUNCH_NODES"
+  fi
+elif [ -n "$LAUNCH_LOCAL_ERROR" ]; then
+  die "$LAUNCH_LOCAL_ERROR"
+fi
+say "config $CONFIG: $LAUNCH_WORLD_SIZE rank(s) on $LAUNCH_NODES node(s) x $LAUNCH_TASKS_PER_NODE" \
+    "($LAUNCH_DEVICE), runs with seeds ${LAUNCH_SEEDS[*]}, logs in $LOGDIR" \
+    "$([ "$IN_SLURM" = 1 ] && echo "(Slurm job $SLURM_JOB_ID)" || echo "(local)")"
+
+# --- page cache: dropped before each run where the node lets us ------------------------------
+clear_caches() {  # prints true or false
+  local mode=${CLEAR_CACHES:-auto} ok=false
+  case "$mode" in 0|no|false) echo false; return 0 ;; esac
+  local drop='{ sync && echo 3 > /proc/sys/vm/drop_caches; } 2>/dev/null'
+  if [ "$IN_SLURM" = 1 ]; then
+    run srun --quiet --nodes="$LAUNCH_NODES" --ntasks="$LAUNCH_NODES" --ntasks-per-node=1 \
+      bash -c "$drop" && ok=true
+  else
+    run bash -c "$drop" && ok=true
+  fi
+  if [ "$DRY" = 1 ]; then echo dry-run; return 0; fi
+  if [ "$ok" = false ] && [ "$mode" = 1 ]; then die "CLEAR_CACHES=1 but the page cache cannot be dropped here"; fi
+  echo "$ok"
+}
+
+ABORT=0
+trap 'ABORT=1; say "signal received: stopping after the current run"' TERM INT
+
+train_cmd=("$STEP_PY" -m llama31_405b train --config "$CONFIG" "${SETS[@]}")
+if [ "$IN_SLURM" = 1 ]; then
+  launcher=(srun --nodes="$LAUNCH_NODES" --ntasks="$LAUNCH_WORLD_SIZE"
+            --ntasks-per-node="$LAUNCH_TASKS_PER_NODE" --kill-on-bad-exit=1 "${CONT_ARGS[@]}")
+elif [ "$LAUNCH_WORLD_SIZE" -gt 1 ]; then
+  train_cmd=("$STEP_PY" -m torch.distributed.run --standalone --nproc-per-node="$LAUNCH_WORLD_SIZE"
+             -m llama31_405b train --config "$CONFIG" "${SETS[@]}")
+  launcher=()
+else
+  launcher=()
+fi
+
+# --- pre-flight (Slurm): the placement check alone, before any run, so a misplaced allocation
+# stops the job within seconds with exit 3 (train repeats the check; this one costs no run) -----
+if [ "$IN_SLURM" = 1 ] && [ "${PREFLIGHT:-1}" = 1 ]; then
+  rc=0
+  run srun --nodes="$LAUNCH_NODES" --ntasks="$LAUNCH_WORLD_SIZE" \
+    --ntasks-per-node="$LAUNCH_TASKS_PER_NODE" "${CONT_ARGS[@]}" \
+    "$STEP_PY" -m llama31_405b launch preflight --config "$CONFIG" "${SETS[@]}" || rc=$?
+  if [ "$rc" != 0 ]; then
+    say "FAILED: pre-flight placement check exited $rc; no run was started"
+    [ "$rc" = 3 ] && exit 3
+    exit 1
+  fi
+fi
+
+failed=0; summary=()
+for i in "${!LAUNCH_SEEDS[@]}"; do
+  seed=${LAUNCH_SEEDS[$i]}
+  log=$LOGDIR/result_$i.txt
+  rm -f "$log"
+  cleared=$(clear_caches)
+  flags=(--seed "$seed" --log "$STEP_LOGDIR/result_$i.txt")
+  [ "$cleared" = true ] && flags+=(--cache-cleared)
+  say "run $i: seed $seed, cache cleared: $cleared"
+  t0=$SECONDS; rc=0
+  run "${launcher[@]}" "${train_cmd[@]}" "${flags[@]}" || rc=$?
+  say "run $i: train exited $rc after $((SECONDS - t0)) s"
+  verdict=FAIL
+  if [ "$DRY" = 1 ]; then verdict=DRY
+  elif [ "$rc" = 0 ] && py launch check-log --config "$CONFIG" "${SETS[@]}" --require-success \
+         --report-dir "$STEP_LOGDIR" "$STEP_LOGDIR/result_$i.txt"; then
+    verdict=PASS
+  fi
+  summary+=("run $i seed $seed: train exit $rc, $verdict, $log")
+  [ "$verdict" = FAIL ] && failed=$((failed + 1))
+  if [ "$rc" = 2 ] || [ "$rc" = 3 ]; then
+    say "run $i: exit $rc (bad config or placement): the remaining runs would fail the same way"
+    break
+  fi
+  if [ "$ABORT" = 1 ]; then say "aborted by signal after run $i"; break; fi
+done
+
+say "summary ($LOGDIR):"
+for line in "${summary[@]}"; do echo "  $line" >&2; done
+if [ "$failed" -gt 0 ] || [ "$ABORT" = 1 ] || [ "${#summary[@]}" -lt "${#LAUNCH_SEEDS[@]}" ]; then
+  say "FAILED: $failed failed run(s), ${#summary[@]} of ${#LAUNCH_SEEDS[@]} run(s) done"
+  [ "${rc:-0}" = 3 ] && exit 3
+  exit 1
+fi
+if [ "$DRY" = 1 ]; then say "dry run: nothing was executed"; exit 0; fi
+say "all ${#LAUNCH_SEEDS[@]} run(s) succeeded and passed the compliance check"

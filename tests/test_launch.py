@@ -1,0 +1,141 @@
+"""The launcher without a cluster: the launch plan, --set overrides, run_and_time.sh's commands
+(DRY_RUN, with a Slurm allocation faked in the environment) and the per-log verdict."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llama31_405b.config import ConfigError, load_config
+from llama31_405b.config.overrides import parse_sets
+from llama31_405b.launch import launch_plan, shell_assignments
+
+REPO = Path(__file__).resolve().parents[1]
+GB200 = "configs/config_GB200_2048x4x8xtp4pp8cp2.toml"
+FIXTURE = Path("/work/shared/fixtures/mlperf_v5.1_llama31_405b_uf_b200_n32/result_0.txt")
+
+
+def _env(**extra) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CONT", "NEXP"))}
+    env["PYTHONPATH"] = str(REPO)
+    env["PYTHON"] = sys.executable
+    env.update(extra)
+    return env
+
+
+def test_parse_sets():
+    assert parse_sets(["run.seed_base=7", "data.data_dir=/data", "system.rack_of_host={n1='a'}",
+                       "precision.nvfp4_rht=true"]) == {
+        "run": {"seed_base": 7}, "data": {"data_dir": "/data"},
+        "system": {"rack_of_host": {"n1": "a"}}, "precision": {"nvfp4_rht": True}}
+    with pytest.raises(ConfigError, match="expected section.key=value"):
+        parse_sets(["seed_base"])
+
+
+def test_plan_of_the_128_rack_config():
+    plan = launch_plan(load_config(REPO / GB200), runs=2, seed_base=100)
+    assert (plan.world_size, plan.nodes, plan.tasks_per_node, plan.nodes_per_rack) == (8192, 2048, 4, 16)
+    assert plan.seeds == (100, 101) and plan.device == "gpu"
+    assert "sbatch -N 2048" in plan.local_error and "--segment 16" in plan.local_error
+    text = shell_assignments(plan)
+    out = subprocess.run(["bash", "-c", text + 'echo "$LAUNCH_WORLD_SIZE ${LAUNCH_SEEDS[1]} '
+                                               '$NVTE_NVFP4_DISABLE_RHT $CUDA_DEVICE_MAX_CONNECTIONS"'],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["8192", "101", "1", "1"]
+
+
+def test_plan_of_the_tiny_configs():
+    two = launch_plan(load_config(REPO / "configs/tiny_cpu_2racks.toml"))
+    assert (two.world_size, two.nodes, two.tasks_per_node, two.device) == (4, 4, 1, "cpu")
+    assert two.local_error == "" and two.seeds == (1, 2, 3)
+
+
+def _script(env: dict, cwd=REPO) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(REPO / "run_and_time.sh")], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_script_on_slurm_with_container_dry_run(tmp_path):
+    env = _env(CONFIG=GB200, DRY_RUN="1", NEXP="2", SEED_BASE="40", CONT="reg/llama31:1",
+               DATADIR="/lustre/data", CKPTDIR="/lustre/ckpt", LOGDIR=str(tmp_path),
+               SLURM_JOB_ID="77", SLURM_JOB_NUM_NODES="2048", SLURM_SUBMIT_DIR=str(REPO))
+    p = _script(env)
+    assert p.returncode == 0, p.stderr
+    lines = [ln.replace("\\,", ",") for ln in p.stderr.splitlines() if ln.startswith("+ srun")]
+    preflight, run0, run1 = [ln for ln in lines if "--ntasks=8192" in ln]
+    cont = (f"--container-image=reg/llama31:1 --container-name=llama31_405b "
+            f"--container-mounts=/lustre/ckpt:/ckpt,/lustre/data:/data,{tmp_path}:/logs "
+            f"--container-workdir=/workspace/llama31_405b")
+    assert "--nodes=2048 --ntasks=8192 --ntasks-per-node=4 " + cont in preflight
+    assert "launch preflight --config " + GB200 in preflight
+    assert "--kill-on-bad-exit=1 " + cont in run0
+    assert run0.endswith(f"python -m llama31_405b train --config {GB200} --set data.data_dir=/data "
+                         "--set checkpoint.ckpt_dir=/ckpt --seed 40 --log /logs/result_0.txt")
+    assert "--seed 41 --log /logs/result_1.txt" in run1
+    # cache clearing: one task per node before each run
+    assert sum("--ntasks=2048 --ntasks-per-node=1 bash -c" in ln for ln in lines) == 2, lines
+
+
+def test_script_rejects_too_few_nodes_and_missing_config(tmp_path):
+    p = _script(_env(CONFIG="configs/tiny_cpu_2racks.toml", LOGDIR=str(tmp_path),
+                     SLURM_JOB_ID="5", SLURM_JOB_NUM_NODES="2", SLURM_SUBMIT_DIR=str(REPO)))
+    assert p.returncode == 2
+    assert "the job has 2 node(s), configs/tiny_cpu_2racks.toml needs 4: sbatch -N 4" in p.stderr
+    p = _script(_env(LOGDIR=str(tmp_path)))
+    assert p.returncode == 2 and "set CONFIG=" in p.stderr
+    p = _script(_env(CONFIG=GB200, LOGDIR=str(tmp_path)))
+    assert p.returncode == 2 and "needs 2048 nodes x 4 GPUs" in p.stderr
+
+
+def test_script_local_commands(tmp_path):
+    p = _script(_env(CONFIG="configs/tiny_cpu_2racks.toml", DRY_RUN="1", NEXP="1",
+                     LOGDIR=str(tmp_path)))
+    assert p.returncode == 0, p.stderr
+    assert (f"-m torch.distributed.run --standalone --nproc-per-node=4 -m llama31_405b train "
+            f"--config configs/tiny_cpu_2racks.toml --seed 1 --log {tmp_path}/result_0.txt") in p.stderr
+    p = _script(_env(CONFIG="configs/tiny_cpu.toml", DRY_RUN="1", NEXP="1", LOGDIR=str(tmp_path),
+                     DATADIR="/x"))
+    assert (f"{sys.executable} -m llama31_405b train --config configs/tiny_cpu.toml "
+            f"--set data.data_dir=/x --seed 1") in p.stderr
+
+
+@pytest.mark.skipif(not FIXTURE.is_file(), reason="shared fixture logs not present")
+def test_check_log_verdicts(tmp_path):
+    cmd = [sys.executable, "-m", "llama31_405b", "launch", "check-log", "--config", GB200,
+           "--require-success", "--report-dir", str(tmp_path)]
+    ok = subprocess.run(cmd + [str(FIXTURE)], cwd=REPO, env=_env(), capture_output=True, text=True)
+    assert ok.returncode == 0 and "compliant, run_stop status success" in ok.stdout
+    cut = tmp_path / "cut.txt"
+    cut.write_text("".join(FIXTURE.read_text().splitlines(keepends=True)[:300]))
+    aborted = tmp_path / "aborted.txt"
+    aborted.write_text(FIXTURE.read_text().replace('"status": "success"', '"status": "aborted"'))
+    bad = subprocess.run(cmd + [str(cut), str(aborted), str(tmp_path / "none.txt")], cwd=REPO,
+                         env=_env(), capture_output=True, text=True)
+    assert bad.returncode == 1
+    lines = bad.stdout.splitlines()
+    assert lines[0].startswith(f"FAIL {cut}: NOT compliant, run_stop status missing")
+    assert "run_stop" in lines[0]
+    assert lines[1] == f"FAIL {aborted}: compliant, run_stop status aborted"
+    assert "the run wrote no MLPerf log" in lines[2]
+
+
+def test_config_names_match_their_launch_plan():
+    """config_<SYSTEM>_<NODES>x<GPUS_PER_NODE>x<MINIBS>xtp<T>pp<P>cp<C>: the sbatch -N of the docs
+    comes from the name, the srun layout from the plan; they must agree."""
+    pattern = re.compile(r"config_\w+?_(\d+)x(\d+)x(\d+)xtp(\d+)pp(\d+)cp(\d+)\.toml")
+    checked = 0
+    for path in sorted((REPO / "configs").glob("config_*.toml")):
+        m = pattern.fullmatch(path.name)
+        assert m, f"{path.name} does not follow the MLPerf config naming"
+        nodes, gpn, minibs, tp, pp, cp = map(int, m.groups())
+        cfg = load_config(path)
+        plan = launch_plan(cfg)
+        assert (plan.nodes, plan.tasks_per_node, cfg.batch.minibs) == (nodes, gpn, minibs), path.name
+        assert (cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.cp) == (tp, pp, cp), path.name
+        assert plan.world_size == nodes * gpn
+        checked += 1
+    assert checked >= 1

@@ -1,0 +1,138 @@
+"""run_and_time.sh and the placement check on a real Slurm cluster: 4 fake nodes in 2 racks on
+this machine (scripts/local_slurm_cluster.sh, started once per session by conftest_slurm)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest_slurm import REPO, slurm_cluster  # noqa: F401  (the session fixture)
+from llama31_405b.cli import COMMANDS
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.xdist_group("slurm")]
+
+CONFIG = "configs/tiny_cpu_2racks.toml"       # TP1 PP2: one model replica per rack, DP 2
+needs_train = pytest.mark.skipif("train" not in COMMANDS,
+                                 reason="the train command is not in this checkout yet")
+
+
+def mllog(path: Path) -> list[dict]:
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        at = line.find(":::MLLOG ")
+        if at >= 0:
+            out.append(json.loads(line[at + len(":::MLLOG "):]))
+    return out
+
+
+def test_preflight_through_srun(slurm_cluster):
+    p = subprocess.run(["srun", "-N", "4", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+                        sys.executable, "-m", "llama31_405b", "launch", "preflight",
+                        "--config", CONFIG], cwd=REPO, env=slurm_cluster.env(),
+                       capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "preflight ok: 4 rank(s) via slurm" in p.stdout
+    assert "racks from slurm-topology" in p.stderr
+    assert "rack rack0: DP ranks 0 (global ranks 0-1, 2 host(s): n1, n2)" in p.stderr
+    assert "rack rack1: DP ranks 1 (global ranks 2-3, 2 host(s): n3, n4)" in p.stderr
+
+
+def test_interleaved_racks_stop_the_job(slurm_cluster, tmp_path):
+    slurm_cluster.racks_order("interleave")          # rack0 = n1,n3; rack1 = n2,n4
+    try:
+        out = tmp_path / "job.out"
+        t0 = time.monotonic()
+        job = slurm_cluster.sbatch(["--wait", "-N", "4", "-o", str(out), "run_and_time.sh"],
+                                   env=slurm_cluster.env(CONFIG=CONFIG, NEXP="1",
+                                                         LOGDIR=str(tmp_path / "logs")))
+        job.communicate(timeout=120)
+        elapsed = time.monotonic() - t0
+    finally:
+        slurm_cluster.racks_order("block")
+    text = out.read_text()
+    assert job.returncode == 3, text
+    assert elapsed < 60, f"the job took {elapsed:.0f} s to stop"
+    assert "placement check failed" in text
+    assert "PP group ranks 0-1 spans racks: rack rack0 (rank 0 on n1); rack rack1 (rank 1 on n2)" in text
+    assert text.count("placement check failed") == 1          # one message, not one per rank
+    assert "no run was started" in text
+    assert not list((tmp_path / "logs").glob("result_*.txt"))
+
+
+@needs_train
+def test_runs_converge_and_pass_compliance(slurm_cluster, tmp_path):
+    out, logs = tmp_path / "job.out", tmp_path / "logs"
+    job = slurm_cluster.sbatch(["--wait", "-N", "4", "-o", str(out), "run_and_time.sh"],
+                               env=slurm_cluster.env(CONFIG=CONFIG, NEXP="1", LOGDIR=str(logs)))
+    job.communicate(timeout=600)
+    text = out.read_text()
+    assert job.returncode == 0, text
+    assert f"PASS {logs}/result_0.txt: compliant, run_stop status success" in text
+    events = mllog(logs / "result_0.txt")
+    keys = [e["key"] for e in events]
+    assert "cache_clear" in keys and keys[-1] == "run_stop"
+    assert events[-1]["metadata"]["status"] == "success"
+    # the MLPerf checker itself, independently of the script's verdict
+    check = subprocess.run([sys.executable, "-m", "llama31_405b", "launch", "check-log",
+                            "--config", CONFIG, "--require-success", str(logs / "result_0.txt")],
+                           cwd=REPO, env=slurm_cluster.env(), capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def _start_training(cluster, tmp_path) -> tuple[subprocess.Popen, int, Path]:
+    logs = tmp_path / "logs"
+    job = cluster.sbatch(["--wait", "-N", "4", "-o", str(tmp_path / "job.out"), "run_and_time.sh"],
+                         env=cluster.env(CONFIG=CONFIG, NEXP="1", LOGDIR=str(logs)))
+    job_id = cluster.job_id(job.stdout.readline())
+    log = logs / "result_0.txt"
+    cluster.wait_for(lambda: log.is_file() and '"run_start"' in log.read_text(errors="replace"),
+                     timeout=240, what="run_start in the MLPerf log")
+    return job, job_id, log
+
+
+def _rank_pid(job_id: int, rank: int) -> int | None:
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            env = (proc / "environ").read_bytes().split(b"\0")
+            cmd = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if (f"SLURM_JOB_ID={job_id}".encode() in env and f"SLURM_PROCID={rank}".encode() in env
+                and b"llama31_405b" in cmd and b"train" in cmd):
+            return int(proc.name)
+    return None
+
+
+@needs_train
+def test_scancel_leaves_an_aborted_log(slurm_cluster, tmp_path):
+    job, job_id, log = _start_training(slurm_cluster, tmp_path)
+    subprocess.run(["scancel", str(job_id)], check=True)
+    job.communicate(timeout=90)       # (sbatch --wait may report 0 for a cancelled job)
+    # sbatch returns once the job is CANCELLED; its steps may still be completing
+    slurm_cluster.wait_for(lambda: not slurm_cluster.job_active(job_id), timeout=60,
+                           what=f"job {job_id} to finish completing")
+    last = mllog(log)[-1]
+    assert last["key"] == "run_stop" and last["metadata"]["status"] == "aborted", last
+
+
+@needs_train
+def test_killing_one_rank_ends_the_job(slurm_cluster, tmp_path):
+    job, job_id, _ = _start_training(slurm_cluster, tmp_path)
+    pid = slurm_cluster.wait_for(lambda: _rank_pid(job_id, 2), timeout=30, what="rank 2's pid")
+    t0 = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    job.communicate(timeout=120)
+    elapsed = time.monotonic() - t0
+    assert job.returncode != 0
+    assert elapsed < 60, f"the job took {elapsed:.0f} s to end after a rank died"
+    slurm_cluster.wait_for(lambda: not slurm_cluster.job_active(job_id), timeout=30,
+                           what=f"job {job_id} to finish completing")
+    assert "FAILED" in (tmp_path / "job.out").read_text()
