@@ -89,3 +89,11 @@ def read_index(prefix: str | Path) -> IndexInfo:
 def token_stream(info: IndexInfo) -> np.ndarray:
     """The .bin file as one read-only token array (documents back to back)."""
     return np.memmap(info.prefix + ".bin", mode="r", dtype=info.dtype)
+
+
+def last_tokens(info: IndexInfo, n: int) -> np.ndarray:
+    """The last token of each of the first n sequences (documents end with EOD)."""
+    n = min(n, info.sequences)
+    lengths = np.fromfile(info.prefix + ".idx", dtype=np.int32, count=n, offset=34)
+    ends = np.cumsum(lengths.astype(np.int64)) - 1
+    return np.asarray(token_stream(info)[ends]) if n else np.zeros(0, dtype=info.dtype)

@@ -276,6 +276,8 @@ def prepare(outputs: list[Output], tokenizer: str | Path, *, data_dir: str | Pat
             workers: int | None = None, skip_bad: bool = False, progress: bool = True,
             force: bool = False) -> list[Result]:
     """Build every output (skipping those already complete and recorded in the manifest)."""
+    # imported before workers fork, so each does not pay megatron's import again
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder  # noqa: F401
     tok = SentencePieceTokenizer(tokenizer)
     data_dir = Path(data_dir)
     workers = max(1, workers or len(os.sched_getaffinity(0)))

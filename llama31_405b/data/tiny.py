@@ -5,7 +5,7 @@ names. `ensure_tiny_data(data_dir)` builds whatever is missing and is a no-op wh
 The corpus (`corpus/tiny_corpus.jsonl.xz`, ~3 MB) is section-level documents of the Python 3.11,
 PostgreSQL 15 and SQLite documentation as packaged by Debian 12 (see docs/data.md and
 corpus/LICENSES.md; scripts/build_tiny_corpus.py rebuilds it). Documents are ordered by the
-SHA-1 of their text (mixing the three sources like C4's random shards), then cut by word count:
+SHA-1 of their text (mixing the three sources like C4's random shards), then cut by character count:
 the first 1.5% is validation, the next 25.5% the pre-training shard of the tiny initial
 checkpoint, and each remaining document goes to the lighter of the two training shards (en_6, en_7).
 """
@@ -63,21 +63,21 @@ def corpus_documents(limit: int | None = None) -> list[dict]:
 def split_corpus(docs: list[dict]) -> dict[str, list[dict]]:
     """Deterministic split into the four raw shards (keys of RAW)."""
     order = sorted(docs, key=lambda d: hashlib.sha1(d["text"].encode()).hexdigest())
-    words = [len(d["text"].split()) for d in order]
+    words = [len(d["text"]) for d in order]  # characters: a proxy for tokens
     total = sum(words)
     names = list(RAW)
     shards: dict[str, list[dict]] = {n: [] for n in names}
     seen = 0
-    train_words = [0, 0]
+    train_chars = [0, 0]
     for d, w in zip(order, words):
         if seen < VALID_FRACTION * total:
             shards[names[3]].append(d)
         elif seen < (VALID_FRACTION + PRETRAIN_FRACTION) * total:
             shards[names[2]].append(d)
         else:
-            k = 0 if train_words[0] <= train_words[1] else 1  # keep en_6 and en_7 balanced
+            k = 0 if train_chars[0] <= train_chars[1] else 1  # keep en_6 and en_7 balanced
             shards[names[k]].append(d)
-            train_words[k] += w
+            train_chars[k] += w
         seen += w
     return shards
 
@@ -115,7 +115,8 @@ def ensure_tiny_data(data_dir: str | Path, *, workers: int | None = None,
     if corpus_sha and _stamp_ok(data_dir, corpus_sha):
         return data_dir
     t0 = time.monotonic()
-    say = (lambda msg: None) if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    say = (lambda msg: None) if quiet else (lambda msg: print(
+        f"[{time.monotonic() - t0:5.1f} s] {msg}", file=sys.stderr, flush=True))
     say(f"tiny data: building in {data_dir} from {CORPUS.name}")
     shards = split_corpus(corpus_documents())
     for rel, docs in shards.items():
@@ -139,5 +140,5 @@ def ensure_tiny_data(data_dir: str | Path, *, workers: int | None = None,
     stamp = data_dir / STAMP
     stamp.write_text(json.dumps({"format": FORMAT, "corpus_sha256": corpus_sha,
                                  "tokens": {r.prefix.name: r.tokens for r in results}}, indent=1))
-    say(f"tiny data: ready in {time.monotonic() - t0:.1f} s")
+    say("tiny data: ready")
     return data_dir
