@@ -327,6 +327,7 @@ def _run(todo: list[_Unit], recs: dict, workers: int, show: bool, tok) -> None:
     label = names[0] if len(names) == 1 else f"{len(names)} datasets"
     bar = Progress(f"prepare {label}", total) if show else None
     live: dict[tuple[int, int], tuple[int, int, int]] = {}
+    errors: dict[tuple[int, int], DataError] = {}
 
     def on_report(out, part, docs, tokens, nbytes) -> None:
         live[(out, part)] = (docs, tokens, nbytes)
@@ -339,7 +340,10 @@ def _run(todo: list[_Unit], recs: dict, workers: int, show: bool, tok) -> None:
         global _TOK
         _TOK = tok
         for u in todo:
-            recs[(u.out, u.part)] = run_unit(u, on_report)
+            try:
+                recs[(u.out, u.part)] = run_unit(u, on_report)
+            except DataError as e:
+                errors[(u.out, u.part)] = e
     else:
         ctx = mp.get_context("fork")
         q = ctx.Queue()
@@ -351,7 +355,10 @@ def _run(todo: list[_Unit], recs: dict, workers: int, show: bool, tok) -> None:
                 except queue_mod.Empty:
                     pass
                 for k in [k for k, j in jobs.items() if j.ready()]:
-                    recs[k] = jobs.pop(k).get()  # re-raises a worker's DataError here
+                    try:
+                        recs[k] = jobs.pop(k).get()  # re-raises a worker's exception here
+                    except DataError as e:
+                        errors[k] = e
             while True:
                 try:
                     on_report(*q.get_nowait())
@@ -359,6 +366,10 @@ def _run(todo: list[_Unit], recs: dict, workers: int, show: bool, tok) -> None:
                     break
     if bar:
         bar.close()
+    if errors:  # every other shard is finished and kept: a rerun resumes after the fix
+        first = errors[min(errors)]
+        more = f" (and {len(errors) - 1} more failed units)" if len(errors) > 1 else ""
+        raise DataError(f"{first}{more}")
 
 
 def describe(results: list[Result], stream=None) -> None:
