@@ -259,6 +259,9 @@ def _merge(out: Output, units: list[_Unit], recs: list[dict], tok, data_dir: Pat
     for ext in (".bin", ".idx"):
         os.replace(f"{check}{ext}", f"{prefix}{ext}")
     files = {key + ext: mf.file_record(f"{prefix}{ext}") for ext in (".bin", ".idx")}
+    files[mf.rel(tok.path, data_dir)] = {"size": tok.path.stat().st_size,
+                                         "sample_sha256": mf.sample_sha256(tok.path),
+                                         "sha256": tok.sha256}
     with mf.updating(data_dir) as m:
         m["files"].update(files)
         m["datasets"][key] = {
