@@ -3,7 +3,8 @@
 
 The tiny corpus ships in the repository (so `make demo` downloads nothing); this script documents
 and reproduces how it was made. It needs `apt-get download` (Debian/Ubuntu, package lists updated)
-and writes one JSON object per line: {"text": ..., "source": ..., "url": ...}.
+and writes one JSON object per line: {"text": ..., "source": ..., "url": ...}, plus each
+package's Debian copyright file (its license notice) to corpus/copyright/PACKAGE.txt.
 
 Sources (all permissively licensed English web documentation, the kind of page C4 crawls):
   python3.11-doc     Python 3.11 documentation           PSF License Version 2
@@ -24,6 +25,7 @@ import collections
 import json
 import lzma
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -104,6 +106,9 @@ def build(debs: Path, out: Path) -> None:
                     p = Path(dirpath) / name
                     pages.append((label, str(p.relative_to(base)), _sections(p)))
         print(f"{deb[-1].name}: {sum(1 for x in pages if x[0] == label)} pages", file=sys.stderr)
+        notice = out.parent / "copyright" / f"{pkg}.txt"  # the package's license notice, verbatim
+        notice.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(tree / "usr/share/doc" / pkg / "copyright", notice)
     seen = collections.Counter(t for _, _, secs in pages for s in secs for t in s)
     n_docs = n_words = 0
     with lzma.open(out, "wt", encoding="utf-8", preset=9 | lzma.PRESET_EXTREME) as f:
