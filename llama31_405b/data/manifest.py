@@ -8,7 +8,7 @@ accepted file, and what each dataset holds.
 
 `sha256` hashes the whole file (`data verify --full`); `sample_sha256` hashes the size plus 24
 spread-out blocks (first and last 4 MiB, 16 x 64 KiB between), which catches truncation,
-replacement and most damage in a second even on the 40-GB C4 files: training checks that one.
+replacement and most damage in a second even on the multi-GB C4 files: training checks that one.
 Paths are relative to DATA_DIR. Written atomically (temporary name, then rename) under a lock.
 """
 from __future__ import annotations
