@@ -169,3 +169,31 @@ def test_progress_line():
     line = p.line()
     assert "25.0%" in line and "50 docs/s" in line and "20.00k tok/s" in line
     assert "ETA 0:00:30" in line
+
+
+def test_benchmark_layout(tmp_path):
+    from llama31_405b.config import load_config
+    from llama31_405b.data.layout import VALID_DOCS, benchmark_outputs
+    repo = Path(__file__).resolve().parents[1]
+    cfg = load_config(repo / "configs" / "config_GB200_2048x4x8xtp4pp8cp2.toml")
+    cfg.data.data_dir = str(tmp_path / "data")
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for i in range(768, 1024):
+        (raw / f"c4-train.{i:05d}-of-01024.json.gz").touch()
+    with pytest.raises(DataError, match=r"c4-validation\.00000-of-00008\.json\.gz"):
+        benchmark_outputs(cfg, raw)
+    for i in range(3):
+        (raw / f"c4-validation.{i:05d}-of-00008.json.gz").touch()
+    en6, en7, valid = benchmark_outputs(cfg, raw)
+    assert en6.prefix.name == "c4-train.en_6_text_document"
+    assert [p.name for p in en6.inputs][::127] == ["c4-train.00768-of-01024.json.gz",
+                                                   "c4-train.00895-of-01024.json.gz"]
+    assert [p.name for p in en7.inputs][::127] == ["c4-train.00896-of-01024.json.gz",
+                                                   "c4-train.01023-of-01024.json.gz"]
+    assert valid.prefix.name == "c4-validation-91205-samples.en_text_document"
+    assert valid.max_docs == VALID_DOCS == 91205 and len(valid.inputs) == 3
+    assert valid.min_tokens == 5760 * 8192 + 1
+    (raw / "c4-train.00900-of-01024.json.gz").unlink()
+    with pytest.raises(DataError, match=r"1 raw C4 shards missing, e\.g\. .*00900-of-01024"):
+        benchmark_outputs(cfg, raw)

@@ -62,6 +62,9 @@ def prepare(args) -> int:
                 return _fail("--config needs --raw-dir (the folder of the raw C4 json.gz shards)")
             from ..data.layout import benchmark_outputs, data_paths
             cfg = load_config(args.config)
+            if cfg.run.benchmark != "llama31_405b":
+                return _fail(f"{args.config}: the {cfg.run.benchmark} data is built by "
+                             "`python -m llama31_405b data tiny`, not from raw C4")
             outputs = benchmark_outputs(cfg, args.raw_dir)
             paths = data_paths(cfg)
             tokenizer, data_dir = paths.tokenizer, paths.data_dir

@@ -11,6 +11,7 @@ checkpoint, and each remaining document goes to the lighter of the two training 
 """
 from __future__ import annotations
 
+import fcntl
 import gzip
 import hashlib
 import json
@@ -114,6 +115,15 @@ def ensure_tiny_data(data_dir: str | Path, *, workers: int | None = None,
     corpus_sha = mf.file_record(CORPUS)["sha256"] if CORPUS.is_file() else ""
     if corpus_sha and _stamp_ok(data_dir, corpus_sha):
         return data_dir
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with open(data_dir / ".tiny_data.lock", "w") as lock:  # concurrent callers (pytest -n) wait
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if corpus_sha and _stamp_ok(data_dir, corpus_sha):
+            return data_dir
+        return _build(data_dir, corpus_sha, workers=workers, quiet=quiet)
+
+
+def _build(data_dir: Path, corpus_sha: str, *, workers: int | None, quiet: bool) -> Path:
     t0 = time.monotonic()
     say = (lambda msg: None) if quiet else (lambda msg: print(
         f"[{time.monotonic() - t0:5.1f} s] {msg}", file=sys.stderr, flush=True))
