@@ -31,7 +31,7 @@ from .errors import DataError
 from .indexed import read_index, token_dtype
 from .progress import Progress
 from .reader import ShardReader, SkipCounts
-from .tokenizer import SentencePieceTokenizer, file_sha256
+from .tokenizer import SentencePieceTokenizer
 
 BATCH_DOCS = 256
 REPORT_EVERY_S = 0.5
@@ -47,6 +47,10 @@ class Output:
     """Keep only the first max_docs documents (validation: 91,205)."""
     min_tokens: int | None = None
     """Fail unless the result holds at least this many tokens (validation packing)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prefix", Path(self.prefix))
+        object.__setattr__(self, "inputs", tuple(Path(p) for p in self.inputs))
 
 
 @dataclass(frozen=True)
@@ -384,6 +388,3 @@ def describe(results: list[Result], stream=None) -> None:
         print(f"{r.status:10s} {r.prefix}: {r.documents} documents, {r.tokens} tokens{extra}",
               file=stream)
 
-
-def tokenizer_sha(path: str | Path) -> str:
-    return file_sha256(path)

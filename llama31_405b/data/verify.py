@@ -16,7 +16,6 @@ prepare`) and MLCommons' ready-made files once they are recorded: `data verify C
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Callable
 
@@ -29,10 +28,6 @@ from .layout import MLCOMMONS_VALID_PREFIX, VALID_DOCS, data_paths, min_valid_to
 from .tokenizer import SentencePieceTokenizer
 
 SCAN_TOKENS = 1 << 26
-
-
-def _say(msg: str) -> None:
-    print(msg, file=sys.stderr)
 
 
 def _fix_unverified(cfg_src: str) -> str:
