@@ -12,6 +12,7 @@ import sys
 
 COMMANDS = {
     "config": "llama31_405b.cli.config_cmd",
+    "data": "llama31_405b.cli.data_cmd",
     "demo": "llama31_405b.cli.demo_cmd",
     "compliance": "llama31_405b.cli.compliance_cmd",
     "submission": "llama31_405b.cli.submission_cmd",

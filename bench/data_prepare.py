@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Throughput of `data prepare` against the bare tokenizer on the same text and the same cores.
+
+Baseline: W processes, each encoding the texts of one shard with sentencepiece (`encode` on the
+same batches of 256 documents, one thread), texts already in memory: the upper bound for tokenization alone.
+Measured: `prepare()` with W workers on the same shards as C4 json.gz files: gzip, JSON, encode,
+EOD, .bin/.idx writing through megatron-core's builder, merge, manifest checksums.
+Ratio = prepare tokens/s / baseline tokens/s (goal >= 0.9). Each side runs `--repeat` times,
+interleaved, best time kept (the machine is shared). Text: the shipped tiny corpus, `--copies`
+times over, split into W shards. Tokenizer: the tiny one (trained here) or `--tokenizer MODEL`.
+
+usage: PYTHONPATH=. python bench/data_prepare.py [--workers W] [--copies N] [--tokenizer MODEL]
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from llama31_405b.data.prepare import BATCH_DOCS, Output, prepare  # noqa: E402
+from llama31_405b.data.tiny import VOCAB_SIZE, corpus_documents  # noqa: E402
+from llama31_405b.data.tokenizer import train_tokenizer  # noqa: E402
+
+_SHARDS: list[list[str]] = []
+_MODEL = ""
+
+
+def _encode(i: int) -> int:
+    import sentencepiece as spm
+    sp = spm.SentencePieceProcessor(model_file=_MODEL)
+    texts, n = _SHARDS[i], 0
+    for j in range(0, len(texts), BATCH_DOCS):  # the batch size prepare uses
+        n += sum(len(x) for x in sp.encode(texts[j:j + BATCH_DOCS], num_threads=1))
+    return n
+
+
+def _write_shards(folder: Path, texts: list[str], n: int) -> list[Path]:
+    import gzip
+    import json
+    folder.mkdir(parents=True)
+    paths = []
+    for i in range(n):
+        p = folder / f"c4-train.{i:05d}-of-{n:05d}.json.gz"
+        with gzip.open(p, "wt", encoding="utf-8") as f:
+            for t in texts[i::n]:
+                f.write(json.dumps({"text": t, "timestamp": "", "url": ""}) + "\n")
+        paths.append(p)
+    return paths
+
+
+def _baseline(pool, n: int) -> tuple[float, int]:
+    t = time.perf_counter()
+    tokens = sum(pool.map(_encode, range(n)))
+    return time.perf_counter() - t, tokens
+
+
+def main() -> None:
+    global _MODEL
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
+    ap.add_argument("--copies", type=int, default=1)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--tokenizer", help="sentencepiece model (default: train the tiny one)")
+    args = ap.parse_args()
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder  # noqa: F401
+    texts = [d["text"] for d in corpus_documents()] * args.copies
+    w = args.workers
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        _MODEL = str(args.tokenizer or train_tokenizer(texts[:4000], tmp / "tok.model",
+                                                      vocab_size=VOCAB_SIZE))
+        paths = _write_shards(tmp / "raw", texts, w)
+        _SHARDS[:] = [texts[i::w] for i in range(w)]
+        out = Output(prefix=tmp / "ds" / "bench_text_document", inputs=tuple(paths))
+        ctx = mp.get_context("fork")
+        base, prep = [], []
+        with ctx.Pool(w) as pool:
+            pool.map(_encode, range(w))  # warm up
+            for _ in range(args.repeat):
+                base.append(_baseline(pool, w))
+                t = time.perf_counter()
+                [res] = prepare([out], _MODEL, data_dir=tmp / "ds", workers=w, progress=False,
+                                force=True)
+                prep.append((time.perf_counter() - t, res.tokens))
+        tb, ntok = min(base)
+        tp, ptok = min(prep)
+        mb = sum(p.stat().st_size for p in paths) / 1e6
+        print(f"text: {len(texts)} documents, {ntok} tokens ({ptok} with EOD), {mb:.1f} MB json.gz "
+              f"in {w} shards; {w} worker processes; tokenizer {Path(_MODEL).name}")
+        print(f"bare tokenizer : {tb:7.3f} s  {ntok / tb / 1e6:6.3f} M tok/s  (best of {args.repeat})")
+        print(f"data prepare   : {tp:7.3f} s  {ntok / tp / 1e6:6.3f} M tok/s  (best of {args.repeat})")
+        print(f"ratio prepare / bare tokenizer throughput: {tb / tp:.3f} (goal >= 0.9)")
+
+
+if __name__ == "__main__":
+    main()
