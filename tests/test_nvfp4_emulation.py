@@ -2,9 +2,6 @@
 config check that refuses NVFP4 where it cannot run."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -63,11 +60,23 @@ def test_transformer_config_kwargs():
     assert (kw["num_layers_at_start_in_bf16"], kw["num_layers_at_end_in_bf16"]) == (2, 8)
     fp32 = transformer_config_kwargs(load_config(TINY))
     assert fp32["fp4"] is None and fp32["fp8"] is None and fp32["params_dtype"] == torch.float32
-    # every key is a TransformerConfig field of megatron-core 0.19.2
-    import dataclasses
-    from megatron.core.transformer.transformer_config import TransformerConfig
-    fields = {f.name for f in dataclasses.fields(TransformerConfig)}
-    assert set(kw) <= fields
+    # every key is a TransformerConfig field of the installed megatron-core (read from source:
+    # importing megatron costs seconds; tests/nvfp4_dist_worker.py builds a real TransformerConfig)
+    assert set(kw) <= _megatron_config_fields()
+
+
+def _megatron_config_fields() -> set[str]:
+    import ast
+    import importlib.util
+    base = Path(importlib.util.find_spec("megatron.core").origin).parent
+    fields: set[str] = set()
+    for rel, cls in (("transformer/transformer_config.py", "TransformerConfig"),
+                     ("model_parallel_config.py", "ModelParallelConfig")):
+        tree = ast.parse((base / rel).read_text())
+        node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+        fields |= {a.target.id for a in node.body
+                   if isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name)}
+    return fields
 
 
 def test_require_te_env():
@@ -83,12 +92,3 @@ def test_require_te_env():
                                              r"DISABLE_RHT=1 \(found '0'\)"):
         require_te_env(cfg, environ=bad)
     assert require_te_env(load_config(TINY), environ={}) == {}       # fp32: nothing to check
-
-
-@pytest.mark.slow
-def test_apply_nvfp4_emulation_on_a_megatron_gpt_model(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    r = subprocess.run([sys.executable, str(ROOT / "tests" / "nvfp4_gpt_worker.py"), str(tmp_path)],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    assert "emulation: ok" in r.stdout

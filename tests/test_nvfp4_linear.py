@@ -110,10 +110,11 @@ def test_tp_amax_groups_without_a_group():
 
 
 @pytest.mark.slow
-def test_tp1_equals_tp2_two_process_gloo(tmp_path):
-    """Plain torch.distributed sharding and megatron's Column/RowParallelLinear, TP=2 vs TP=1."""
+def test_tp1_equals_tp2_and_the_emulation_in_megatron_two_process_gloo(tmp_path):
+    """Plain torch.distributed sharding and megatron's Column/RowParallelLinear, TP=2 vs TP=1;
+    apply_nvfp4_emulation on a TP=2 megatron GPTModel under DDP (tests/nvfp4_dist_worker.py)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    r = subprocess.run([sys.executable, str(ROOT / "tests" / "nvfp4_tp_worker.py"), str(tmp_path)],
-                       env=env, capture_output=True, text=True, timeout=240)
+    r = subprocess.run([sys.executable, str(ROOT / "tests" / "nvfp4_dist_worker.py"), str(tmp_path)],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    assert "TP2 == TP1: ok" in r.stdout
+    assert "TP2 == TP1: ok" in r.stdout and "emulation: ok" in r.stdout
