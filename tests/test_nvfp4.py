@@ -290,3 +290,15 @@ def test_dataclass_fields():
     q = quantize(torch.randn(16, 32))
     assert isinstance(q, NVFP4Tensor) and q.shape == (16, 32) and q.block == "1d"
     assert q.scale_inv.item() == (1 / q.scale).item()
+
+
+@pytest.mark.parametrize("shape", [(1, 32), (32, 1 * 16), (48, 32)])
+def test_inputs_are_never_modified(shape):
+    x = torch.randn(*shape) - 0.5
+    keep = x.clone()
+    for kw in ({}, {"columnwise": True}, {"block": "2d"}, {"rht": True}, {"stochastic": True}):
+        if kw.get("columnwise") and shape[0] % 16:
+            continue
+        quantize(x, **kw)
+        fake_quantize(x, **kw)
+        assert torch.equal(x, keep), kw

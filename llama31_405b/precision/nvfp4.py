@@ -95,23 +95,32 @@ def rht_matrix(device: torch.device | str = "cpu") -> torch.Tensor:
 _RHT_CACHE: dict[torch.device, torch.Tensor] = {}
 
 
-def apply_rht(x2d: torch.Tensor) -> torch.Tensor:
-    """x' = x * M on every 16-element chunk of the last dim, rounded to BF16 (returned as FP32)."""
-    m = _RHT_CACHE.get(x2d.device)
+def _rht(device) -> torch.Tensor:
+    m = _RHT_CACHE.get(device)
     if m is None:
-        m = _RHT_CACHE.setdefault(x2d.device, rht_matrix(x2d.device))
+        m = _RHT_CACHE.setdefault(device, rht_matrix(device))
+    return m
+
+
+def apply_rht(x2d: torch.Tensor, axis: int = 1) -> torch.Tensor:
+    """x' = x * M on every 16-element chunk along `axis` (1: rows of the last dim, 0: columns
+    of the first dim), rounded to BF16 (returned as FP32)."""
+    m = _rht(x2d.device)
     rows, cols = x2d.shape
-    y = torch.matmul(x2d.float().reshape(rows, cols // BLOCK, BLOCK), m)
+    if axis == 1:
+        y = torch.matmul(x2d.float().reshape(rows, cols // BLOCK, BLOCK), m)
+    else:   # chunk c (16 x cols): x'^T = (x^T M) -> x' = M^T x
+        y = torch.matmul(m.t(), x2d.float().reshape(rows // BLOCK, BLOCK, cols))
     return y.to(torch.bfloat16).float().reshape(rows, cols)
 
 
-def undo_rht(x2d: torch.Tensor) -> torch.Tensor:
-    """Inverse transform x = x' * M^T on every 16-element chunk (FP32, no rounding)."""
-    m = _RHT_CACHE.get(x2d.device)
-    if m is None:
-        m = _RHT_CACHE.setdefault(x2d.device, rht_matrix(x2d.device))
+def undo_rht(x2d: torch.Tensor, axis: int = 1) -> torch.Tensor:
+    """Inverse transform x = x' * M^T per 16-element chunk along `axis` (FP32, no rounding)."""
+    m = _rht(x2d.device)
     rows, cols = x2d.shape
-    return torch.matmul(x2d.reshape(rows, cols // BLOCK, BLOCK), m.t()).reshape(rows, cols)
+    if axis == 1:
+        return torch.matmul(x2d.reshape(rows, cols // BLOCK, BLOCK), m.t()).reshape(rows, cols)
+    return torch.matmul(m, x2d.reshape(rows // BLOCK, BLOCK, cols)).reshape(rows, cols)
 
 
 def global_encode_scale(amax: torch.Tensor) -> torch.Tensor:
@@ -121,28 +130,48 @@ def global_encode_scale(amax: torch.Tensor) -> torch.Tensor:
     return torch.where((amax == 0) | (s == 0), torch.ones_like(s), s)
 
 
-def round_e2m1(a: torch.Tensor) -> torch.Tensor:
-    """Round non-negative FP32 magnitudes in [0, 6] to the nearest E2M1 value, ties to even.
+# exponent-field arithmetic on FP32 bit patterns (int32 views)
+# (0-d tensors: integer Python scalars take a slow, unvectorised path in bitwise ops)
+_EXP_MASK = torch.tensor(0x7F800000, dtype=torch.int32)
+_EXP_OF_1, _EXP_OF_4 = 127 << 23, 129 << 23
+# C = 1.5 * 2^23 * step, built from the clamped exponent of |y| (step = 2^(e-1) for e in 0..2)
+_MAGIC = (22 << 23) + 0x400000
 
-    The E2M1 grid has step 0.5 on [0, 2), 1 on [2, 4) and 2 on [4, 6]; scaling by the inverse step
-    (a power of two, exact) maps each segment onto the integers, where torch.round is RNE. The
-    even integer is the even mantissa: 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4.
+
+def _e2m1_step(a: torch.Tensor) -> torch.Tensor:
+    """The E2M1 grid step at |a|: 0.5 below 2, 1 on [2, 4), 2 from 4 on (from the exponent bits)."""
+    e = torch.bitwise_and(a.view(torch.int32), _EXP_MASK.to(a.device)).clamp_(_EXP_OF_1, _EXP_OF_4)
+    return e.sub_(1 << 23).view(torch.float32)
+
+
+def round_e2m1_(y: torch.Tensor) -> torch.Tensor:
+    """In place: round FP32 values in [-6, 6] to the nearest E2M1 value, ties to even.
+
+    The grid step s is 0.5 on [0, 2), 1 on [2, 4) and 2 on [4, 6]. Adding C = 1.5 * 2^23 * s
+    (whose FP32 ulp is exactly s, for every y in [-6, 6]) makes the FP32 addition itself round y
+    to a multiple of s with IEEE round-to-nearest-even, and subtracting C is exact. The even
+    multiple of s is the even mantissa: 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4.
     """
-    inv_step = torch.where(a < 2.0, 2.0, torch.where(a < 4.0, 1.0, 0.5))
-    return torch.round(a * inv_step) / inv_step
+    c = torch.bitwise_and(y.view(torch.int32), _EXP_MASK.to(y.device))
+    c = c.clamp_(_EXP_OF_1, _EXP_OF_4).add_(_MAGIC)
+    c = c.view(torch.float32)
+    return y.add_(c).sub_(c)
 
 
-def _step(a: torch.Tensor) -> torch.Tensor:
-    return torch.where(a < 2.0, 0.5, torch.where(a < 4.0, 1.0, 2.0))
+def round_e2m1(a: torch.Tensor) -> torch.Tensor:
+    """RNE to E2M1 of FP32 values in [-6, 6] (out of place)."""
+    return round_e2m1_(a.float().clone())
 
 
-def stochastic_round_e2m1(a: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """Stochastic rounding of magnitudes in [0, 6] with 8 random bits per element:
-    u = r/256, t = a + u*step(a), q = min(floor(t/step(t))*step(t), 6)."""
-    r = torch.randint(0, 256, a.shape, generator=generator, dtype=torch.uint8, device=a.device)
-    t = a + (r.float() * (1.0 / 256.0)) * _step(a)
-    st = _step(t)
-    return torch.clamp(torch.floor(t / st) * st, max=E2M1_MAX)
+def stochastic_round_e2m1(y: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Stochastic rounding of FP32 values in [-6, 6] with 8 random bits per element r:
+    u = r/256, t = |y| + u*step(|y|), q = min(floor(t/step(t))*step(t), 6), sign of y."""
+    r = torch.randint(0, 256, y.shape, generator=generator, dtype=torch.uint8, device=y.device)
+    a = y.abs()
+    t = r.float().mul_(1.0 / 256.0).mul_(_e2m1_step(a)).add_(a)   # u*step is exact
+    st = _e2m1_step(t)
+    q = t.div_(st).floor_().mul_(st).clamp_(max=E2M1_MAX)
+    return q.copysign_(y)
 
 
 def _magnitude_codes(v: torch.Tensor) -> torch.Tensor:
@@ -155,18 +184,17 @@ def _magnitude_codes(v: torch.Tensor) -> torch.Tensor:
 # the core: blocks, scales and rounded values of a 2D layout
 # --------------------------------------------------------------------------------------------
 
-def _layout(x: torch.Tensor, columnwise: bool) -> torch.Tensor:
+def _as_2d(x: torch.Tensor) -> torch.Tensor:
     x2d = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
-    if columnwise:
-        x2d = x2d.t()
     return x2d.float().contiguous()
 
 
-def _check_shape(rows: int, cols: int, block: str, rht: bool) -> None:
+def _check_shape(rows: int, cols: int, block: str, rht: bool, columnwise: bool) -> None:
     if block not in ("1d", "2d"):
         raise ValueError(f"NVFP4 block must be '1d' or '2d', got {block!r}")
-    if cols % BLOCK:
-        raise ValueError(f"NVFP4: the blocked dimension ({cols}) must be a multiple of {BLOCK}")
+    blocked = rows if columnwise else cols
+    if blocked % BLOCK or (block == "2d" and cols % BLOCK):
+        raise ValueError(f"NVFP4: the blocked dimension ({blocked}) must be a multiple of {BLOCK}")
     if rht and block != "1d":
         raise ValueError("NVFP4: the random Hadamard transform applies to 1d (1x16) blocks only")
 
@@ -178,47 +206,65 @@ def _reduce_amax(amax: torch.Tensor, group) -> torch.Tensor:
     return amax
 
 
-def _quantize_layout(x2d: torch.Tensor, block: str, stochastic: bool,
-                     generator: torch.Generator | None, amax_group):
-    """Returns (signed rounded E2M1 values in x2d's layout, block scales (FP32 of the e4m3 value)
-    broadcastable per block, 2D compact block scales, amax, S_enc)."""
+def _block_amax(x2d: torch.Tensor, block: str, axis: int):
+    """Blocked view of x2d and the per-block amax shaped to broadcast over it.
+
+    axis 1: blocks of 16 along the last dim; axis 0: along the first dim; 2d: 16x16 tiles.
+    Reductions run over a non-innermost dimension (vectorised across the inner one): much faster
+    on CPU than reducing 16 contiguous elements."""
     rows, cols = x2d.shape
-    amax = _reduce_amax(x2d.abs().amax() if x2d.numel() else torch.zeros((), dtype=torch.float32),
-                        amax_group)
+    if block == "2d":
+        xb = x2d.view(rows // BLOCK, BLOCK, cols // BLOCK, BLOCK)
+        col_max = x2d.view(rows // BLOCK, BLOCK, cols).abs().amax(1)          # (rb, cols)
+        amax_b = col_max.view(rows // BLOCK, cols // BLOCK, BLOCK).amax(-1)   # (rb, nb)
+        return xb, amax_b[:, None, :, None]
+    if axis == 0:
+        xb = x2d.view(rows // BLOCK, BLOCK, cols)
+        return xb, xb.abs().amax(1, keepdim=True)                            # (rb, 1, cols)
+    xb = x2d.view(rows, cols // BLOCK, BLOCK)
+    xt = torch.abs(x2d.t(), out=x2d.new_empty((cols, rows)))                 # (cols, rows) copy
+    amax_b = xt.view(cols // BLOCK, BLOCK, rows).amax(1)                      # (nb, rows)
+    return xb, amax_b.t().unsqueeze(-1)                                       # (rows, nb, 1)
+
+
+def _quantize_core(x2d: torch.Tensor, *, axis: int, block: str, rht: bool, stochastic: bool,
+                   generator: torch.Generator | None, amax_group):
+    """Quantize a contiguous FP32 2D tensor with blocks along `axis`; everything in x2d's layout.
+
+    Returns (x2d after RHT/padding, signed E2M1 values (blocked view), block scales as FP32
+    e4m3 values (broadcastable), amax, S_enc, S_dec)."""
+    if rht:
+        x2d = apply_rht(x2d, axis)
+    rows = x2d.shape[0]
+    if block == "2d" and rows % BLOCK:
+        x2d = torch.nn.functional.pad(x2d, (0, 0, 0, -rows % BLOCK))
+    xb, amax_b = _block_amax(x2d, block, axis)
+    amax = amax_b.amax() if amax_b.numel() else torch.zeros((), device=x2d.device)
+    amax = _reduce_amax(amax, amax_group)
     s_enc = global_encode_scale(amax)
     s_dec = torch.reciprocal(s_enc)
-    if block == "1d":
-        xb = x2d.reshape(rows, cols // BLOCK, BLOCK)
-        amax_b = xb.abs().amax(-1, keepdim=True)                      # (rows, nb, 1)
-    else:
-        pr = -rows % BLOCK
-        xp = torch.nn.functional.pad(x2d, (0, 0, 0, pr)) if pr else x2d
-        xb = xp.reshape((rows + pr) // BLOCK, BLOCK, cols // BLOCK, BLOCK)
-        amax_b = xb.abs().amax(dim=(1, 3), keepdim=True)              # (rb, 1, nb, 1)
-    s_b = torch.clamp(amax_b * (s_enc * _INV6.to(s_enc.device)), max=E4M3_MAX).to(torch.float8_e4m3fn).float()
+    s_b = torch.clamp(amax_b * (s_enc * _INV6.to(s_enc.device)), max=E4M3_MAX)
+    s_b = s_b.to(torch.float8_e4m3fn).float()
     enc_b = torch.clamp(torch.reciprocal(s_b * s_dec), max=FLT_MAX)
-    y = torch.clamp(xb * enc_b, -E2M1_MAX, E2M1_MAX)
-    a = y.abs()
-    v = stochastic_round_e2m1(a, generator) if stochastic else round_e2m1(a)
-    v = torch.where(y < 0, -v, v)
-    return v, s_b, amax, s_enc, s_dec, xb.shape
+    y = torch.mul(xb, enc_b).clamp_(-E2M1_MAX, E2M1_MAX)
+    v = stochastic_round_e2m1(y, generator) if stochastic else round_e2m1_(y)
+    return x2d, v, s_b, amax, s_enc, s_dec
 
 
 def fake_quantize(x: torch.Tensor, *, block: BlockKind = "1d", columnwise: bool = False,
                   rht: bool = False, stochastic: bool = False,
                   generator: torch.Generator | None = None, amax_group=None) -> torch.Tensor:
     """dequantize(quantize(x, ...)) in FP32, without packing; returned in the quantized layout
-    (the 2D view of x, transposed when columnwise). Bit-identical to the packed round trip."""
-    x2d = _layout(x, columnwise)
+    (the 2D view of x, transposed (a view) when columnwise). Bit-identical to the packed round
+    trip. Columnwise blocks are processed in place along the first dimension (no transpose)."""
+    x2d = _as_2d(x)
     rows, cols = x2d.shape
-    _check_shape(rows, cols, block, rht)
-    if rht:
-        x2d = apply_rht(x2d)
-    v, s_b, _, _, s_dec, bshape = _quantize_layout(x2d, block, stochastic, generator, amax_group)
-    out = (v * s_b) * s_dec
-    if block == "2d":
-        out = out.reshape(bshape[0] * BLOCK, cols)[:rows]
-    return out.reshape(rows, cols)
+    _check_shape(rows, cols, block, rht, columnwise)
+    _, v, s_b, _, _, s_dec = _quantize_core(x2d, axis=0 if columnwise else 1, block=block,
+                                            rht=rht, stochastic=stochastic, generator=generator,
+                                            amax_group=amax_group)
+    out = v.mul_(s_b).mul_(s_dec).view(-1, cols)[:rows]   # (e2m1 * s_b) * S_dec; 1st product exact
+    return out.t() if columnwise else out
 
 
 def quantize(x: torch.Tensor, *, block: BlockKind = "1d", rht: bool = False,
@@ -232,23 +278,28 @@ def quantize(x: torch.Tensor, *, block: BlockKind = "1d", rht: bool = False,
     columnwise: quantize the transpose of the 2D view (blocks along the first dim).
     amax_group: process group over which the global amax is MAX-all-reduced (sharded tensors).
     """
-    x2d = _layout(x, columnwise)
+    x2d = _as_2d(x)
     rows, cols = x2d.shape
-    _check_shape(rows, cols, block, rht)
-    if rht:
-        x2d = apply_rht(x2d)
-    v, s_b, amax, s_enc, _, _ = _quantize_layout(x2d, block, stochastic, generator, amax_group)
+    _check_shape(rows, cols, block, rht, columnwise)
+    axis = 0 if columnwise else 1
+    xr, v, s_b, amax, s_enc, _ = _quantize_core(x2d, axis=axis, block=block, rht=rht,
+                                                stochastic=stochastic, generator=generator,
+                                                amax_group=amax_group)
+    v = v.reshape(-1, cols)[:rows]
+    xr = xr[:rows]
     if block == "2d":
-        v = v.reshape(-1, cols)[:rows]
-        scales = s_b.reshape(s_b.shape[0], s_b.shape[2])
+        scales = s_b[:, 0, :, 0]                       # (rows/16, cols/16)
+    elif axis == 0:
+        scales = s_b[:, 0, :]                          # (rows/16, cols)
     else:
-        v = v.reshape(rows, cols)
-        scales = s_b.reshape(rows, cols // BLOCK)
+        scales = s_b[:, :, 0]                          # (rows, cols/16)
+    if columnwise:                                     # to the quantized layout
+        v, xr, scales = v.t(), xr.t(), scales.t()
     codes = _magnitude_codes(v.abs()) | torch.where(v < 0, 8, 0).to(torch.uint8)
     # a negative element that rounds to zero keeps its sign: code 8 (-0)
-    codes = torch.where((x2d < 0) & (v == 0), torch.full_like(codes, 8), codes)
+    codes = torch.where((xr < 0) & (v == 0), torch.full_like(codes, 8), codes).contiguous()
     packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
-    return NVFP4Tensor(data=packed.contiguous(), scales=scales.to(torch.float8_e4m3fn),
+    return NVFP4Tensor(data=packed.contiguous(), scales=scales.contiguous().to(torch.float8_e4m3fn),
                        amax=amax.float(), scale=s_enc, shape=tuple(x.shape), dtype=x.dtype,
                        block=block, columnwise=columnwise, rht=rht)
 
