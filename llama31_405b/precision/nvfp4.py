@@ -130,18 +130,33 @@ def global_encode_scale(amax: torch.Tensor) -> torch.Tensor:
     return torch.where((amax == 0) | (s == 0), torch.ones_like(s), s)
 
 
-# exponent-field arithmetic on FP32 bit patterns (int32 views)
-# (0-d tensors: integer Python scalars take a slow, unvectorised path in bitwise ops)
-_EXP_MASK = torch.tensor(0x7F800000, dtype=torch.int32)
-_EXP_OF_1, _EXP_OF_4 = 127 << 23, 129 << 23
+# Exponent-field arithmetic on FP32 bit patterns (int32 views). The constants are 0-d int32
+# tensors: integer ops with Python-scalar operands take a slow, unvectorised path on CPU.
+_EXP_MASK, _EXP_OF_1, _EXP_OF_4, _ONE_EXP = 0x7F800000, 127 << 23, 129 << 23, 1 << 23
 # C = 1.5 * 2^23 * step, built from the clamped exponent of |y| (step = 2^(e-1) for e in 0..2)
 _MAGIC = (22 << 23) + 0x400000
+_CONSTS: dict[torch.device, tuple[torch.Tensor, ...]] = {}
+
+
+def _consts(device: torch.device) -> tuple[torch.Tensor, ...]:
+    c = _CONSTS.get(device)
+    if c is None:
+        c = _CONSTS.setdefault(device, tuple(
+            torch.tensor(v, dtype=torch.int32, device=device)
+            for v in (_EXP_MASK, _EXP_OF_1, _EXP_OF_4, _ONE_EXP, _MAGIC)))
+    return c
+
+
+def _clamped_exponent(a: torch.Tensor) -> torch.Tensor:
+    """Exponent field of |a| clamped to [exp(1.0), exp(4.0)], as int32 bits (new tensor)."""
+    mask, lo, hi, _, _ = _consts(a.device)
+    e = torch.bitwise_and(a.view(torch.int32), mask)
+    return torch.clamp_max_(torch.clamp_min_(e, lo), hi)
 
 
 def _e2m1_step(a: torch.Tensor) -> torch.Tensor:
     """The E2M1 grid step at |a|: 0.5 below 2, 1 on [2, 4), 2 from 4 on (from the exponent bits)."""
-    e = torch.bitwise_and(a.view(torch.int32), _EXP_MASK.to(a.device)).clamp_(_EXP_OF_1, _EXP_OF_4)
-    return e.sub_(1 << 23).view(torch.float32)
+    return _clamped_exponent(a).sub_(_consts(a.device)[3]).view(torch.float32)
 
 
 def round_e2m1_(y: torch.Tensor) -> torch.Tensor:
@@ -152,9 +167,7 @@ def round_e2m1_(y: torch.Tensor) -> torch.Tensor:
     to a multiple of s with IEEE round-to-nearest-even, and subtracting C is exact. The even
     multiple of s is the even mantissa: 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4.
     """
-    c = torch.bitwise_and(y.view(torch.int32), _EXP_MASK.to(y.device))
-    c = c.clamp_(_EXP_OF_1, _EXP_OF_4).add_(_MAGIC)
-    c = c.view(torch.float32)
+    c = _clamped_exponent(y).add_(_consts(y.device)[4]).view(torch.float32)
     return y.add_(c).sub_(c)
 
 
@@ -206,25 +219,27 @@ def _reduce_amax(amax: torch.Tensor, group) -> torch.Tensor:
     return amax
 
 
+def _inner_block_max(a: torch.Tensor) -> torch.Tensor:
+    """Max of every 16 consecutive elements of the last dim of a 2D non-negative tensor
+    (max_pool1d: much faster on CPU than amax over a contiguous dimension of 16)."""
+    return torch.nn.functional.max_pool1d(a.unsqueeze(0), BLOCK, BLOCK).squeeze(0)
+
+
 def _block_amax(x2d: torch.Tensor, block: str, axis: int):
     """Blocked view of x2d and the per-block amax shaped to broadcast over it.
 
     axis 1: blocks of 16 along the last dim; axis 0: along the first dim; 2d: 16x16 tiles.
-    Reductions run over a non-innermost dimension (vectorised across the inner one): much faster
-    on CPU than reducing 16 contiguous elements."""
+    Reductions over the first dim run across a non-innermost dimension (vectorised)."""
     rows, cols = x2d.shape
     if block == "2d":
         xb = x2d.view(rows // BLOCK, BLOCK, cols // BLOCK, BLOCK)
         col_max = x2d.view(rows // BLOCK, BLOCK, cols).abs().amax(1)          # (rb, cols)
-        amax_b = col_max.view(rows // BLOCK, cols // BLOCK, BLOCK).amax(-1)   # (rb, nb)
-        return xb, amax_b[:, None, :, None]
+        return xb, _inner_block_max(col_max)[:, None, :, None]                 # (rb,1,nb,1)
     if axis == 0:
         xb = x2d.view(rows // BLOCK, BLOCK, cols)
         return xb, xb.abs().amax(1, keepdim=True)                            # (rb, 1, cols)
     xb = x2d.view(rows, cols // BLOCK, BLOCK)
-    xt = torch.abs(x2d.t(), out=x2d.new_empty((cols, rows)))                 # (cols, rows) copy
-    amax_b = xt.view(cols // BLOCK, BLOCK, rows).amax(1)                      # (nb, rows)
-    return xb, amax_b.t().unsqueeze(-1)                                       # (rows, nb, 1)
+    return xb, _inner_block_max(x2d.abs()).unsqueeze(-1)                     # (rows, nb, 1)
 
 
 def _quantize_core(x2d: torch.Tensor, *, axis: int, block: str, rht: bool, stochastic: bool,
