@@ -176,12 +176,22 @@ def round_e2m1(a: torch.Tensor) -> torch.Tensor:
     return round_e2m1_(a.float().clone())
 
 
+def random_bytes(n: int, generator: torch.Generator | None, device) -> torch.Tensor:
+    """n uniform random bytes (uint8): full-range int32 draws viewed as bytes (4 per draw)."""
+    words = torch.randint(-2 ** 31, 2 ** 31, ((n + 3) // 4,), generator=generator,
+                          dtype=torch.int32, device=device)
+    return words.view(torch.uint8)[:n]
+
+
 def stochastic_round_e2m1(y: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """Stochastic rounding of FP32 values in [-6, 6] with 8 random bits per element r:
     u = r/256, t = |y| + u*step(|y|), q = min(floor(t/step(t))*step(t), 6), sign of y."""
-    r = torch.randint(0, 256, y.shape, generator=generator, dtype=torch.uint8, device=y.device)
+    r = random_bytes(y.numel(), generator, y.device).view(y.shape)
     a = y.abs()
-    t = r.float().mul_(1.0 / 256.0).mul_(_e2m1_step(a)).add_(a)   # u*step is exact
+    # step(|y|)/256 from the exponent bits (power of two): u*step = r * (step/256), exact
+    _, _, _, one_exp, _ = _consts(y.device)
+    step_256 = _clamped_exponent(a).sub_(one_exp * 9).view(torch.float32)
+    t = r.float().mul_(step_256).add_(a)
     st = _e2m1_step(t)
     q = t.div_(st).floor_().mul_(st).clamp_(max=E2M1_MAX)
     return q.copysign_(y)
