@@ -20,6 +20,7 @@ directly without packing (the fast path used by the NVFP4 linear layer; bit-iden
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Literal
 
@@ -130,6 +131,36 @@ def global_encode_scale(amax: torch.Tensor) -> torch.Tensor:
     return torch.where((amax == 0) | (s == 0), torch.ones_like(s), s)
 
 
+# Per-thread scratch buffers for the full-size temporaries of a quantization (|x|, exponent bits,
+# stochastic-rounding sums). Fresh multi-MB CPU allocations are served by mmap and pay a page
+# fault per 4 KiB on first touch, which costs more than the arithmetic; the returned tensors are
+# always freshly allocated, only temporaries live here.
+_SCRATCH = threading.local()
+_SCRATCH_SLOTS = 12
+
+
+def _scratch(slot: str, like: torch.Tensor | tuple[int, ...], dtype: torch.dtype,
+             device: torch.device | None = None) -> torch.Tensor:
+    """A reusable buffer shaped like `like` (a tensor, or a shape with `device`); `slot` names
+    one temporary of one computation."""
+    shape = tuple(like.shape) if isinstance(like, torch.Tensor) else tuple(like)
+    device = like.device if isinstance(like, torch.Tensor) else device
+    numel = 1
+    for d in shape:
+        numel *= d
+    cache = getattr(_SCRATCH, "bufs", None)
+    if cache is None:
+        cache = _SCRATCH.bufs = {}
+    key = (slot, numel, dtype, device)
+    buf = cache.pop(key, None)
+    if buf is None:
+        buf = torch.empty(numel, dtype=dtype, device=device)
+        while len(cache) >= _SCRATCH_SLOTS:
+            cache.pop(next(iter(cache)))
+    cache[key] = buf                          # most recently used last
+    return buf.view(shape)
+
+
 # Exponent-field arithmetic on FP32 bit patterns (int32 views). The constants are 0-d int32
 # tensors: integer ops with Python-scalar operands take a slow, unvectorised path on CPU.
 _EXP_MASK, _EXP_OF_1, _EXP_OF_4, _ONE_EXP = 0x7F800000, 127 << 23, 129 << 23, 1 << 23
@@ -148,9 +179,9 @@ def _consts(device: torch.device) -> tuple[torch.Tensor, ...]:
 
 
 def _clamped_exponent(a: torch.Tensor) -> torch.Tensor:
-    """Exponent field of |a| clamped to [exp(1.0), exp(4.0)], as int32 bits (new tensor)."""
+    """Exponent field of |a| clamped to [exp(1.0), exp(4.0)], as int32 bits (a scratch buffer)."""
     mask, lo, hi, _, _ = _consts(a.device)
-    e = torch.bitwise_and(a.view(torch.int32), mask)
+    e = torch.bitwise_and(a.view(torch.int32), mask, out=_scratch("exp", a, torch.int32))
     return torch.clamp_max_(torch.clamp_min_(e, lo), hi)
 
 
@@ -177,9 +208,10 @@ def round_e2m1(a: torch.Tensor) -> torch.Tensor:
 
 
 def random_bytes(n: int, generator: torch.Generator | None, device) -> torch.Tensor:
-    """n uniform random bytes (uint8): full-range int32 draws viewed as bytes (4 per draw)."""
-    words = torch.randint(-2 ** 31, 2 ** 31, ((n + 3) // 4,), generator=generator,
-                          dtype=torch.int32, device=device)
+    """n uniform random bytes (uint8): full-range int32 draws viewed as bytes (4 per draw).
+    The result lives in a scratch buffer: consume it before the next call."""
+    words = _scratch("rand", ((n + 3) // 4,), torch.int32, device)
+    torch.randint(-2 ** 31, 2 ** 31, words.shape, generator=generator, out=words)
     return words.view(torch.uint8)[:n]
 
 
@@ -187,14 +219,14 @@ def stochastic_round_e2m1(y: torch.Tensor, generator: torch.Generator | None) ->
     """Stochastic rounding of FP32 values in [-6, 6] with 8 random bits per element r:
     u = r/256, t = |y| + u*step(|y|), q = min(floor(t/step(t))*step(t), 6), sign of y."""
     r = random_bytes(y.numel(), generator, y.device).view(y.shape)
-    a = y.abs()
+    a = torch.abs(y, out=_scratch("abs", y, torch.float32))
     # step(|y|)/256 from the exponent bits (power of two): u*step = r * (step/256), exact
     _, _, _, one_exp, _ = _consts(y.device)
     step_256 = _clamped_exponent(a).sub_(one_exp * 9).view(torch.float32)
-    t = r.float().mul_(step_256).add_(a)
+    t = torch.mul(r, step_256, out=_scratch("sr", y, torch.float32)).add_(a)
     st = _e2m1_step(t)
     q = t.div_(st).floor_().mul_(st).clamp_(max=E2M1_MAX)
-    return q.copysign_(y)
+    return torch.copysign(q, y, out=y)
 
 
 def _magnitude_codes(v: torch.Tensor) -> torch.Tensor:
@@ -243,13 +275,16 @@ def _block_amax(x2d: torch.Tensor, block: str, axis: int):
     rows, cols = x2d.shape
     if block == "2d":
         xb = x2d.view(rows // BLOCK, BLOCK, cols // BLOCK, BLOCK)
-        col_max = x2d.view(rows // BLOCK, BLOCK, cols).abs().amax(1)          # (rb, cols)
+        a = torch.abs(x2d, out=_scratch("abs", x2d, torch.float32))
+        col_max = a.view(rows // BLOCK, BLOCK, cols).amax(1)                  # (rb, cols)
         return xb, _inner_block_max(col_max)[:, None, :, None]                 # (rb,1,nb,1)
     if axis == 0:
         xb = x2d.view(rows // BLOCK, BLOCK, cols)
-        return xb, xb.abs().amax(1, keepdim=True)                            # (rb, 1, cols)
+        a = torch.abs(xb, out=_scratch("abs", xb, torch.float32))
+        return xb, a.amax(1, keepdim=True)                                    # (rb, 1, cols)
     xb = x2d.view(rows, cols // BLOCK, BLOCK)
-    return xb, _inner_block_max(x2d.abs()).unsqueeze(-1)                     # (rows, nb, 1)
+    a = torch.abs(x2d, out=_scratch("abs", x2d, torch.float32))
+    return xb, _inner_block_max(a).unsqueeze(-1)                              # (rows, nb, 1)
 
 
 def _quantize_core(x2d: torch.Tensor, *, axis: int, block: str, rht: bool, stochastic: bool,
