@@ -44,6 +44,11 @@ def emulate_linear(module, recipe: NVFP4Recipe, *, scope: AmaxScope = "te",
     else:
         raise TypeError(f"NVFP4 emulation wraps megatron Column/RowParallelLinear, not "
                         f"{type(module).__name__}")
+    if not callable(getattr(type(module), "_forward_impl", None)):
+        raise RuntimeError(
+            f"NVFP4 emulation hooks {type(module).__name__}._forward_impl (megatron-core 0.19.x); "
+            "the installed megatron-core has no such method: install the pinned version "
+            "(constraints/cpu.txt)")
     if getattr(module, "gtp_remat_size", 1) > 1:
         raise ValueError("NVFP4 emulation does not support gtp_remat_size > 1")
     in_features = module.weight.shape[1] if module.weight is not None else module.input_size
