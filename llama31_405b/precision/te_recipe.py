@@ -32,7 +32,9 @@ class RecipeEnvError(RuntimeError):
 
 
 def transformer_config_kwargs(cfg: Config) -> dict:
-    """megatron-core 0.19.2 TransformerConfig fields for cfg.precision (and its param gathers).
+    """megatron-core 0.19.2 TransformerConfig fields for cfg.precision (and its param gathers):
+    bf16/params_dtype/pipeline_dtype from precision.params, the fp8/fp4 switches and recipes, the
+    BF16 edge layers, FP8 attention.
 
     fp8 uses the "hybrid" format (E4M3 forward, E5M2 gradients) with delayed scaling, or
     per-tensor current scaling ("tensorwise") when BF16 edge layers are configured, since Megatron
@@ -43,9 +45,11 @@ def transformer_config_kwargs(cfg: Config) -> dict:
 
     pr, perf = cfg.precision, cfg.performance
     edges = pr.bf16_layers_at_start > 0 or pr.bf16_layers_at_end > 0
+    dtype = torch.bfloat16 if pr.params == "bf16" else torch.float32
     kw: dict = {
         "bf16": pr.params == "bf16",
-        "params_dtype": torch.bfloat16 if pr.params == "bf16" else torch.float32,
+        "params_dtype": dtype,
+        "pipeline_dtype": dtype,
         "fp8": None,
         "fp4": None,
         "fp8_param": False,
