@@ -1,0 +1,392 @@
+"""NVFP4 quantization in pure PyTorch, with exactly Transformer Engine's arithmetic.
+
+Specification: docs/nvfp4.md (and the TE recipe it summarises). All arithmetic is FP32:
+
+    amax  = max|x|                                   (optionally MAX-all-reduced over a group)
+    S_enc = min(2688 / amax, FLT_MAX); 1 if amax == 0 or S_enc == 0;   S_dec = 1 / S_enc
+    s_b   = e4m3_rne_saturating(amax_b * (S_enc * fl32(1/6)))          one per block
+    enc_b = min(1 / (float(s_b) * S_dec), FLT_MAX)
+    q     = RNE_e2m1(clamp(x * enc_b, -6, 6))     (or stochastic rounding, gradients only)
+    x_hat = e2m1(q) * float(s_b) * S_dec
+
+Blocks are 16 consecutive elements of the last dimension of the quantized layout ("1d"), or
+16x16 tiles ("2d", weights). `columnwise=True` quantizes the transpose of the 2D view, i.e. the
+blocks run along the first dimension (what the Dgrad/Wgrad GEMMs consume). With `rht=True` every
+16-element block is first multiplied by the random Hadamard matrix (diag(s) H16 / 4) and rounded
+to BF16, as TE does for the Wgrad operands.
+
+`quantize` returns the packed representation; `fake_quantize` returns `dequantize(quantize(x))`
+directly without packing (the fast path used by the NVFP4 linear layer; bit-identical).
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+FLT_MAX = torch.finfo(torch.float32).max
+E2M1_MAX = 6.0
+E4M3_MAX = 448.0
+BLOCK = 16
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+# the fixed sign vector of TE's random Hadamard transform (shared by every layer and step)
+RHT_SIGNS = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
+_INV6 = torch.tensor(1.0 / 6.0, dtype=torch.float32)  # fl32(1/6)
+
+BlockKind = Literal["1d", "2d"]
+
+
+@dataclass(frozen=True, slots=True)
+class NVFP4Tensor:
+    """A tensor in NVFP4. `data` holds E2M1 codes of the quantized layout (rows, cols), two per
+    byte, element 2i in the low nibble. The quantized layout is the 2D view of the input
+    (leading dims flattened) or, when `columnwise`, its transpose."""
+
+    data: torch.Tensor
+    """uint8 (rows, cols // 2): packed E2M1 codes."""
+    scales: torch.Tensor
+    """float8_e4m3fn block scales: (rows, cols // 16) for 1d, (ceil(rows / 16), cols // 16) for 2d."""
+    amax: torch.Tensor
+    """FP32 scalar: global amax used for the encode scale (after any group reduction)."""
+    scale: torch.Tensor
+    """FP32 scalar: S_enc, the global encode scale (S_dec = 1 / S_enc)."""
+    shape: tuple[int, ...]
+    """Shape of the original tensor."""
+    dtype: torch.dtype
+    """Dtype of the original tensor (dequantize returns FP32 unless asked otherwise)."""
+    block: BlockKind
+    """1d (1x16) or 2d (16x16) scaling blocks."""
+    columnwise: bool
+    """True when the blocks run along the first dimension of the 2D view (quantized transpose)."""
+    rht: bool
+    """True when the values are in the random-Hadamard-transformed domain."""
+
+    @property
+    def scale_inv(self) -> torch.Tensor:
+        """S_dec = 1 / S_enc (FP32)."""
+        return torch.reciprocal(self.scale)
+
+    @property
+    def layout_shape(self) -> tuple[int, int]:
+        """(rows, cols) of the quantized layout."""
+        return (self.data.shape[0], self.data.shape[1] * 2)
+
+    def codes(self) -> torch.Tensor:
+        """Unpacked E2M1 codes 0..15, uint8 (rows, cols) in the quantized layout."""
+        lo = self.data & 0x0F
+        hi = self.data >> 4
+        return torch.stack((lo, hi), dim=-1).reshape(self.layout_shape)
+
+
+# --------------------------------------------------------------------------------------------
+# building blocks
+# --------------------------------------------------------------------------------------------
+
+def rht_matrix(device: torch.device | str = "cpu") -> torch.Tensor:
+    """The 16x16 random Hadamard matrix M = diag(s) * H16 / 4 (orthogonal, FP32)."""
+    h = torch.ones(1, 1, dtype=torch.float32)
+    while h.shape[0] < BLOCK:
+        h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
+    s = torch.tensor(RHT_SIGNS, dtype=torch.float32)
+    return (s[:, None] * h / 4.0).to(device)
+
+
+_RHT_CACHE: dict[torch.device, torch.Tensor] = {}
+
+
+def _rht(device) -> torch.Tensor:
+    m = _RHT_CACHE.get(device)
+    if m is None:
+        m = _RHT_CACHE.setdefault(device, rht_matrix(device))
+    return m
+
+
+def apply_rht(x2d: torch.Tensor, axis: int = 1) -> torch.Tensor:
+    """x' = x * M on every 16-element chunk along `axis` (1: rows of the last dim, 0: columns
+    of the first dim), rounded to BF16 (returned as FP32)."""
+    m = _rht(x2d.device)
+    rows, cols = x2d.shape
+    if axis == 1:
+        y = torch.matmul(x2d.float().reshape(rows, cols // BLOCK, BLOCK), m)
+    else:   # chunk c (16 x cols): x'^T = (x^T M) -> x' = M^T x
+        y = torch.matmul(m.t(), x2d.float().reshape(rows // BLOCK, BLOCK, cols))
+    return y.to(torch.bfloat16).float().reshape(rows, cols)
+
+
+def undo_rht(x2d: torch.Tensor, axis: int = 1) -> torch.Tensor:
+    """Inverse transform x = x' * M^T per 16-element chunk along `axis` (FP32, no rounding)."""
+    m = _rht(x2d.device)
+    rows, cols = x2d.shape
+    if axis == 1:
+        return torch.matmul(x2d.reshape(rows, cols // BLOCK, BLOCK), m.t()).reshape(rows, cols)
+    return torch.matmul(m, x2d.reshape(rows // BLOCK, BLOCK, cols)).reshape(rows, cols)
+
+
+def global_encode_scale(amax: torch.Tensor) -> torch.Tensor:
+    """S_enc = min(2688 / amax, FLT_MAX), or 1 when amax == 0 or S_enc == 0 (FP32 scalar)."""
+    amax = amax.float()
+    s = torch.clamp(torch.tensor(E4M3_MAX * E2M1_MAX, dtype=torch.float32) / amax, max=FLT_MAX)
+    return torch.where((amax == 0) | (s == 0), torch.ones_like(s), s)
+
+
+# Per-thread scratch buffers for the full-size temporaries of a quantization (|x|, exponent bits,
+# stochastic-rounding sums). Fresh multi-MB CPU allocations are served by mmap and pay a page
+# fault per 4 KiB on first touch, which costs more than the arithmetic; the returned tensors are
+# always freshly allocated, only temporaries live here.
+_SCRATCH = threading.local()
+_SCRATCH_SLOTS = 12
+
+
+def _scratch(slot: str, like: torch.Tensor | tuple[int, ...], dtype: torch.dtype,
+             device: torch.device | None = None) -> torch.Tensor:
+    """A reusable buffer shaped like `like` (a tensor, or a shape with `device`); `slot` names
+    one temporary of one computation."""
+    shape = tuple(like.shape) if isinstance(like, torch.Tensor) else tuple(like)
+    device = like.device if isinstance(like, torch.Tensor) else device
+    numel = 1
+    for d in shape:
+        numel *= d
+    cache = getattr(_SCRATCH, "bufs", None)
+    if cache is None:
+        cache = _SCRATCH.bufs = {}
+    key = (slot, numel, dtype, device)
+    buf = cache.pop(key, None)
+    if buf is None:
+        buf = torch.empty(numel, dtype=dtype, device=device)
+        while len(cache) >= _SCRATCH_SLOTS:
+            cache.pop(next(iter(cache)))
+    cache[key] = buf                          # most recently used last
+    return buf.view(shape)
+
+
+# Exponent-field arithmetic on FP32 bit patterns (int32 views). The constants are 0-d int32
+# tensors: integer ops with Python-scalar operands take a slow, unvectorised path on CPU.
+_EXP_MASK, _EXP_OF_1, _EXP_OF_4, _ONE_EXP = 0x7F800000, 127 << 23, 129 << 23, 1 << 23
+# C = 1.5 * 2^23 * step, built from the clamped exponent of |y| (step = 2^(e-1) for e in 0..2)
+_MAGIC = (22 << 23) + 0x400000
+_CONSTS: dict[torch.device, tuple[torch.Tensor, ...]] = {}
+
+
+def _consts(device: torch.device) -> tuple[torch.Tensor, ...]:
+    c = _CONSTS.get(device)
+    if c is None:
+        c = _CONSTS.setdefault(device, tuple(
+            torch.tensor(v, dtype=torch.int32, device=device)
+            for v in (_EXP_MASK, _EXP_OF_1, _EXP_OF_4, _ONE_EXP, _MAGIC)))
+    return c
+
+
+def _clamped_exponent(a: torch.Tensor) -> torch.Tensor:
+    """Exponent field of |a| clamped to [exp(1.0), exp(4.0)], as int32 bits (a scratch buffer)."""
+    mask, lo, hi, _, _ = _consts(a.device)
+    e = torch.bitwise_and(a.view(torch.int32), mask, out=_scratch("exp", a, torch.int32))
+    return torch.clamp_max_(torch.clamp_min_(e, lo), hi)
+
+
+def _e2m1_step(a: torch.Tensor) -> torch.Tensor:
+    """The E2M1 grid step at |a|: 0.5 below 2, 1 on [2, 4), 2 from 4 on (from the exponent bits)."""
+    return _clamped_exponent(a).sub_(_consts(a.device)[3]).view(torch.float32)
+
+
+def round_e2m1_(y: torch.Tensor) -> torch.Tensor:
+    """In place: round FP32 values in [-6, 6] to the nearest E2M1 value, ties to even.
+
+    The grid step s is 0.5 on [0, 2), 1 on [2, 4) and 2 on [4, 6]. Adding C = 1.5 * 2^23 * s
+    (whose FP32 ulp is exactly s, for every y in [-6, 6]) makes the FP32 addition itself round y
+    to a multiple of s with IEEE round-to-nearest-even, and subtracting C is exact. The even
+    multiple of s is the even mantissa: 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4.
+    """
+    c = _clamped_exponent(y).add_(_consts(y.device)[4]).view(torch.float32)
+    return y.add_(c).sub_(c)
+
+
+def round_e2m1(a: torch.Tensor) -> torch.Tensor:
+    """RNE to E2M1 of FP32 values in [-6, 6] (out of place)."""
+    return round_e2m1_(a.float().clone())
+
+
+def random_bytes(n: int, generator: torch.Generator | None, device) -> torch.Tensor:
+    """n uniform random bytes (uint8): full-range int32 draws viewed as bytes (4 per draw).
+    The result lives in a scratch buffer: consume it before the next call."""
+    words = _scratch("rand", ((n + 3) // 4,), torch.int32, device)
+    torch.randint(-2 ** 31, 2 ** 31, words.shape, generator=generator, out=words)
+    return words.view(torch.uint8)[:n]
+
+
+def stochastic_round_e2m1(y: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Stochastic rounding of FP32 values in [-6, 6] with 8 random bits per element r:
+    u = r/256, t = |y| + u*step(|y|), q = min(floor(t/step(t))*step(t), 6), sign of y."""
+    r = random_bytes(y.numel(), generator, y.device).view(y.shape)
+    a = torch.abs(y, out=_scratch("abs", y, torch.float32))
+    # step(|y|)/256 from the exponent bits (power of two): u*step = r * (step/256), exact
+    _, _, _, one_exp, _ = _consts(y.device)
+    step_256 = _clamped_exponent(a).sub_(one_exp * 9).view(torch.float32)
+    t = torch.mul(r, step_256, out=_scratch("sr", y, torch.float32)).add_(a)
+    st = _e2m1_step(t)
+    q = t.div_(st).floor_().mul_(st).clamp_(max=E2M1_MAX)
+    return torch.copysign(q, y, out=y)
+
+
+def _magnitude_codes(v: torch.Tensor) -> torch.Tensor:
+    """E2M1 magnitude code 0..7 of exactly representable magnitudes v."""
+    # 0,0.5,1,1.5 -> 0..3 (v*2); 2,3 -> 4,5 (v+2); 4,6 -> 6,7 (v/2+4)
+    return torch.where(v < 2.0, v * 2.0, torch.where(v < 4.0, v + 2.0, v * 0.5 + 4.0)).to(torch.uint8)
+
+
+# --------------------------------------------------------------------------------------------
+# the core: blocks, scales and rounded values of a 2D layout
+# --------------------------------------------------------------------------------------------
+
+def _as_2d(x: torch.Tensor) -> torch.Tensor:
+    x2d = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+    return x2d.float().contiguous()
+
+
+def _check_shape(rows: int, cols: int, block: str, rht: bool, columnwise: bool) -> None:
+    if block not in ("1d", "2d"):
+        raise ValueError(f"NVFP4 block must be '1d' or '2d', got {block!r}")
+    blocked = rows if columnwise else cols
+    if blocked % BLOCK or (block == "2d" and cols % BLOCK):
+        raise ValueError(f"NVFP4: the blocked dimension ({blocked}) must be a multiple of {BLOCK}")
+    if rht and block != "1d":
+        raise ValueError("NVFP4: the random Hadamard transform applies to 1d (1x16) blocks only")
+
+
+def _reduce_amax(amax: torch.Tensor, group) -> torch.Tensor:
+    if group is not None and torch.distributed.get_world_size(group) > 1:
+        amax = amax.clone()
+        torch.distributed.all_reduce(amax, op=torch.distributed.ReduceOp.MAX, group=group)
+    return amax
+
+
+def _inner_block_max(a: torch.Tensor) -> torch.Tensor:
+    """Max of every 16 consecutive elements of the last dim of a 2D non-negative tensor
+    (max_pool1d: much faster on CPU than amax over a contiguous dimension of 16)."""
+    return torch.nn.functional.max_pool1d(a.unsqueeze(0), BLOCK, BLOCK).squeeze(0)
+
+
+def _block_amax(x2d: torch.Tensor, block: str, axis: int):
+    """Blocked view of x2d and the per-block amax shaped to broadcast over it.
+
+    axis 1: blocks of 16 along the last dim; axis 0: along the first dim; 2d: 16x16 tiles.
+    Reductions over the first dim run across a non-innermost dimension (vectorised)."""
+    rows, cols = x2d.shape
+    if block == "2d":
+        xb = x2d.view(rows // BLOCK, BLOCK, cols // BLOCK, BLOCK)
+        a = torch.abs(x2d, out=_scratch("abs", x2d, torch.float32))
+        col_max = a.view(rows // BLOCK, BLOCK, cols).amax(1)                  # (rb, cols)
+        return xb, _inner_block_max(col_max)[:, None, :, None]                 # (rb,1,nb,1)
+    if axis == 0:
+        xb = x2d.view(rows // BLOCK, BLOCK, cols)
+        a = torch.abs(xb, out=_scratch("abs", xb, torch.float32))
+        return xb, a.amax(1, keepdim=True)                                    # (rb, 1, cols)
+    xb = x2d.view(rows, cols // BLOCK, BLOCK)
+    a = torch.abs(x2d, out=_scratch("abs", x2d, torch.float32))
+    return xb, _inner_block_max(a).unsqueeze(-1)                              # (rows, nb, 1)
+
+
+def _quantize_core(x2d: torch.Tensor, *, axis: int, block: str, rht: bool, stochastic: bool,
+                   generator: torch.Generator | None, amax_group):
+    """Quantize a contiguous FP32 2D tensor with blocks along `axis`; everything in x2d's layout.
+
+    Returns (x2d after RHT/padding, signed E2M1 values (blocked view), block scales as FP32
+    e4m3 values (broadcastable), amax, S_enc, S_dec)."""
+    if rht:
+        x2d = apply_rht(x2d, axis)
+    rows = x2d.shape[0]
+    if block == "2d" and rows % BLOCK:
+        x2d = torch.nn.functional.pad(x2d, (0, 0, 0, -rows % BLOCK))
+    xb, amax_b = _block_amax(x2d, block, axis)
+    amax = amax_b.amax() if amax_b.numel() else torch.zeros((), device=x2d.device)
+    amax = _reduce_amax(amax, amax_group)
+    s_enc = global_encode_scale(amax)
+    s_dec = torch.reciprocal(s_enc)
+    s_b = torch.clamp(amax_b * (s_enc * _INV6.to(s_enc.device)), max=E4M3_MAX)
+    s_b = s_b.to(torch.float8_e4m3fn).float()
+    enc_b = torch.clamp(torch.reciprocal(s_b * s_dec), max=FLT_MAX)
+    y = torch.mul(xb, enc_b).clamp_(-E2M1_MAX, E2M1_MAX)
+    v = stochastic_round_e2m1(y, generator) if stochastic else round_e2m1_(y)
+    return x2d, v, s_b, amax, s_enc, s_dec
+
+
+def fake_quantize(x: torch.Tensor, *, block: BlockKind = "1d", columnwise: bool = False,
+                  rht: bool = False, stochastic: bool = False,
+                  generator: torch.Generator | None = None, amax_group=None) -> torch.Tensor:
+    """dequantize(quantize(x, ...)) in FP32, without packing; returned in the quantized layout
+    (the 2D view of x, transposed (a view) when columnwise). Bit-identical to the packed round
+    trip. Columnwise blocks are processed in place along the first dimension (no transpose)."""
+    x2d = _as_2d(x)
+    rows, cols = x2d.shape
+    _check_shape(rows, cols, block, rht, columnwise)
+    _, v, s_b, _, _, s_dec = _quantize_core(x2d, axis=0 if columnwise else 1, block=block,
+                                            rht=rht, stochastic=stochastic, generator=generator,
+                                            amax_group=amax_group)
+    out = v.mul_(s_b).mul_(s_dec).view(-1, cols)[:rows]   # (e2m1 * s_b) * S_dec; 1st product exact
+    return out.t() if columnwise else out
+
+
+def quantize(x: torch.Tensor, *, block: BlockKind = "1d", rht: bool = False,
+             stochastic: bool = False, generator: torch.Generator | None = None,
+             columnwise: bool = False, amax_group=None) -> NVFP4Tensor:
+    """Quantize x to NVFP4 with TE's arithmetic.
+
+    block: "1d" (1x16 blocks along the last dim of the layout) or "2d" (16x16 tiles, weights).
+    rht: apply the random Hadamard transform to each 16-element block first (1d only).
+    stochastic: stochastic rounding of the E2M1 values (8 random bits each, from `generator`).
+    columnwise: quantize the transpose of the 2D view (blocks along the first dim).
+    amax_group: process group over which the global amax is MAX-all-reduced (sharded tensors).
+    """
+    x2d = _as_2d(x)
+    rows, cols = x2d.shape
+    _check_shape(rows, cols, block, rht, columnwise)
+    axis = 0 if columnwise else 1
+    xr, v, s_b, amax, s_enc, _ = _quantize_core(x2d, axis=axis, block=block, rht=rht,
+                                                stochastic=stochastic, generator=generator,
+                                                amax_group=amax_group)
+    v = v.reshape(-1, cols)[:rows]
+    xr = xr[:rows]
+    if block == "2d":
+        scales = s_b[:, 0, :, 0]                       # (rows/16, cols/16)
+    elif axis == 0:
+        scales = s_b[:, 0, :]                          # (rows/16, cols)
+    else:
+        scales = s_b[:, :, 0]                          # (rows, cols/16)
+    if columnwise:                                     # to the quantized layout
+        v, xr, scales = v.t(), xr.t(), scales.t()
+    codes = _magnitude_codes(v.abs()) | torch.where(v < 0, 8, 0).to(torch.uint8)
+    # a negative element that rounds to zero keeps its sign: code 8 (-0)
+    codes = torch.where((xr < 0) & (v == 0), torch.full_like(codes, 8), codes).contiguous()
+    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    return NVFP4Tensor(data=packed.contiguous(), scales=scales.contiguous().to(torch.float8_e4m3fn),
+                       amax=amax.float(), scale=s_enc, shape=tuple(x.shape), dtype=x.dtype,
+                       block=block, columnwise=columnwise, rht=rht)
+
+
+_CODE_VALUES = torch.tensor(E2M1_VALUES + tuple(-v for v in E2M1_VALUES), dtype=torch.float32)
+
+
+def dequantize(q: NVFP4Tensor, *, layout: bool = False, undo_rht_transform: bool = False,
+               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """x_hat = e2m1(q) * float(s_b) * S_dec (FP32 arithmetic).
+
+    By default the result has the original shape (a columnwise tensor is transposed back);
+    layout=True returns the quantized layout instead. Values of an RHT tensor stay in the
+    transformed domain unless undo_rht_transform=True (x_hat * M^T per block, FP32).
+    """
+    rows, cols = q.layout_shape
+    vals = _CODE_VALUES.to(q.data.device)[q.codes().long()]
+    s = q.scales.float()
+    if q.block == "2d":
+        s = s.repeat_interleave(BLOCK, dim=0)[:rows].repeat_interleave(BLOCK, dim=1)
+    else:
+        s = s.repeat_interleave(BLOCK, dim=1)
+    out = (vals * s) * torch.reciprocal(q.scale)
+    if q.rht and undo_rht_transform:
+        out = undo_rht(out)
+    if layout:
+        return out.to(dtype)
+    if q.columnwise:
+        out = out.t()
+    return out.reshape(q.shape).to(dtype)
