@@ -44,8 +44,11 @@ def test_config_check_rejects_nvfp4_without_hardware_support():
 
 def test_transformer_config_kwargs():
     # megatron-core refuses fp8_param without fp8 compute: NVFP4 parameters are fp4_param
-    with pytest.raises(RecipeEnvError, match="fp4_param_gather"):
-        transformer_config_kwargs(load_config(GB200, overrides={"performance": {"fp8_param_gather": True}}))
+    fp8_params = {"performance": {"fp8_param_gather": True, "fp4_param_gather": False}}
+    with pytest.raises(ConfigError, match="fp4_param_gather"):     # config check says it first
+        load_config(GB200, overrides=fp8_params)
+    with pytest.raises(RecipeEnvError, match="fp4_param_gather"):  # and the recipe refuses it too
+        transformer_config_kwargs(load_config(GB200, validate=False, overrides=fp8_params))
     perf = {"fp8_param_gather": False, "fp4_param_gather": True}
     cfg = load_config(GB200, overrides={"performance": perf})
     kw = transformer_config_kwargs(cfg)

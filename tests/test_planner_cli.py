@@ -37,7 +37,7 @@ def test_sweep_json_and_table(capsys):
     d = json.loads(out)
     assert d["candidates"] >= d["fitting"] > 0 and len(d["results"]) == 3
     assert all(FIELDS <= set(r) and r["tp"] == 4 for r in d["results"])
-    rc, out, _ = run(capsys, "--racks", "40", "--cp", "2", "--top", "2")
+    rc, out, _ = run(capsys, "--racks", "40", "--cp", "2", "--top", "5")
     assert rc == 0 and "TP4-PP8" in out and "ranked by predicted time-to-train" in out
 
 

@@ -127,8 +127,9 @@ def problems(cfg: Config) -> list[str]:
             f"on an emulated system); {system.name} needs \"te\"")
     if perf.fp4_param_gather and pr.compute != "nvfp4":
         err("performance.fp4_param_gather needs precision.compute = nvfp4")
-    if perf.fp8_param_gather and pr.compute not in ("fp8", "nvfp4"):
-        err("performance.fp8_param_gather needs precision.compute = fp8 or nvfp4")
+    if perf.fp8_param_gather and pr.compute != "fp8":
+        err("performance.fp8_param_gather needs precision.compute = fp8 (Megatron's fp8_param); "
+            "with nvfp4 compute use performance.fp4_param_gather")
     if perf.fp8_param_gather and perf.fp4_param_gather:
         err("performance: choose one of fp8_param_gather and fp4_param_gather")
     if perf.overlap_param_gather and not cfg.optimizer.distributed:
