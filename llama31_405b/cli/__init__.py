@@ -13,6 +13,7 @@ import sys
 COMMANDS = {
     "config": "llama31_405b.cli.config_cmd",
     "demo": "llama31_405b.cli.demo_cmd",
+    "train": "llama31_405b.cli.train_cmd",
 }
 
 
