@@ -24,6 +24,33 @@ def register(sub) -> None:
                    help="the launcher dropped the page cache before this run (logged as cache_clear)")
     p.set_defaults(func=run)
 
+    q = sub.add_parser("train-init", help="make a tiny config's initial checkpoint (short "
+                       "pre-training on data.pretrain_prefix, saved to checkpoint.ckpt_dir/init)")
+    q.add_argument("--config", required=True, help="config TOML with data.pretrain_prefix")
+    q.add_argument("--steps", type=int, default=None, help="pre-training steps")
+    q.add_argument("--force", action="store_true", help="rebuild even if it exists")
+    q.set_defaults(func=run_init)
+
+
+def run_init(args) -> int:
+    from ..config import ConfigError, load_config
+    from ..parallel.setup import teardown_parallel
+    from ..train.checkpoint import checkpoint_exists
+    from ..train.pretrain import PRETRAIN_STEPS, init_checkpoint_path, make_init_checkpoint
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    path = init_checkpoint_path(cfg)
+    if checkpoint_exists(path) and not args.force:
+        print(f"initial checkpoint exists: {path}", file=sys.stderr)
+        return 0
+    make_init_checkpoint(cfg, steps=args.steps or PRETRAIN_STEPS)
+    teardown_parallel()
+    print(f"initial checkpoint written: {path}", file=sys.stderr)
+    return 0
+
 
 def run(args) -> int:
     from ..config import ConfigError, load_config
