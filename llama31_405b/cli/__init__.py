@@ -12,6 +12,7 @@ import sys
 
 COMMANDS = {
     "config": "llama31_405b.cli.config_cmd",
+    "data": "llama31_405b.cli.data_cmd",
     "demo": "llama31_405b.cli.demo_cmd",
     "train": "llama31_405b.cli.train_cmd",
 }
