@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-PRETRAIN_STEPS = 300
+PRETRAIN_STEPS = 120
 PRETRAIN_LR = 3e-3
 PRETRAIN_WARMUP = 30
 PRETRAIN_SEED = 1000
