@@ -55,9 +55,12 @@ def transformer_config(cfg: Config):
         context_parallel_size=p.cp, sequence_parallel=p.sequence_parallel,
         account_for_embedding_in_pipeline_split=perf.account_for_embedding_in_pipeline_split,
         account_for_loss_in_pipeline_split=perf.account_for_loss_in_pipeline_split,
-        # interleaved 1F1B: overlap the pipeline sends/receives with compute (GPU)
-        overlap_p2p_comm=gpu and p.vp > 1, batch_p2p_comm=not (gpu and p.vp > 1),
-        deallocate_pipeline_outputs=True,
+        # interleaved 1F1B on GPU: overlap the pipeline sends/receives with compute. On gloo,
+        # batched p2p mismatches messages when both pipeline neighbours are the same rank (PP2
+        # interleaved sends activations and gradients to one peer in one batch): use Megatron's
+        # ordered individual sends/receives there.
+        overlap_p2p_comm=gpu and p.vp > 1, batch_p2p_comm=gpu and p.vp == 1,
+        deallocate_pipeline_outputs=gpu,
         # --- numerics ---
         params_dtype=params_dtype, pipeline_dtype=params_dtype, bf16=pr.params == "bf16",
         # loss = sum over tokens / tokens of the whole global batch, whatever the layout
