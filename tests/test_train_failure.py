@@ -122,7 +122,7 @@ def test_killed_rank_aborts_within_60s(tiny_env, tmp_path):
     p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
                           f"--master_port={_free_port()}", "--master_addr=127.0.0.1",
                           "-m", "llama31_405b", "train", "--config", str(cfg), "--seed", "4",
-                          "--log", str(log), "--timeout-s", "30"],
+                          "--mlperf-log", str(log), "--timeout-s", "30"],
                          cwd=REPO, env=py_env(), stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL)
     try:

@@ -15,7 +15,9 @@ def register(sub) -> None:
     p.add_argument("--config", required=True, help="config TOML (configs/...)")
     p.add_argument("--seed", type=int, default=None,
                    help="run seed (default: the config's run.seed_base)")
-    p.add_argument("--log", default=None, help="append the MLPerf log to this file (rank 0)")
+    p.add_argument("--log", "--mlperf-log", dest="log", default=None,
+                   help="append the MLPerf log to this file (rank 0). Under torchrun write "
+                   "--mlperf-log: torchrun's own parser rejects --log as an ambiguous prefix")
     p.add_argument("--init-checkpoint", default=None,
                    help="override checkpoint.ckpt_dir/checkpoint.init")
     p.add_argument("--timeout-s", type=float, default=600.0,
