@@ -3,7 +3,8 @@
 Nothing is logged when the hook is constructed. The header comes from
 `llama31_405b.mlperf.header.header_events` (the same events the compliance precheck checks).
 Block and eval events follow the published llama31_405b logs: block_start/stop carry the block's
-sample count and the step, eval events and eval_accuracy the cumulative training samples.
+sample count and the step, eval events and eval_accuracy the cumulative training samples, and
+every step logs `tracked_stats` (step time, loss, LR, gradient norm).
 """
 from __future__ import annotations
 
@@ -75,6 +76,13 @@ class MLPerfLogHook(Hook):
 
     def on_block_start(self, run, step, block_samples):
         self.start("block_start", metadata={"samples_count": block_samples, "step": step})
+
+    def on_step_end(self, run, stats):
+        # per-step statistics, as the published logs carry them (the report plots step time)
+        self.event("tracked_stats", {"train_step_time": round(stats.step_time_s, 6),
+                                     "train_loss": round(stats.loss, 6), "lr": stats.lr,
+                                     "grad_norm": round(stats.grad_norm, 6)},
+                   metadata={"samples_count": stats.samples, "step": stats.step})
 
     def on_block_stop(self, run, step, block_samples):
         self.end("block_stop", metadata={"samples_count": block_samples, "step": step})
