@@ -24,6 +24,7 @@ def register(sub) -> None:
                    help="collective timeout: a dead peer ends the run after this long at most")
     p.add_argument("--cache-cleared", action="store_true",
                    help="the launcher dropped the page cache before this run (logged as cache_clear)")
+    _add_set_option(p)
     p.set_defaults(func=run)
 
     q = sub.add_parser("train-init", help="make a tiny config's initial checkpoint (short "
@@ -31,16 +32,36 @@ def register(sub) -> None:
     q.add_argument("--config", required=True, help="config TOML with data.pretrain_prefix")
     q.add_argument("--steps", type=int, default=None, help="pre-training steps")
     q.add_argument("--force", action="store_true", help="rebuild even if it exists")
+    _add_set_option(q)
     q.set_defaults(func=run_init)
 
 
+def _add_set_option(p) -> None:
+    """`--set SECTION.KEY=VALUE` config overrides (the shared option of cli/options.py, which
+    run_and_time.sh uses for the data and checkpoint paths), when that module is present."""
+    try:
+        from .options import add_set_option
+    except ImportError:
+        return
+    add_set_option(p)
+
+
+def _load(args):
+    sets = getattr(args, "set", None)
+    if sets:
+        from .options import load_with_sets
+        return load_with_sets(args.config, sets)
+    from ..config import load_config
+    return load_config(args.config)
+
+
 def run_init(args) -> int:
-    from ..config import ConfigError, load_config
+    from ..config import ConfigError
     from ..parallel.setup import teardown_parallel
     from ..train.checkpoint import checkpoint_exists
     from ..train.pretrain import PRETRAIN_STEPS, init_checkpoint_path, make_init_checkpoint
     try:
-        cfg = load_config(args.config)
+        cfg = _load(args)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -55,9 +76,9 @@ def run_init(args) -> int:
 
 
 def run(args) -> int:
-    from ..config import ConfigError, load_config
+    from ..config import ConfigError
     try:
-        cfg = load_config(args.config)
+        cfg = _load(args)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

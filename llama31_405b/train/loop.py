@@ -92,12 +92,17 @@ class Run:
             self._warmup(cfg.run.warmup_iters)
 
     def _check_placement(self):
-        """Placement check (branch launch): every TP/CP/PP group inside one rack. Runs right
-        after process-group setup, before the model is built or a checkpoint is read."""
-        try:
-            from ..parallel.placement import check_placement
-        except ImportError:
-            return  # the placement module is not part of this build
+        """THE placement call site: every TP/CP/PP group inside one rack, checked right after
+        process-group setup, before the model is built or a checkpoint is read
+        (llama31_405b.parallel.placement, branch launch; raises PlacementError)."""
+        import importlib.util
+        import sys
+        if importlib.util.find_spec("llama31_405b.parallel.placement") is None:
+            if self.info.is_rank0:
+                print("[train] WARNING: llama31_405b.parallel.placement is missing from this "
+                      "build; rack placement NOT checked", file=sys.stderr, flush=True)
+            return
+        from ..parallel.placement import check_placement
         check_placement(self.cfg, self.info.dist_env)
 
     def _build_datasets(self):
