@@ -118,8 +118,7 @@ def run_project(cfg, seed, datasets):
     clock = Clock()
     run = Run(cfg, seed=seed, hooks=[clock], datasets=datasets)
     status = run.execute()
-    sd = {k: v.detach().clone() for k, v in run.model[0].module.state_dict().items()}
-    return clock.t1 - clock.t0, run.state, status, sd
+    return clock.t1 - clock.t0, run.state, status
 
 
 def run_plain(cfg, seed, datasets, init_sd):
@@ -197,7 +196,7 @@ def main() -> int:
                if not k.endswith("_extra_state")}
     del chunks
     print(f"threads: {torch.get_num_threads()}; config {args.config}; seed {args.seed}", flush=True)
-    t_proj, st, status, _ = run_project(cfg, args.seed, datasets)
+    t_proj, st, status = run_project(cfg, args.seed, datasets)
     print(f"project (megatron-core): {t_proj:7.1f} s to target, {st.step} steps, status {status}, "
           f"evals {[(s, round(v, 4)) for s, _, v in st.evals]}", flush=True)
     t_plain, steps, evals = run_plain(cfg, args.seed, datasets, init_sd)

@@ -73,3 +73,12 @@ def test_layout_matches_single_process(name, reference, tiny_env, tmp_path):
     assert got["dp_identical"], "data-parallel replicas diverged"
     # the run really learned something in 6 steps from the checkpoint
     assert reference["evals"][-1][1] < reference["eval0"]
+
+
+def test_warmup_iterations_leave_the_run_unchanged(reference, tiny_env, tmp_path):
+    """run.warmup_iters (before run_start) must not move weights, optimizer state, RNG or data."""
+    over = _merge(COMMON, {"batch": {"minibs": 8, "micro_batch_size": 2},
+                           "run": {"warmup_iters": 2}})
+    got = run_worker(tiny_env["config"], over, tmp_path / "w.json", 1)
+    assert got["losses"] == reference["losses"]
+    assert got["evals"] == reference["evals"]

@@ -46,7 +46,8 @@ def run_schedule(model_chunks, microbatches: list[dict], *, seq_length: int, mbs
         forward_step_func=forward_step,
         data_iterator=iters if len(model_chunks) > 1 else iters[0],
         model=model_chunks if len(model_chunks) > 1 else model_chunks[0],
-        num_microbatches=len(mbs_dev), seq_length=seq_length // cp, micro_batch_size=mbs,
+        # full sequence length: Megatron divides by CP (and by TP with SP) for the p2p shapes
+        num_microbatches=len(mbs_dev), seq_length=seq_length, micro_batch_size=mbs,
         forward_only=forward_only)
     total = torch.zeros(2, dtype=torch.float64)
     for item in out or []:
