@@ -67,6 +67,12 @@ class Run:
 
     # -- init -----------------------------------------------------------------------------------
     def _init(self):
+        gpu_quant = torch.cuda.is_available() and self.cfg.precision.compute in ("fp8", "nvfp4")
+        if gpu_quant:
+            # TE reads the NVFP4 recipe knobs from the environment when it is imported (and
+            # megatron.core imports it): check them before the first megatron import
+            from ..precision.te_recipe import require_te_env
+            require_te_env(self.cfg)
         from ..model.builder import build_model, optimizer_config, wrap_for_training
         from ..parallel.setup import seed_model_parallel, setup_parallel
         from megatron.core import parallel_state as ps
@@ -76,6 +82,9 @@ class Run:
         self._check_placement()
         seed_model_parallel(self.seed)
         chunks = build_model(cfg)
+        if gpu_quant:
+            from ..precision.te_recipe import verify_te_recipe
+            verify_te_recipe(cfg)
         ckpt = self.init_checkpoint
         if ckpt is None:
             from pathlib import Path
