@@ -12,7 +12,8 @@ import pytest
 
 from conftest import REPO, py_env
 
-pytestmark = pytest.mark.slow
+# one xdist worker for the module (with --dist loadgroup): the reference run is made once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("train_parallel")]
 WORKER = Path(__file__).parent / "helpers" / "train_worker.py"
 COMMON = {"run": {"division": "open", "max_steps": 6},
           "eval": {"first_step": 3, "interval_steps": 3, "samples": 63, "target": 1.0},

@@ -64,7 +64,14 @@ def setup_parallel(cfg: Config, dist_env: DistEnv | None = None, *,
     backend = "nccl" if gpu else "gloo"
     if gpu:
         torch.cuda.set_device(de.local_rank)
-    init_process_group(de, backend=backend, timeout_s=timeout_s)
+    if de.launcher == "single" and not dist.is_initialized():
+        # one process: an in-memory store instead of a TCP port, so concurrent single-process
+        # runs (tests, the tiny benchmark next to other jobs) never collide on MASTER_PORT
+        from datetime import timedelta
+        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=timedelta(seconds=timeout_s))
+    else:
+        init_process_group(de, backend=backend, timeout_s=timeout_s)
     if not ps.model_parallel_is_initialized():
         ps.initialize_model_parallel(**megatron_parallel_kwargs(cfg),
                                      distributed_timeout_minutes=max(1, int(timeout_s // 60)))
