@@ -19,6 +19,7 @@ COMMANDS = {
     "report": "llama31_405b.cli.report_cmd",
     "plan": "llama31_405b.cli.plan_cmd",
     "launch": "llama31_405b.cli.launch_cmd",
+    "train": "llama31_405b.cli.train_cmd",
 }
 
 

@@ -1,0 +1,211 @@
+"""Time-to-target of the tiny benchmark: the project's Megatron-core run vs a plain PyTorch Llama
+loop written for the comparison, on the same machine, in the same process, one after the other.
+
+Both start from the tiny initial checkpoint (the plain model takes Megatron's weights), read the
+same samples in the same order (GBS 8 as MiniBS/MBS microbatches), use AdamW with the rules'
+hyperparameters, the same LR schedule, gradient clipping 1.0, and evaluate the same 64
+validation sequences at the rules' steps until the 5.6 target. Printed: each time-to-target,
+steps, and the ratio project / plain (lower is better; 1.0 = no framework overhead).
+
+usage: python bench/tiny_train.py [--config configs/tiny_cpu.toml] [--seed 1]
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+# ----------------------------------------------------------------------------- plain PyTorch Llama
+class RMSNorm(torch.nn.Module):
+    def __init__(self, h, eps):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(h))
+        self.eps = eps
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rotate(x, cos, sin):
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class Block(torch.nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.nq, self.nkv, self.d = m.num_attention_heads, m.num_query_groups, m.kv_channels
+        h = m.hidden_size
+        self.ln1, self.ln2 = RMSNorm(h, m.norm_epsilon), RMSNorm(h, m.norm_epsilon)
+        # fused QKV in Megatron's grouped layout: per KV group [q heads..., k, v]
+        self.qkv = torch.nn.Linear(h, (self.nq + 2 * self.nkv) * self.d, bias=False)
+        self.proj = torch.nn.Linear(self.nq * self.d, h, bias=False)
+        self.fc1 = torch.nn.Linear(h, 2 * m.ffn_hidden_size, bias=False)   # [gate; up]
+        self.fc2 = torch.nn.Linear(m.ffn_hidden_size, h, bias=False)
+
+    def forward(self, x, cos, sin):
+        b, s, _ = x.shape
+        per = self.nq // self.nkv
+        qkv = self.qkv(self.ln1(x)).view(b, s, self.nkv, per + 2, self.d)
+        q = qkv[:, :, :, :per].reshape(b, s, self.nq, self.d).transpose(1, 2)
+        k = qkv[:, :, :, per].transpose(1, 2)
+        v = qkv[:, :, :, per + 1].transpose(1, 2)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        k = k.repeat_interleave(per, dim=1)
+        v = v.repeat_interleave(per, dim=1)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, s, self.nq * self.d))
+        g, u = self.fc1(self.ln2(x)).chunk(2, dim=-1)
+        return x + self.fc2(F.silu(g) * u)
+
+
+class PlainLlama(torch.nn.Module):
+    def __init__(self, m, vocab, inv_freq):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, m.hidden_size)
+        self.blocks = torch.nn.ModuleList(Block(m) for _ in range(m.num_layers))
+        self.norm = RMSNorm(m.hidden_size, m.norm_epsilon)
+        self.out = torch.nn.Linear(m.hidden_size, vocab, bias=False)
+        freqs = torch.outer(torch.arange(m.seq_length, dtype=torch.float32), inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos()[None, None], persistent=False)
+        self.register_buffer("sin", emb.sin()[None, None], persistent=False)
+
+    def forward(self, tokens, labels):
+        x = self.emb(tokens)
+        for blk in self.blocks:
+            x = blk(x, self.cos, self.sin)
+        logits = self.out(self.norm(x)).float()
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), labels.reshape(-1),
+                               reduction="none").view(labels.shape)
+
+    def load_megatron(self, sd):
+        """Copy a Megatron local-spec GPTModel state dict (same layout, other names)."""
+        own = {"emb.weight": "embedding.word_embeddings.weight", "norm.weight":
+               "decoder.final_layernorm.weight", "out.weight": "output_layer.weight"}
+        for i in range(len(self.blocks)):
+            p = f"decoder.layers.{i}."
+            own.update({f"blocks.{i}.ln1.weight": p + "input_layernorm.weight",
+                        f"blocks.{i}.ln2.weight": p + "pre_mlp_layernorm.weight",
+                        f"blocks.{i}.qkv.weight": p + "self_attention.linear_qkv.weight",
+                        f"blocks.{i}.proj.weight": p + "self_attention.linear_proj.weight",
+                        f"blocks.{i}.fc1.weight": p + "mlp.linear_fc1.weight",
+                        f"blocks.{i}.fc2.weight": p + "mlp.linear_fc2.weight"})
+        self.load_state_dict({k: sd[v].clone() for k, v in own.items()}, strict=True)
+
+
+# ----------------------------------------------------------------------------------- the two runs
+def run_project(cfg, seed, datasets):
+    from llama31_405b.train.hooks import Hook
+    from llama31_405b.train.loop import Run
+
+    class Clock(Hook):
+        def on_run_start(self, run):
+            self.t0 = time.perf_counter()
+
+        def on_run_stop(self, run, status, reason):
+            self.t1 = time.perf_counter()
+
+    clock = Clock()
+    run = Run(cfg, seed=seed, hooks=[clock], datasets=datasets)
+    status = run.execute()
+    return clock.t1 - clock.t0, run.state, status
+
+
+def run_plain(cfg, seed, datasets, init_sd):
+    from llama31_405b.model.rope import llama31_inv_freq
+    from llama31_405b.train.batches import eval_microbatches, train_microbatches
+    from llama31_405b.train.schedule import LRSchedule
+    d = cfg.derived
+    torch.manual_seed(seed)
+    model = PlainLlama(cfg.model, d.padded_vocab_size, llama31_inv_freq(cfg.model))
+    model.load_megatron(init_sd)
+    decay = [p for n, p in model.named_parameters() if p.dim() > 1]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() == 1]
+    opt = torch.optim.AdamW([{"params": decay, "wd_mult": 1.0}, {"params": no_decay, "wd_mult": 0.0}],
+                            lr=d.lr, betas=(d.adam_beta1, d.adam_beta2), eps=d.adam_eps)
+    sched = LRSchedule.from_config(cfg)
+    train_ds, valid_ds = datasets
+    mbs = cfg.batch.micro_batch_size
+    valid = eval_microbatches(valid_ds, shard=range(d.eval_samples),
+                              mbs=cfg.batch.eval_micro_batch_size or mbs)
+    t0 = time.perf_counter()
+    step, value, evals = 0, math.inf, []
+    while step < d.max_steps:
+        opt.zero_grad(set_to_none=True)
+        batches = train_microbatches(train_ds, step=step, gbs=d.gbs, minibs=cfg.batch.minibs,
+                                     mbs=mbs, dp_rank=0)
+        ntok = sum(float(b["loss_mask"].sum()) for b in batches)
+        for b in batches:
+            loss = (model(b["tokens"], b["labels"]) * b["loss_mask"]).sum() / ntok
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), d.clip_grad)
+        sched.apply(opt, step)
+        opt.step()
+        step += 1
+        if step >= d.first_eval_step and (step - d.first_eval_step) % d.eval_interval_steps == 0:
+            model.eval()
+            with torch.no_grad():
+                tot = sum(float((model(b["tokens"], b["labels"]) * b["loss_mask"]).sum())
+                          for b in valid)
+                value = tot / sum(float(b["loss_mask"].sum()) for b in valid)
+            model.train()
+            evals.append((step, value))
+            if value <= d.target:
+                break
+    return time.perf_counter() - t0, step, evals
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--config", default=str(REPO / "configs" / "tiny_cpu.toml"))
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    from llama31_405b.config import load_config
+    from llama31_405b.data.datasets import build_datasets
+    from llama31_405b.data.tiny import ensure_tiny_data
+    from llama31_405b.train.checkpoint import checkpoint_exists
+    from llama31_405b.train.pretrain import init_checkpoint_path
+    import os
+    os.chdir(REPO)
+    cfg = load_config(args.config)
+    ensure_tiny_data(cfg.data.data_dir)
+    if not checkpoint_exists(init_checkpoint_path(cfg)):
+        print("no initial checkpoint: run `python -m llama31_405b train-init --config "
+              f"{args.config}` (or make demo) first", file=sys.stderr)
+        return 2
+    d = cfg.derived
+    from llama31_405b.parallel.setup import setup_parallel
+    setup_parallel(cfg)
+    datasets = build_datasets(cfg, seed=args.seed, train_samples=d.max_steps * d.gbs)
+    # the initial weights, as Megatron loads them (before training changes them)
+    from llama31_405b.model.builder import build_model
+    from llama31_405b.train.checkpoint import load_model_checkpoint
+    chunks = build_model(cfg)
+    load_model_checkpoint(chunks, init_checkpoint_path(cfg), cfg)
+    init_sd = {k: v.detach().clone() for k, v in chunks[0].state_dict().items()
+               if not k.endswith("_extra_state")}
+    del chunks
+    print(f"threads: {torch.get_num_threads()}; config {args.config}; seed {args.seed}", flush=True)
+    t_proj, st, status = run_project(cfg, args.seed, datasets)
+    print(f"project (megatron-core): {t_proj:7.1f} s to target, {st.step} steps, status {status}, "
+          f"evals {[(s, round(v, 4)) for s, _, v in st.evals]}", flush=True)
+    t_plain, steps, evals = run_plain(cfg, args.seed, datasets, init_sd)
+    print(f"plain PyTorch loop:      {t_plain:7.1f} s to target, {steps} steps, "
+          f"evals {[(s, round(v, 4)) for s, v in evals]}", flush=True)
+    print(f"time-to-target ratio project/plain = {t_proj / t_plain:.2f} "
+          f"(per step: {t_proj / st.step / (t_plain / steps):.2f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

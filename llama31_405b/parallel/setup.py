@@ -1,0 +1,109 @@
+"""Process groups for a run: torch.distributed (NCCL on GPU, gloo on CPU) and Megatron's
+parallel_state with DP outermost ("tp-cp-ep-pp-dp"), then the model-parallel RNG seeds.
+
+Call order in train: setup_parallel -> placement check -> model build -> checkpoint load.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config.schema import Config
+from .distributed import DistEnv, dist_env_from_environ, init_process_group
+
+
+class ParallelSetupError(RuntimeError):
+    """The job's world does not match the config's layout."""
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelInfo:
+    dist_env: DistEnv
+    backend: str
+    tp_rank: int
+    pp_rank: int
+    cp_rank: int
+    dp_rank: int
+    dp_size: int
+
+    @property
+    def is_rank0(self) -> bool:
+        return self.dist_env.rank == 0
+
+
+def megatron_parallel_kwargs(cfg: Config) -> dict:
+    """Arguments of megatron's initialize_model_parallel for cfg.parallel.
+
+    Llama is dense, but Megatron still builds expert groups and asserts, for orders that do not
+    end in "pp", that the expert DP size equals the DP size. Expert DP is world/(ETP x EP x PP),
+    which counts the CP ranks; an expert TP of TP x CP keeps it equal to DP (and the expert
+    pipeline groups equal to the dense ones). No expert layer exists, so nothing runs on them."""
+    p = cfg.parallel
+    return dict(tensor_model_parallel_size=p.tp, pipeline_model_parallel_size=p.pp,
+                virtual_pipeline_model_parallel_size=p.vp if p.vp > 1 else None,
+                context_parallel_size=p.cp, expert_model_parallel_size=1,
+                expert_tensor_parallel_size=p.tp * p.cp, order=p.order)
+
+
+def setup_parallel(cfg: Config, dist_env: DistEnv | None = None, *,
+                   timeout_s: float = 600.0) -> ParallelInfo:
+    """Start torch.distributed for this process and Megatron's groups for cfg.parallel."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    from .. import cpu_compat
+    cpu_compat.apply()
+    de = dist_env or dist_env_from_environ()
+    d = cfg.derived
+    if de.world_size != d.world_size:
+        raise ParallelSetupError(
+            f"{cfg.source}: the config needs {d.world_size} ranks (TP{cfg.parallel.tp} x "
+            f"PP{cfg.parallel.pp} x CP{cfg.parallel.cp} x DP{d.dp}) but the job has "
+            f"{de.world_size} ({de.launcher}); fix the task count or system.racks/gpus_per_rack")
+    gpu = torch.cuda.is_available()
+    backend = "nccl" if gpu else "gloo"
+    if gpu:
+        torch.cuda.set_device(de.local_rank)
+    if de.launcher == "single" and not dist.is_initialized():
+        # one process: an in-memory store instead of a TCP port, so concurrent single-process
+        # runs (tests, the tiny benchmark next to other jobs) never collide on MASTER_PORT
+        from datetime import timedelta
+        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=timedelta(seconds=timeout_s))
+    else:
+        init_process_group(de, backend=backend, timeout_s=timeout_s)
+    if not ps.model_parallel_is_initialized():
+        ps.initialize_model_parallel(**megatron_parallel_kwargs(cfg),
+                                     distributed_timeout_minutes=max(1, int(timeout_s // 60)))
+    info = ParallelInfo(dist_env=de, backend=backend,
+                        tp_rank=ps.get_tensor_model_parallel_rank(),
+                        pp_rank=ps.get_pipeline_model_parallel_rank(),
+                        cp_rank=ps.get_context_parallel_rank(),
+                        dp_rank=ps.get_data_parallel_rank(),
+                        dp_size=ps.get_data_parallel_world_size())
+    if info.dp_size != d.dp:
+        raise ParallelSetupError(f"Megatron built DP={info.dp_size}, the config expects {d.dp}")
+    return info
+
+
+def seed_model_parallel(seed: int) -> None:
+    """Seed torch and Megatron's model-parallel RNG tracker (same weights across DP, distinct
+    dropout streams across TP)."""
+    import random
+
+    import numpy as np
+    import torch
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    model_parallel_cuda_manual_seed(seed)
+
+
+def teardown_parallel() -> None:
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
