@@ -1,0 +1,111 @@
+"""What megatron-core needs to run on a machine without CUDA (tiny runs, tests), in one place.
+
+`apply()` is called before megatron-core is used. It does nothing when CUDA is available: on GPUs
+Megatron runs unpatched. On CPU it redirects Megatron's unconditional CUDA calls to the CPU. Each
+patch says why it is needed (megatron-core 0.19.2). Idempotent.
+"""
+from __future__ import annotations
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+_applied = False
+
+
+class _NoStream:
+    """Stand-in for a CUDA stream/event: everything on CPU is already in program order."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def wait_event(self, *args, **kwargs):
+        pass
+
+    def wait_stream(self, *args, **kwargs):
+        pass
+
+    def record_event(self, *args, **kwargs):
+        return _NoStream()
+
+    def record(self, *args, **kwargs):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def query(self):
+        return True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _is_cuda(device) -> bool:
+    return device is not None and str(device).startswith("cuda")
+
+
+class _CudaToCpu(TorchFunctionMode):
+    """Rewrites CUDA placements to the CPU for every torch call.
+
+    Megatron's schedules, DDP buffers, distributed optimizer and grad clipping create tensors
+    with device="cuda", call `.cuda()`/`.to("cuda")`, pin memory, and assert
+    `tensor.type() == "torch.cuda.FloatTensor"`; a function mode catches all of them without
+    touching Megatron's source."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.cuda or func is torch.Tensor.pin_memory:
+            return args[0]  # already in host memory
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            # the optimizer asserts CUDA tensor type names; report the CUDA name of the CPU type
+            return func(*args).replace("torch.", "torch.cuda.", 1)
+        if kwargs.get("pin_memory"):
+            kwargs["pin_memory"] = False  # pinning needs a CUDA driver
+        if _is_cuda(kwargs.get("device")):
+            kwargs["device"] = "cpu"
+        if func is torch.Tensor.to and len(args) > 1 and _is_cuda(args[1]):
+            args = (args[0], "cpu", *args[2:])
+        return func(*args, **kwargs)
+
+
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def apply() -> bool:
+    """Patch torch for megatron-core on CPU. Returns True when patches are active."""
+    global _applied
+    if torch.cuda.is_available():
+        return False
+    if _applied:
+        return True
+    cuda = torch.cuda
+    # ~200 call sites use torch.cuda.current_device() as a device argument.
+    cuda.current_device = lambda: "cpu"
+    # parallel_state, DDP and the schedules synchronize unconditionally.
+    cuda.synchronize = lambda *a, **k: None
+    # DDP/param buffers wait on the current stream and create a communication stream (0.19).
+    cuda.current_stream = lambda *a, **k: _NoStream()
+    cuda.default_stream = lambda *a, **k: _NoStream()
+    cuda.Stream = _NoStream
+    cuda.Event = _NoStream
+    cuda.stream = lambda *a, **k: _NoStream()
+    # The tensor-parallel RNG tracker saves/restores CUDA generator states: back it with the
+    # CPU generator, so dropout inside TP regions stays seeded and reproducible.
+    cuda.get_rng_state = lambda *a, **k: torch.get_rng_state()
+    cuda.random.get_rng_state = cuda.get_rng_state
+    cuda.manual_seed = lambda seed: torch.manual_seed(seed)
+    import megatron.core.tensor_parallel.random as mrandom
+    mrandom._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
+    mrandom._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
+    # Memory statistics are queried for logging; a CPU run has no device memory to report.
+    cuda.max_memory_allocated = lambda *a, **k: 0
+    cuda.memory_allocated = lambda *a, **k: 0
+    # Redirect device="cuda" literals and .cuda() calls (see _CudaToCpu). Stays active for the
+    # lifetime of the process, like the patches above.
+    _CudaToCpu().__enter__()
+    _applied = True
+    return True

@@ -1,0 +1,1 @@
+"""Megatron-core Llama 3.1: config mapping, model chunks, RoPE frequencies."""

@@ -1,0 +1,195 @@
+"""Config -> Megatron-core Llama 3.1: TransformerConfig, layer spec, model chunks, DDP and
+optimizer configs. This module is the one place where the config's model, parallel, precision
+and performance sections become Megatron settings.
+
+Llama 3.1 in Megatron terms: RMSNorm (eps 1e-5), SwiGLU MLP (gated linear unit with SiLU), GQA,
+no biases, untied input embedding and output layer, RoPE with base 500000 and the Llama 3.1
+frequency scaling (computed here from cfg.model, see `rope.py`), no dropout.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..config.schema import Config
+from .rope import llama31_inv_freq
+
+_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def _on_gpu() -> bool:
+    return torch.cuda.is_available()
+
+
+def _recompute_kwargs(mode: str) -> dict:
+    if mode == "selective":   # recompute the attention core (softmax(QK^T)V): cheap, big savings
+        return {"recompute_granularity": "selective", "recompute_modules": ["core_attn"]}
+    if mode == "full":        # recompute every transformer layer from its input
+        return {"recompute_granularity": "full", "recompute_method": "uniform",
+                "recompute_num_layers": 1}
+    return {}
+
+
+_CUDA_GRAPH_IMPL = {"none": "none", "layers": "transformer_engine",
+                    "full_iteration": "full_iteration"}
+
+
+def transformer_config(cfg: Config):
+    """The Megatron TransformerConfig of `cfg` (model shape, layout, precision, performance)."""
+    from megatron.core.transformer import TransformerConfig
+
+    m, p, pr, perf = cfg.model, cfg.parallel, cfg.precision, cfg.performance
+    gpu = _on_gpu()
+    params_dtype = _DTYPE[pr.params]
+    kw: dict = dict(
+        # --- model shape: Llama 3.1 ---
+        num_layers=m.num_layers, hidden_size=m.hidden_size, ffn_hidden_size=m.ffn_hidden_size,
+        num_attention_heads=m.num_attention_heads, num_query_groups=m.num_query_groups,
+        kv_channels=m.kv_channels, normalization="RMSNorm", layernorm_epsilon=m.norm_epsilon,
+        gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False,
+        add_qkv_bias=False, hidden_dropout=0.0, attention_dropout=0.0,
+        init_method_std=m.init_method_std,
+        # --- layout ---
+        tensor_model_parallel_size=p.tp, pipeline_model_parallel_size=p.pp,
+        virtual_pipeline_model_parallel_size=p.vp if p.vp > 1 else None,
+        context_parallel_size=p.cp, sequence_parallel=p.sequence_parallel,
+        account_for_embedding_in_pipeline_split=perf.account_for_embedding_in_pipeline_split,
+        account_for_loss_in_pipeline_split=perf.account_for_loss_in_pipeline_split,
+        # interleaved 1F1B: overlap the pipeline sends/receives with compute (GPU)
+        overlap_p2p_comm=gpu and p.vp > 1, batch_p2p_comm=not (gpu and p.vp > 1),
+        deallocate_pipeline_outputs=True,
+        # --- numerics ---
+        params_dtype=params_dtype, pipeline_dtype=params_dtype, bf16=pr.params == "bf16",
+        # loss = sum over tokens / tokens of the whole global batch, whatever the layout
+        calculate_per_token_loss=True,
+        # --- performance ---
+        tp_comm_overlap=perf.tp_comm_overlap,
+        cuda_graph_impl=_CUDA_GRAPH_IMPL[perf.cuda_graphs],
+        **_recompute_kwargs(perf.recompute),
+        # fused kernels need CUDA; CPU runs the plain PyTorch ops
+        bias_activation_fusion=gpu, masked_softmax_fusion=gpu, persist_layer_norm=gpu,
+        bias_dropout_fusion=gpu, apply_rope_fusion=gpu, gradient_accumulation_fusion=gpu,
+        cross_entropy_loss_fusion=gpu,
+        use_cpu_initialization=not gpu,
+    )
+    if perf.cuda_graphs == "layers":
+        kw["cuda_graph_modules"] = []   # capture whole transformer layers
+    if gpu:
+        kw["fp8_param"] = perf.fp8_param_gather
+        kw["fp4_param"] = perf.fp4_param_gather
+        if pr.compute in ("fp8", "nvfp4"):
+            # FP8/NVFP4 recipe fields (fp4, fp4_recipe, BF16 edge layers, ...) come from the
+            # precision package, which also owns the TE environment knobs.
+            from ..precision.te_recipe import transformer_config_kwargs
+            kw.update(transformer_config_kwargs(cfg))
+    return TransformerConfig(**kw)
+
+
+def layer_spec(cfg: Config):
+    """Transformer Engine layer spec on GPU, Megatron's local (pure PyTorch) spec on CPU."""
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_layer_local_spec, get_gpt_layer_with_transformer_engine_spec)
+    if _on_gpu():
+        return get_gpt_layer_with_transformer_engine_spec()
+    return get_gpt_layer_local_spec(normalization="RMSNorm")
+
+
+def ddp_config(cfg: Config):
+    """Megatron DDP: FP32 gradient buckets, overlapped reduce-scatter/all-gather, distributed
+    optimizer, FP8/FP4 parameter all-gather."""
+    from megatron.core.distributed import DistributedDataParallelConfig
+    perf = cfg.performance
+    kw = dict(grad_reduce_in_fp32=cfg.precision.grad_reduce_in_fp32,
+              overlap_grad_reduce=perf.overlap_grad_reduce,
+              overlap_param_gather=perf.overlap_param_gather,
+              use_distributed_optimizer=cfg.optimizer.distributed,
+              fp8_param_gather=perf.fp8_param_gather, fp4_param_gather=perf.fp4_param_gather,
+              # per-token loss: gradients are summed and divided by the global token count
+              average_in_collective=False, check_for_nan_in_grad=False)
+    if perf.ddp_bucket_size is not None:
+        kw["bucket_size"] = perf.ddp_bucket_size
+    return DistributedDataParallelConfig(**kw)
+
+
+def optimizer_config(cfg: Config):
+    """AdamW with the rule-derived hyperparameters (cfg.derived), gradient clipping, FP32 master
+    weights; the LR itself is set every step by train.schedule."""
+    from megatron.core.optimizer import OptimizerConfig
+    d = cfg.derived
+    return OptimizerConfig(
+        optimizer="adam", decoupled_weight_decay=True, lr=d.lr, min_lr=d.end_lr,
+        weight_decay=d.weight_decay, adam_beta1=d.adam_beta1, adam_beta2=d.adam_beta2,
+        adam_eps=d.adam_eps, clip_grad=d.clip_grad, bf16=cfg.precision.params == "bf16",
+        params_dtype=_DTYPE[cfg.precision.params],
+        use_distributed_optimizer=cfg.optimizer.distributed,
+        overlap_param_gather=cfg.performance.overlap_param_gather)
+
+
+def build_model(cfg: Config, *, config=None):
+    """The model chunks of this rank (one per virtual pipeline stage), not yet wrapped in DDP.
+
+    Needs megatron's parallel_state initialised (llama31_405b.parallel.setup). The vocabulary is
+    padded to cfg.derived.padded_vocab_size; RoPE uses the exact Llama 3.1 scaling of cfg.model.
+    """
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+
+    tcfg = config if config is not None else transformer_config(cfg)
+    spec = layer_spec(cfg)
+    vp = cfg.parallel.vp
+    inv_freq = llama31_inv_freq(cfg.model)
+    chunks = []
+    for stage in range(vp):
+        vp_stage = stage if vp > 1 else None
+        model = GPTModel(
+            config=tcfg, transformer_layer_spec=spec,
+            vocab_size=cfg.derived.padded_vocab_size, max_sequence_length=cfg.model.seq_length,
+            pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+            post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+            parallel_output=True, share_embeddings_and_output_weights=False,
+            position_embedding_type="rope", rotary_percent=1.0, rotary_base=cfg.model.rope_base,
+            # Megatron's built-in Llama 3 scaling hardcodes low=1, high=4, original=8192; the
+            # project sets the frequencies from cfg.model below instead.
+            rope_scaling=False, vp_stage=vp_stage)
+        rope = getattr(model, "rotary_pos_emb", None)
+        if rope is not None:
+            rope.inv_freq = inv_freq.to(rope.inv_freq.device)
+            model.rotary_pos_emb_cache.clear()
+        chunks.append(model)
+    if cfg.precision.compute == "nvfp4" and not _on_gpu():
+        from ..precision.emulation import apply_nvfp4_emulation
+        apply_nvfp4_emulation(chunks, cfg)
+    return chunks
+
+
+def wrap_for_training(cfg: Config, chunks):
+    """Megatron DDP around each chunk (after Float16Module for BF16 parameters), and the
+    gradient finalisation hook: without config.finalize_model_grads_func the data-parallel
+    gradients are never reduced and replicas silently diverge."""
+    from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
+    from megatron.core.transformer.module import Float16Module
+    tcfg = chunks[0].config
+    dcfg = ddp_config(cfg)
+    wrapped = []
+    for i, chunk in enumerate(chunks):
+        inner = Float16Module(tcfg, chunk) if tcfg.bf16 else chunk
+        wrapped.append(DistributedDataParallel(
+            config=tcfg, ddp_config=dcfg, module=inner,
+            # only the first chunk's buckets start the reduction early (Megatron convention)
+            disable_bucketing=(i > 0)))
+    tcfg.finalize_model_grads_func = finalize_model_grads
+    # as Megatron's training loop: hooks only when gradient reduction overlaps the backward pass
+    one = (lambda fns: fns[0] if len(fns) == 1 else fns)  # noqa: E731
+    if cfg.performance.overlap_grad_reduce:
+        tcfg.no_sync_func = one([w.no_sync for w in wrapped])
+        tcfg.grad_sync_func = one([w.start_grad_sync for w in wrapped])
+    if cfg.performance.overlap_param_gather and cfg.optimizer.distributed:
+        tcfg.param_sync_func = one([w.start_param_sync for w in wrapped])
+    return wrapped
+
+
+def unwrap(chunk):
+    """The GPTModel inside DDP / Float16Module wrappers."""
+    while hasattr(chunk, "module"):
+        chunk = chunk.module
+    return chunk

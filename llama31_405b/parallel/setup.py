@@ -1,0 +1,92 @@
+"""Process groups for a run: torch.distributed (NCCL on GPU, gloo on CPU) and Megatron's
+parallel_state with DP outermost ("tp-cp-ep-pp-dp"), then the model-parallel RNG seeds.
+
+Call order in train: setup_parallel -> placement check -> model build -> checkpoint load.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config.schema import Config
+from .distributed import DistEnv, dist_env_from_environ, init_process_group
+
+
+class ParallelSetupError(RuntimeError):
+    """The job's world does not match the config's layout."""
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelInfo:
+    dist_env: DistEnv
+    backend: str
+    tp_rank: int
+    pp_rank: int
+    cp_rank: int
+    dp_rank: int
+    dp_size: int
+
+    @property
+    def is_rank0(self) -> bool:
+        return self.dist_env.rank == 0
+
+
+def setup_parallel(cfg: Config, dist_env: DistEnv | None = None, *,
+                   timeout_s: float = 600.0) -> ParallelInfo:
+    """Start torch.distributed for this process and Megatron's groups for cfg.parallel."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    from .. import cpu_compat
+    cpu_compat.apply()
+    de = dist_env or dist_env_from_environ()
+    d = cfg.derived
+    if de.world_size != d.world_size:
+        raise ParallelSetupError(
+            f"{cfg.source}: the config needs {d.world_size} ranks (TP{cfg.parallel.tp} x "
+            f"PP{cfg.parallel.pp} x CP{cfg.parallel.cp} x DP{d.dp}) but the job has "
+            f"{de.world_size} ({de.launcher}); fix the task count or system.racks/gpus_per_rack")
+    gpu = torch.cuda.is_available()
+    backend = "nccl" if gpu else "gloo"
+    if gpu:
+        torch.cuda.set_device(de.local_rank)
+    init_process_group(de, backend=backend, timeout_s=timeout_s)
+    p = cfg.parallel
+    if not ps.model_parallel_is_initialized():
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=p.tp, pipeline_model_parallel_size=p.pp,
+            virtual_pipeline_model_parallel_size=p.vp if p.vp > 1 else None,
+            context_parallel_size=p.cp, order=p.order,
+            distributed_timeout_minutes=max(1, int(timeout_s // 60)))
+    info = ParallelInfo(dist_env=de, backend=backend,
+                        tp_rank=ps.get_tensor_model_parallel_rank(),
+                        pp_rank=ps.get_pipeline_model_parallel_rank(),
+                        cp_rank=ps.get_context_parallel_rank(),
+                        dp_rank=ps.get_data_parallel_rank(),
+                        dp_size=ps.get_data_parallel_world_size())
+    if info.dp_size != d.dp:
+        raise ParallelSetupError(f"Megatron built DP={info.dp_size}, the config expects {d.dp}")
+    return info
+
+
+def seed_model_parallel(seed: int) -> None:
+    """Seed torch and Megatron's model-parallel RNG tracker (same weights across DP, distinct
+    dropout streams across TP)."""
+    import random
+
+    import numpy as np
+    import torch
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    model_parallel_cuda_manual_seed(seed)
+
+
+def teardown_parallel() -> None:
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
