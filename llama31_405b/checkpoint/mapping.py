@@ -127,14 +127,18 @@ def _config_problems(hf_config: dict, m: ModelConfig, where: str) -> list[str]:
     cmp("num_key_value_heads", m.num_query_groups, "num_query_groups")
     cmp("head_dim", m.kv_channels, "kv_channels")
     cmp("vocab_size", m.vocab_size, "vocab_size")
+    # transformers < 5 writes rope_theta + rope_scaling; >= 5 one rope_parameters table
+    rope = hf_config.get("rope_parameters") or hf_config.get("rope_scaling") or {}
+    if "rope_theta" not in hf_config and "rope_theta" in rope:
+        hf_config = {**hf_config, "rope_theta": rope["rope_theta"]}
     cmp("rope_theta", m.rope_base, "rope_base", 1e-9)
     cmp("rms_norm_eps", m.norm_epsilon, "norm_epsilon", 1e-9)
     if hf_config.get("tie_word_embeddings"):
         problems.append(f"{where}: tie_word_embeddings = true, but Llama 3.1 (and this model) "
                         "keeps separate embedding and output weights")
-    rs = hf_config.get("rope_scaling")
+    kind = rope.get("rope_type", rope.get("type"))
+    rs = rope if kind not in (None, "default") else None
     if m.rope_scaling:
-        kind = (rs or {}).get("rope_type", (rs or {}).get("type"))
         if kind != "llama3":
             problems.append(f"{where}: rope_scaling = {rs!r}, but the config applies Llama 3.1 "
                             "RoPE scaling (model.rope_scaling = true): expected rope_type 'llama3'")
