@@ -23,7 +23,7 @@ def make_hf_llama(directory: Path, *, seed: int = 0, **overrides) -> Path:
                       "high_freq_factor": 4.0,
                       "original_max_position_embeddings": p["original_max_position_embeddings"]},
         max_position_embeddings=131072, tie_word_embeddings=False, attention_bias=False,
-        mlp_bias=False, torch_dtype="float32")
+        mlp_bias=False, initializer_range=0.1, torch_dtype="float32")
     torch.manual_seed(seed)
     model = LlamaForCausalLM(conf)
     with torch.no_grad():   # HF initialises norms to 1: randomise them so a swap would show
@@ -46,7 +46,7 @@ hidden_size = {hidden_size}
 ffn_hidden_size = {SMALL['intermediate_size']}
 num_attention_heads = {heads}
 num_query_groups = {SMALL['num_key_value_heads']}
-kv_channels = {SMALL['head_dim']}
+kv_channels = {hidden_size // heads}
 vocab_size = {vocab_size}
 seq_length = 32
 rope_original_max_positions = {SMALL['original_max_position_embeddings']}
@@ -64,3 +64,34 @@ micro_batch_size = 1
 division = "open"
 """)
     return path
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def verify_rank(rank: int, world: int, port: int, config: str, hf: str, megatron: str,
+                result: str) -> None:
+    """One rank of a gloo job: load the Megatron checkpoint at the config's layout, compare with
+    the Hugging Face logits; rank 0 writes the VerifyResult as JSON to `result`."""
+    import dataclasses
+    import json
+    import socket
+
+    from llama31_405b.checkpoint.verify import verify
+    from llama31_405b.config.load import load_config
+    from llama31_405b.parallel.distributed import DistEnv
+    from llama31_405b.parallel.setup import setup_parallel, teardown_parallel
+    cfg = load_config(config)
+    de = DistEnv(rank=rank, world_size=world, local_rank=rank, master_addr="127.0.0.1",
+                 master_port=port, hostname=socket.gethostname(), launcher="torchrun")
+    setup_parallel(cfg, de, timeout_s=120)
+    try:
+        r = verify(cfg, hf, megatron, sequences=3, seq_len=16)
+    finally:
+        teardown_parallel()
+    if rank == 0:
+        Path(result).write_text(json.dumps(dataclasses.asdict(r)))
