@@ -46,8 +46,10 @@ def write_hf(directory: Path, a) -> None:
         groups.append({
             p + "input_layernorm.weight": torch.ones(h).bfloat16(),
             p + "post_attention_layernorm.weight": torch.ones(h).bfloat16(),
-            p + "self_attn.q_proj.weight": rnd(nh * d, h), p + "self_attn.k_proj.weight": rnd(nkv * d, h),
-            p + "self_attn.v_proj.weight": rnd(nkv * d, h), p + "self_attn.o_proj.weight": rnd(h, nh * d),
+            p + "self_attn.q_proj.weight": rnd(nh * d, h),
+            p + "self_attn.k_proj.weight": rnd(nkv * d, h),
+            p + "self_attn.v_proj.weight": rnd(nkv * d, h),
+            p + "self_attn.o_proj.weight": rnd(h, nh * d),
             p + "mlp.gate_proj.weight": rnd(f, h), p + "mlp.up_proj.weight": rnd(f, h),
             p + "mlp.down_proj.weight": rnd(h, f)})
     groups.append({"model.norm.weight": torch.ones(h).bfloat16(), "lm_head.weight": rnd(V, h)})

@@ -35,7 +35,7 @@ def make_hf_llama(directory: Path, *, seed: int = 0, **overrides) -> Path:
 
 
 def write_config(path: Path, *, hidden_size: int = SMALL["hidden_size"], tp: int = 1, pp: int = 1,
-                 vocab_size: int = SMALL["vocab_size"]) -> Path:
+                 vp: int = 1, vocab_size: int = SMALL["vocab_size"]) -> Path:
     """A TOML over configs/tiny_cpu.toml with the small model's shape (open division)."""
     root = Path(__file__).resolve().parents[1]
     heads = SMALL["num_attention_heads"]
@@ -53,6 +53,7 @@ rope_original_max_positions = {SMALL['original_max_position_embeddings']}
 [parallel]
 tp = {tp}
 pp = {pp}
+vp = {vp}
 [system]
 id = "cpu"
 racks = 1
@@ -90,7 +91,7 @@ def verify_rank(rank: int, world: int, port: int, config: str, hf: str, megatron
                  master_port=port, hostname=socket.gethostname(), launcher="torchrun")
     setup_parallel(cfg, de, timeout_s=120)
     try:
-        r = verify(cfg, hf, megatron, sequences=3, seq_len=16)
+        r = verify(cfg, hf, megatron, sequences=4, seq_len=16)
     finally:
         teardown_parallel()
     if rank == 0:

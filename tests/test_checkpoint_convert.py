@@ -55,7 +55,8 @@ def test_fc1_is_gate_then_up():
 
 
 def _fake_tensors(m: ModelConfig, **changes):
-    t = {n: SimpleNamespace(shape=s, dtype="BF16") for n, s in mapping.expected_hf_shapes(m).items()}
+    t = {n: SimpleNamespace(shape=s, dtype="BF16")
+         for n, s in mapping.expected_hf_shapes(m).items()}
     t.update(changes)
     return t
 
@@ -157,6 +158,28 @@ def test_tp2_pp2_logits_match_hugging_face(converted, hf_dir, tmp_path):
     assert load_config(cfg).derived.padded_vocab_size == 512
     r = _verify(cfg, hf_dir, out, 4, tmp_path)
     assert r["max_abs_diff"] < 1e-4, r
+
+
+@pytest.mark.slow
+def test_pp2_vp2_logits_match_hugging_face(converted, hf_dir, tmp_path):
+    """Two ranks, interleaved pipeline: one layer per virtual stage (chunks model0/model1)."""
+    _, out = converted
+    cfg = write_config(tmp_path / "pp2vp2.toml", pp=2, vp=2)
+    r = _verify(cfg, hf_dir, out, 2, tmp_path)
+    assert r["max_abs_diff"] < 1e-4, r
+
+
+def test_verify_cli_reports_and_passes(converted, hf_dir, monkeypatch, capsys):
+    from llama31_405b.cli import main
+    cfg, out = converted
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    for var in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(var, raising=False)
+    rc = main(["checkpoint", "verify", "--hf", str(hf_dir), "--megatron", str(out),
+               "--config", str(cfg), "--sequences", "2", "--seq-len", "8"])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert "max |logit diff|" in text and "PASS" in text
 
 
 def test_other_hidden_size_fails_before_writing(hf_dir, tmp_path, capsys):

@@ -117,7 +117,8 @@ def join(part_dirs: list[Path], out_dir: Path) -> None:
                 merged[key] = smd
             elif isinstance(smd, TensorStorageMetadata):
                 have = merged[key]
-                if tuple(have.size) != tuple(smd.size) or have.properties.dtype != smd.properties.dtype:
+                if (tuple(have.size) != tuple(smd.size)
+                        or have.properties.dtype != smd.properties.dtype):
                     raise CheckpointJoinError(
                         f"tensor {key}: part {part} has global shape {tuple(smd.size)} "
                         f"{smd.properties.dtype}, another part {tuple(have.size)} "

@@ -1,4 +1,4 @@
-"""Progress lines for long byte-bound work: done/total, rate, ETA (at most one line per interval)."""
+"""Progress lines for long byte-bound work: done/total, rate, ETA (one line per interval)."""
 from __future__ import annotations
 
 import sys

@@ -148,6 +148,9 @@ def verify(cfg: Config, hf_dir: str | Path, megatron_dir: str | Path, *, sequenc
     seed_model_parallel(cfg.run.seed_base)   # the build initialises weights before the load
     chunks = build_model(cfg)
     load_weights(chunks, megatron_dir)
+    if cfg.parallel.vp > 1:
+        # the interleaved schedule runs microbatches in groups of PP
+        sequences = -(-sequences // cfg.parallel.pp) * cfg.parallel.pp
     tokens = sample_tokens(cfg.model.vocab_size, sequences, seq_len, seed)
     ours = megatron_logits(cfg, chunks, tokens)
     reporter = (ps.is_pipeline_last_stage(ignore_virtual=True)
