@@ -13,7 +13,9 @@ import sys
 COMMANDS = {
     "checkpoint": "llama31_405b.cli.checkpoint_cmd",
     "config": "llama31_405b.cli.config_cmd",
+    "data": "llama31_405b.cli.data_cmd",
     "demo": "llama31_405b.cli.demo_cmd",
+    "train": "llama31_405b.cli.train_cmd",
 }
 
 

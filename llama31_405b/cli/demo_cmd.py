@@ -1,25 +1,98 @@
-"""`demo`: what `make demo` runs. Until training lands it shows the resolved tiny and 128-rack
-configs; it never prints a result it did not measure."""
+"""`demo` (what `make demo` runs): the tiny benchmark end to end on this machine.
+
+1. tiny data (corpus -> tokenizer -> indexed datasets), if missing;
+2. the tiny initial checkpoint (short pre-training on the separate shard), if missing;
+3. one timed tiny run to the target, with progress lines, then its time-to-train;
+4. the compliance verdict and the report plot, when those commands are installed.
+Each phase runs as `python -m llama31_405b ...`, exactly as a user or the launcher would.
+"""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+CONFIG = "configs/tiny_cpu.toml"
 
 
 def register(sub) -> None:
-    p = sub.add_parser("demo", help="the tiny default end to end (make demo)")
+    p = sub.add_parser("demo", help="the tiny benchmark end to end (make demo)")
+    p.add_argument("--config", default=CONFIG, help=f"tiny config (default {CONFIG})")
+    p.add_argument("--seed", type=int, default=None, help="run seed (default: run.seed_base)")
+    p.add_argument("--logdir", default=None, help="where result_0.txt goes "
+                   "(default: <data_dir>/../logs)")
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
-    from .config_cmd import show
+def _py(*args: str, quiet_stdout: bool = False) -> int:
+    cmd = [sys.executable, "-m", "llama31_405b", *args]
+    out = subprocess.DEVNULL if quiet_stdout else None
+    return subprocess.run(cmd, cwd=REPO, stdout=out).returncode
 
-    class _A:
-        json = False
-    for name in ("tiny_cpu.toml", "config_GB200_2048x4x8xtp4pp8cp2.toml"):
-        _A.path = str(REPO / "configs" / name)
-        if show(_A()):
-            return 1
-        print()
-    return 0
+
+def _say(msg: str) -> None:
+    print(f"[demo] {msg}", flush=True)
+
+
+def time_to_train(log: Path) -> tuple[float | None, str | None]:
+    """Minutes from run_start to run_stop, and the run_stop status, read from an MLPerf log."""
+    start = stop = status = None
+    for line in log.read_text(errors="replace").splitlines():
+        if ":::MLLOG " not in line:
+            continue
+        ev = json.loads(line.split(":::MLLOG ", 1)[1])
+        if ev["key"] == "run_start":
+            start = ev["time_ms"]
+        elif ev["key"] == "run_stop":
+            stop, status = ev["time_ms"], ev["metadata"].get("status")
+    if start is None or stop is None:
+        return None, status
+    return (stop - start) / 60000.0, status
+
+
+def run(args) -> int:
+    from ..config import ConfigError, load_config
+    from . import COMMANDS
+    os.chdir(REPO)
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    t_all = time.perf_counter()
+    from ..data.tiny import ensure_tiny_data
+    _say(f"tiny data in {cfg.data.data_dir}")
+    ensure_tiny_data(cfg.data.data_dir)
+    _say("initial checkpoint (pre-trained once on the separate shard, then reused)")
+    if _py("train-init", "--config", args.config):
+        _say("FAILED to make the initial checkpoint")
+        return 1
+    logdir = Path(args.logdir) if args.logdir else Path(cfg.data.data_dir).parent / "logs"
+    logdir.mkdir(parents=True, exist_ok=True)
+    log = logdir / "result_0.txt"
+    log.unlink(missing_ok=True)
+    seed = cfg.run.seed_base if args.seed is None else args.seed
+    _say(f"timed run: {args.config}, seed {seed}, MLPerf log {log}")
+    rc = _py("train", "--config", args.config, "--seed", str(seed), "--log", str(log),
+             quiet_stdout=True)
+    minutes, status = time_to_train(log) if log.exists() else (None, None)
+    if minutes is None:
+        _say(f"run failed before run_stop (exit {rc}); see {log}")
+        return 1
+    _say(f"time to train: {minutes:.2f} min (run_start -> run_stop), status {status}")
+    result = 0 if (rc == 0 and status == "success") else 1
+    if "compliance" in COMMANDS:
+        crc = _py("compliance", "check", str(log))
+        _say(f"compliance: {'PASS' if crc == 0 else 'FAIL'}")
+        result = result or (crc != 0)
+    if "report" in COMMANDS:
+        png = logdir / "report.png"
+        _py("report", str(log), "--out", str(png))
+        if png.exists():
+            _say(f"report: {png}")
+    _say(f"demo finished in {(time.perf_counter() - t_all) / 60:.1f} min")
+    return int(result)

@@ -136,6 +136,9 @@ class PrecisionConfig:
     """NVFP4: stochastic rounding of gradients (TE: NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING=0)."""
     nvfp4_2d_weights: bool = False
     """NVFP4: 16x16 2D weight scaling blocks (TE: NVTE_NVFP4_DISABLE_2D_QUANTIZATION=0)."""
+    nvfp4_tp_amax: Literal["te", "tensor"] = "te"
+    """NVFP4 emulation under TP: "te" reduces the amax over the TP group only where TE does
+    (sequence-parallel shards); "tensor" also for weight and K/N-sharded operands (TP-invariant)."""
 
 
 @dataclass(kw_only=True, slots=True)

@@ -122,6 +122,9 @@ def problems(cfg: Config) -> list[str]:
         err("precision: more BF16 edge layers than model layers")
     if pr.compute != "nvfp4" and (pr.nvfp4_rht or pr.nvfp4_stochastic_rounding or pr.nvfp4_2d_weights):
         err("precision.nvfp4_* knobs need precision.compute = nvfp4")
+    if pr.nvfp4_tp_amax != "te" and (pr.compute != "nvfp4" or system.nvfp4 != "emulated"):
+        err("precision.nvfp4_tp_amax = \"tensor\" is an NVFP4-emulation option (compute = nvfp4 "
+            f"on an emulated system); {system.name} needs \"te\"")
     if perf.fp4_param_gather and pr.compute != "nvfp4":
         err("performance.fp4_param_gather needs precision.compute = nvfp4")
     if perf.fp8_param_gather and pr.compute not in ("fp8", "nvfp4"):

@@ -30,6 +30,20 @@ class ParallelInfo:
         return self.dist_env.rank == 0
 
 
+def megatron_parallel_kwargs(cfg: Config) -> dict:
+    """Arguments of megatron's initialize_model_parallel for cfg.parallel.
+
+    Llama is dense, but Megatron still builds expert groups and asserts, for orders that do not
+    end in "pp", that the expert DP size equals the DP size. Expert DP is world/(ETP x EP x PP),
+    which counts the CP ranks; an expert TP of TP x CP keeps it equal to DP (and the expert
+    pipeline groups equal to the dense ones). No expert layer exists, so nothing runs on them."""
+    p = cfg.parallel
+    return dict(tensor_model_parallel_size=p.tp, pipeline_model_parallel_size=p.pp,
+                virtual_pipeline_model_parallel_size=p.vp if p.vp > 1 else None,
+                context_parallel_size=p.cp, expert_model_parallel_size=1,
+                expert_tensor_parallel_size=p.tp * p.cp, order=p.order)
+
+
 def setup_parallel(cfg: Config, dist_env: DistEnv | None = None, *,
                    timeout_s: float = 600.0) -> ParallelInfo:
     """Start torch.distributed for this process and Megatron's groups for cfg.parallel."""
@@ -51,13 +65,9 @@ def setup_parallel(cfg: Config, dist_env: DistEnv | None = None, *,
     if gpu:
         torch.cuda.set_device(de.local_rank)
     init_process_group(de, backend=backend, timeout_s=timeout_s)
-    p = cfg.parallel
     if not ps.model_parallel_is_initialized():
-        ps.initialize_model_parallel(
-            tensor_model_parallel_size=p.tp, pipeline_model_parallel_size=p.pp,
-            virtual_pipeline_model_parallel_size=p.vp if p.vp > 1 else None,
-            context_parallel_size=p.cp, order=p.order,
-            distributed_timeout_minutes=max(1, int(timeout_s // 60)))
+        ps.initialize_model_parallel(**megatron_parallel_kwargs(cfg),
+                                     distributed_timeout_minutes=max(1, int(timeout_s // 60)))
     info = ParallelInfo(dist_env=de, backend=backend,
                         tp_rank=ps.get_tensor_model_parallel_rank(),
                         pp_rank=ps.get_pipeline_model_parallel_rank(),

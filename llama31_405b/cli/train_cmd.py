@@ -1,0 +1,85 @@
+"""`train`: one MLPerf run of a config on this process's rank (torchrun, Slurm or single).
+
+    python -m llama31_405b train --config PATH [--seed N] [--log FILE]
+
+Rank 0 prints the MLPerf log on stdout and appends it to --log; progress lines go to stderr.
+Exit status 0 only when the run reached the target (run_stop status success).
+"""
+from __future__ import annotations
+
+import sys
+
+
+def register(sub) -> None:
+    p = sub.add_parser("train", help="train a config (one MLPerf run)")
+    p.add_argument("--config", required=True, help="config TOML (configs/...)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="run seed (default: the config's run.seed_base)")
+    p.add_argument("--log", default=None, help="append the MLPerf log to this file (rank 0)")
+    p.add_argument("--init-checkpoint", default=None,
+                   help="override checkpoint.ckpt_dir/checkpoint.init")
+    p.add_argument("--timeout-s", type=float, default=600.0,
+                   help="collective timeout: a dead peer ends the run after this long at most")
+    p.add_argument("--cache-cleared", action="store_true",
+                   help="the launcher dropped the page cache before this run (logged as cache_clear)")
+    p.set_defaults(func=run)
+
+    q = sub.add_parser("train-init", help="make a tiny config's initial checkpoint (short "
+                       "pre-training on data.pretrain_prefix, saved to checkpoint.ckpt_dir/init)")
+    q.add_argument("--config", required=True, help="config TOML with data.pretrain_prefix")
+    q.add_argument("--steps", type=int, default=None, help="pre-training steps")
+    q.add_argument("--force", action="store_true", help="rebuild even if it exists")
+    q.set_defaults(func=run_init)
+
+
+def run_init(args) -> int:
+    from ..config import ConfigError, load_config
+    from ..parallel.setup import teardown_parallel
+    from ..train.checkpoint import checkpoint_exists
+    from ..train.pretrain import PRETRAIN_STEPS, init_checkpoint_path, make_init_checkpoint
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    path = init_checkpoint_path(cfg)
+    if checkpoint_exists(path) and not args.force:
+        print(f"initial checkpoint exists: {path}", file=sys.stderr)
+        return 0
+    make_init_checkpoint(cfg, steps=args.steps or PRETRAIN_STEPS)
+    teardown_parallel()
+    print(f"initial checkpoint written: {path}", file=sys.stderr)
+    return 0
+
+
+def run(args) -> int:
+    from ..config import ConfigError, load_config
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    seed = cfg.run.seed_base if args.seed is None else args.seed
+    return train(cfg, seed=seed, log_file=args.log, init_checkpoint=args.init_checkpoint,
+                 timeout_s=args.timeout_s, cache_cleared=args.cache_cleared)
+
+
+def train(cfg, *, seed: int, log_file: str | None = None, init_checkpoint: str | None = None,
+          timeout_s: float = 600.0, cache_cleared: bool = False, extra_hooks=()) -> int:
+    from ..parallel.distributed import dist_env_from_environ
+    from ..parallel.setup import teardown_parallel
+    from ..train.loop import Run
+    from ..train.mllog import MLPerfLogHook
+    from ..train.progress import ProgressHook
+    de = dist_env_from_environ()
+    hooks = [MLPerfLogHook(cfg, seed=seed, log_file=log_file, rank=de.rank,
+                           cache_cleared=cache_cleared),
+             ProgressHook(cfg, rank=de.rank), *extra_hooks]
+    run = Run(cfg, seed=seed, hooks=hooks, dist_env=de, timeout_s=timeout_s,
+              init_checkpoint=init_checkpoint)
+    status = run.execute()
+    try:
+        teardown_parallel()
+    except Exception:  # noqa: BLE001 - peers may be gone after a failure
+        pass
+    return 0 if status == "success" else 1

@@ -1,0 +1,18 @@
+"""Data: C4 shards to Megatron indexed datasets, the tokenizer, verification, training datasets.
+
+One module per concern:
+  errors     DataError
+  tokenizer  load_tokenizer / train_tokenizer (sentencepiece, Mixtral's model or the tiny one)
+  reader     C4 json.gz documents with bad-input checks
+  indexed    structure of Megatron .bin/.idx files
+  manifest   sizes and checksums of prepared files
+  progress   progress line (docs/s, tokens/s, ETA) on stderr
+  prepare    parallel, resumable tokenization into indexed datasets
+  layout     the benchmark's file layout (raw shards -> en_6 / en_7 / validation)
+  verify     verify_data(cfg): the check training runs before run_start
+  datasets   build_datasets(cfg, seed=, train_samples=): blended GPTDataset + packed validation
+  tiny       ensure_tiny_data(data_dir): the tiny corpus, tokenizer and datasets
+"""
+from .errors import DataError
+
+__all__ = ["DataError"]

@@ -1,0 +1,99 @@
+"""Structure of Megatron indexed datasets (`PREFIX.bin` + `PREFIX.idx`), read without Megatron.
+
+The .idx layout (megatron-core's `_IndexWriter`): 9-byte magic `MMIDIDX\\0\\0`, version (u64 = 1),
+dtype code (u8), sequence count S (u64), document-index count D (u64), then S int32 sequence
+lengths, S int64 byte pointers into .bin, D int64 document indices (0 first, S last). The .bin
+holds the tokens of all sequences back to back. Prepared C4 data has one sequence per document.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import DataError
+
+MAGIC = b"MMIDIDX\x00\x00"
+DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64,
+          7: np.float32, 8: np.uint16}
+TOKEN_DTYPES = (np.uint16, np.int32)
+
+
+def token_dtype(vocab_size: int):
+    """Megatron's choice: uint16 while every id fits, int32 beyond."""
+    return np.uint16 if vocab_size <= 65536 else np.int32
+
+
+@dataclass(frozen=True)
+class IndexInfo:
+    prefix: str
+    dtype: type
+    sequences: int
+    documents: int
+    tokens: int
+    bin_size: int
+    idx_size: int
+    max_sequence: int
+
+
+def read_index(prefix: str | Path) -> IndexInfo:
+    """Check the .idx/.bin pair for internal consistency and return its shape.
+
+    Raises DataError naming the file when anything disagrees (header, version, dtype, counts,
+    file sizes, pointers, document indices)."""
+    prefix = str(prefix)
+    idx, bin_ = Path(prefix + ".idx"), Path(prefix + ".bin")
+    for p in (idx, bin_):
+        if not p.is_file():
+            raise DataError(f"{p}: missing (indexed datasets are PREFIX.bin + PREFIX.idx); "
+                            "run `python -m llama31_405b data prepare` or copy the file there")
+    idx_size, bin_size = idx.stat().st_size, bin_.stat().st_size
+    with open(idx, "rb") as f:
+        head = f.read(34)
+    if len(head) < 34 or head[:9] != MAGIC:
+        raise DataError(f"{idx}: not a Megatron index file (bad header); prepare it again")
+    version, code, seqs, docs = struct.unpack("<QBQQ", head[9:34])
+    if version != 1:
+        raise DataError(f"{idx}: index version {version}, expected 1")
+    if code not in DTYPES or DTYPES[code] not in TOKEN_DTYPES:
+        raise DataError(f"{idx}: token dtype code {code} is not uint16 or int32")
+    dtype = DTYPES[code]
+    expected = 34 + seqs * (4 + 8) + docs * 8
+    if idx_size not in (expected, expected + seqs):  # + int8 modes for multimodal data
+        raise DataError(f"{idx}: {idx_size} bytes, but its header ({seqs} sequences, {docs} "
+                        f"document indices) needs {expected}: the file is truncated or damaged")
+    mm = np.memmap(idx, mode="r", dtype=np.uint8)
+    lengths = np.frombuffer(mm, dtype=np.int32, count=seqs, offset=34)
+    pointers = np.frombuffer(mm, dtype=np.int64, count=seqs, offset=34 + 4 * seqs)
+    doc_idx = np.frombuffer(mm, dtype=np.int64, count=docs, offset=34 + 12 * seqs)
+    itemsize = np.dtype(dtype).itemsize
+    tokens = int(lengths.sum(dtype=np.int64))
+    if tokens * itemsize != bin_size:
+        raise DataError(f"{bin_}: {bin_size} bytes, but {idx.name} describes {tokens} tokens of "
+                        f"{np.dtype(dtype).name} = {tokens * itemsize} bytes: the pair does not "
+                        "belong together or one file is truncated")
+    if seqs and (pointers[0] != 0 or np.any(np.diff(pointers) != lengths[:-1].astype(np.int64)
+                                            * itemsize)):
+        raise DataError(f"{idx}: sequence pointers do not match the sequence lengths")
+    if docs < 1 or doc_idx[0] != 0 or doc_idx[-1] != seqs or np.any(np.diff(doc_idx) < 0):
+        raise DataError(f"{idx}: document indices are not 0 .. {seqs} in order")
+    if seqs and lengths.min() < 1:
+        raise DataError(f"{idx}: contains empty sequences")
+    return IndexInfo(prefix=prefix, dtype=dtype, sequences=int(seqs), documents=int(docs - 1),
+                     tokens=tokens, bin_size=bin_size, idx_size=idx_size,
+                     max_sequence=int(lengths.max()) if seqs else 0)
+
+
+def token_stream(info: IndexInfo) -> np.ndarray:
+    """The .bin file as one read-only token array (documents back to back)."""
+    return np.memmap(info.prefix + ".bin", mode="r", dtype=info.dtype)
+
+
+def last_tokens(info: IndexInfo, n: int) -> np.ndarray:
+    """The last token of each of the first n sequences (documents end with EOD)."""
+    n = min(n, info.sequences)
+    lengths = np.fromfile(info.prefix + ".idx", dtype=np.int32, count=n, offset=34)
+    ends = np.cumsum(lengths.astype(np.int64)) - 1
+    return np.asarray(token_stream(info)[ends]) if n else np.zeros(0, dtype=info.dtype)

@@ -1,0 +1,389 @@
+"""Tokenize C4-format shards into Megatron indexed datasets (.bin/.idx), in parallel, resumably.
+
+Each output dataset is built from its input shards in the order given; documents keep their
+order in the shard, each followed by EOD (the tokenizer's eos id) and no BOS, as the MLPerf
+reference prepares its data. Work units are one input shard each (an output with `max_docs`,
+the validation set, is one unit that reads its shards in order until it has that many documents).
+Units run in worker processes, largest first; each writes `PREFIX.parts/part-NNNNN.{bin,idx}`
+under temporary names and then a `part-NNNNN.json` marker, so an interrupted run resumes at the
+first unfinished shard. When every part of an output is done they are concatenated in order
+(megatron-core's `IndexedDatasetBuilder.add_index`) into `PREFIX.bin.tmp`/`PREFIX.idx.tmp`,
+checked, renamed to `PREFIX.bin`/`PREFIX.idx`, and recorded in the manifest with checksums. A
+dataset without its manifest entry is not trusted by `data verify`, so a crash between the
+renames and the manifest write never yields data that passes as complete.
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import queue as queue_mod
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import manifest as mf
+from .errors import DataError
+from .indexed import read_index, token_dtype
+from .progress import Progress
+from .reader import ShardReader, SkipCounts
+from .tokenizer import SentencePieceTokenizer, file_sha256
+
+BATCH_DOCS = 256
+REPORT_EVERY_S = 0.5
+
+
+@dataclass(frozen=True)
+class Output:
+    prefix: Path
+    """Output path prefix (PREFIX.bin / PREFIX.idx)."""
+    inputs: tuple[Path, ...]
+    """Input shards, concatenated in this order."""
+    max_docs: int | None = None
+    """Keep only the first max_docs documents (validation: 91,205)."""
+    min_tokens: int | None = None
+    """Fail unless the result holds at least this many tokens (validation packing)."""
+
+
+@dataclass(frozen=True)
+class _Unit:
+    out: int
+    part: int
+    inputs: tuple[Path, ...]
+    max_docs: int | None
+    skip_bad: bool
+    tokenizer: str
+    tokenizer_sha256: str
+    part_prefix: Path
+
+    def key(self) -> dict:
+        return {"inputs": [[p.name, p.stat().st_size] for p in self.inputs],
+                "max_docs": self.max_docs, "skip_bad": self.skip_bad,
+                "tokenizer_sha256": self.tokenizer_sha256}
+
+    def size(self) -> int:
+        return sum(p.stat().st_size for p in self.inputs)
+
+
+@dataclass
+class Result:
+    prefix: Path
+    documents: int = 0
+    tokens: int = 0
+    skipped: SkipCounts = field(default_factory=SkipCounts)
+    status: str = "prepared"
+    """prepared, resumed (some parts reused) or up-to-date."""
+
+
+# ---------------------------------------------------------------- worker side
+_TOK: SentencePieceTokenizer | None = None
+_QUEUE = None
+
+
+def _init_worker(q) -> None:
+    global _QUEUE
+    _QUEUE = q
+
+
+def _tokenizer(path: str) -> SentencePieceTokenizer:
+    global _TOK
+    if _TOK is None or str(_TOK.path) != path:
+        _TOK = SentencePieceTokenizer(path)
+    return _TOK
+
+
+def run_unit(u: _Unit, report=None) -> dict:
+    """Tokenize one unit into its part files; returns the part's marker record."""
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+    report = report or (lambda *a: _QUEUE.put(a) if _QUEUE is not None else None)
+    tok = _tokenizer(u.tokenizer)
+    dtype = token_dtype(tok.vocab_size)
+    eod = tok.eod
+    tmp_bin, tmp_idx = (Path(f"{u.part_prefix}.tmp.bin"), Path(f"{u.part_prefix}.tmp.idx"))
+    builder = IndexedDatasetBuilder(str(tmp_bin), dtype=dtype)
+    docs = tokens = 0
+    skipped = SkipCounts()
+    done_before = 0
+    last = time.monotonic()
+    batch: list[str] = []
+
+    def flush() -> None:
+        nonlocal docs, tokens
+        for ids in tok.tokenize_batch(batch):
+            if not ids:
+                skipped.empty += 1
+                continue
+            ids.append(eod)
+            arr = np.array(ids, dtype=dtype)
+            builder.add_document(arr, [arr.size])
+            docs += 1
+            tokens += arr.size
+        batch.clear()
+
+    taken = 0  # texts read (the unit of max_docs)
+
+    def fail(msg: str) -> None:
+        builder.data_file.close()
+        tmp_bin.unlink(missing_ok=True)
+        raise DataError(msg)
+
+    for path in u.inputs:
+        reader = ShardReader(path, skip_bad=u.skip_bad)
+        n_texts = 0
+        for text in reader:
+            batch.append(text)
+            n_texts += 1
+            taken += 1
+            if taken == u.max_docs:
+                break
+            if len(batch) >= BATCH_DOCS:
+                flush()
+                now = time.monotonic()
+                if now - last >= REPORT_EVERY_S:
+                    last = now
+                    report(u.out, u.part, docs, tokens, done_before + reader.position)
+        flush()
+        skipped.add(reader.counts)
+        if n_texts == 0:
+            c = reader.counts
+            fail(f"{path}: empty shard (no documents in {reader.lines} lines"
+                 + (f"; skipped {c.malformed} malformed, {c.missing_text} without text, "
+                    f"{c.empty} empty" if c.total() else "")
+                 + "); remove it from the inputs or copy it again")
+        done_before += path.stat().st_size
+        if taken == u.max_docs:
+            break
+    if u.max_docs is not None and taken < u.max_docs:
+        fail(f"{', '.join(str(p) for p in u.inputs)}: only {taken} documents, {u.max_docs} "
+             "requested; add the following shards to the inputs")
+    builder.finalize(str(tmp_idx))
+    os.replace(tmp_bin, f"{u.part_prefix}.bin")
+    os.replace(tmp_idx, f"{u.part_prefix}.idx")
+    rec = {**u.key(), "documents": docs, "tokens": tokens,
+           "skipped": {"malformed": skipped.malformed, "missing_text": skipped.missing_text,
+                       "empty": skipped.empty}}
+    marker = Path(f"{u.part_prefix}.json")
+    marker.with_suffix(".json.tmp").write_text(json.dumps(rec))
+    os.replace(marker.with_suffix(".json.tmp"), marker)
+    report(u.out, u.part, docs, tokens, done_before)
+    return rec
+
+
+# ---------------------------------------------------------------- main side
+def _parts_dir(prefix: Path) -> Path:
+    return Path(f"{prefix}.parts")
+
+
+def _units(i: int, out: Output, tok: SentencePieceTokenizer, skip_bad: bool) -> list[_Unit]:
+    parts = _parts_dir(out.prefix)
+    groups = [out.inputs] if out.max_docs is not None else [(p,) for p in out.inputs]
+    return [_Unit(out=i, part=j, inputs=tuple(g), max_docs=out.max_docs, skip_bad=skip_bad,
+                  tokenizer=str(tok.path), tokenizer_sha256=tok.sha256,
+                  part_prefix=parts / f"part-{j:05d}") for j, g in enumerate(groups)]
+
+
+def _part_done(u: _Unit) -> dict | None:
+    marker = Path(f"{u.part_prefix}.json")
+    if not (marker.is_file() and Path(f"{u.part_prefix}.bin").is_file()
+            and Path(f"{u.part_prefix}.idx").is_file()):
+        return None
+    try:
+        rec = json.loads(marker.read_text())
+    except ValueError:
+        return None
+    return rec if all(rec.get(k) == v for k, v in u.key().items()) else None
+
+
+def _sources(out: Output) -> list[list]:
+    return [[p.name, p.stat().st_size] for p in out.inputs]
+
+
+def _up_to_date(out: Output, tok: SentencePieceTokenizer, data_dir: Path, m: dict,
+                skip_bad: bool) -> dict | None:
+    key = mf.rel(out.prefix, data_dir)
+    ds = m["datasets"].get(key)
+    if not ds or ds.get("tokenizer_sha256") != tok.sha256 or ds.get("sources") != _sources(out) \
+            or ds.get("max_docs") != out.max_docs or ds.get("skip_bad") != skip_bad:
+        return None
+    try:
+        for ext in (".bin", ".idx"):
+            p = Path(f"{out.prefix}{ext}")
+            rec = m["files"].get(key + ext)
+            if rec is None or not p.is_file():
+                return None
+            mf.check_file(p, rec, full=False, where=mf.manifest_path(data_dir))
+    except DataError:
+        return None
+    return ds
+
+
+def _merge(out: Output, units: list[_Unit], recs: list[dict], tok, data_dir: Path,
+           skip_bad: bool) -> Result:
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+    prefix = out.prefix
+    tmp_bin, tmp_idx = Path(f"{prefix}.bin.tmp"), Path(f"{prefix}.idx.tmp")
+    if len(units) == 1:
+        shutil.copyfile(f"{units[0].part_prefix}.idx", tmp_idx)
+        os.replace(f"{units[0].part_prefix}.bin", tmp_bin)
+    else:
+        builder = IndexedDatasetBuilder(str(tmp_bin), dtype=token_dtype(tok.vocab_size))
+        for u in units:
+            builder.add_index(str(u.part_prefix))
+        builder.finalize(str(tmp_idx))
+    # check the merged pair under a prefix-like name before it takes the final names
+    check = Path(f"{prefix}.check")
+    os.replace(tmp_bin, f"{check}.bin")
+    os.replace(tmp_idx, f"{check}.idx")
+    info = read_index(check)
+    res = Result(prefix=prefix, documents=info.documents, tokens=info.tokens)
+    for r in recs:
+        res.skipped.add(SkipCounts(**r["skipped"]))
+    if info.documents != sum(r["documents"] for r in recs):
+        raise DataError(f"{prefix}: merged {info.documents} documents, parts hold "
+                        f"{sum(r['documents'] for r in recs)}; delete {_parts_dir(prefix)} and rerun")
+    if out.min_tokens is not None and info.tokens < out.min_tokens:
+        for ext in (".bin", ".idx"):
+            Path(f"{check}{ext}").unlink()
+        raise DataError(f"{prefix}: {info.documents} documents hold {info.tokens} tokens, fewer "
+                        f"than the {out.min_tokens} needed (eval_samples x seq_length + 1); use "
+                        "more validation documents")
+    key = mf.rel(prefix, data_dir)
+    with mf.updating(data_dir) as m:  # drop the old record first: replaced files are untrusted
+        m["datasets"].pop(key, None)
+        m["files"].pop(key + ".bin", None)
+        m["files"].pop(key + ".idx", None)
+    for ext in (".bin", ".idx"):
+        os.replace(f"{check}{ext}", f"{prefix}{ext}")
+    files = {key + ext: mf.file_record(f"{prefix}{ext}") for ext in (".bin", ".idx")}
+    files[mf.rel(tok.path, data_dir)] = {"size": tok.path.stat().st_size,
+                                         "sample_sha256": mf.sample_sha256(tok.path),
+                                         "sha256": tok.sha256}
+    with mf.updating(data_dir) as m:
+        m["files"].update(files)
+        m["datasets"][key] = {
+            "origin": "prepared", "documents": info.documents, "tokens": info.tokens,
+            "dtype": np.dtype(info.dtype).name, "tokenizer_sha256": tok.sha256,
+            "tokenizer_vocab_size": tok.vocab_size, "eod": tok.eod, "bos_prepended": False,
+            "sources": _sources(out), "max_docs": out.max_docs, "skip_bad": skip_bad,
+            "skipped": {"malformed": res.skipped.malformed,
+                        "missing_text": res.skipped.missing_text, "empty": res.skipped.empty}}
+    shutil.rmtree(_parts_dir(prefix), ignore_errors=True)
+    return res
+
+
+def prepare(outputs: list[Output], tokenizer: str | Path, *, data_dir: str | Path,
+            workers: int | None = None, skip_bad: bool = False, progress: bool = True,
+            force: bool = False) -> list[Result]:
+    """Build every output (skipping those already complete and recorded in the manifest)."""
+    # imported before workers fork, so each does not pay megatron's import again
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder  # noqa: F401
+    tok = SentencePieceTokenizer(tokenizer)
+    data_dir = Path(data_dir)
+    workers = max(1, workers or len(os.sched_getaffinity(0)))
+    for out in outputs:
+        if not out.inputs:
+            raise DataError(f"{out.prefix}: no input shards given")
+        for p in out.inputs:
+            if not Path(p).is_file():
+                raise DataError(f"{p}: input shard not found (needed for {out.prefix.name})")
+    m = mf.load_manifest(data_dir)
+    results: dict[int, Result] = {}
+    pending: list[tuple[int, Output]] = []
+    for i, out in enumerate(outputs):
+        ds = None if force else _up_to_date(out, tok, data_dir, m, skip_bad)
+        if ds is not None:
+            results[i] = Result(prefix=out.prefix, documents=ds["documents"], tokens=ds["tokens"],
+                                skipped=SkipCounts(**ds.get("skipped", {})), status="up-to-date")
+        else:
+            out.prefix.parent.mkdir(parents=True, exist_ok=True)
+            pending.append((i, out))
+    units = {i: _units(i, out, tok, skip_bad) for i, out in pending}
+    recs: dict[tuple[int, int], dict] = {}
+    todo: list[_Unit] = []
+    for i, us in units.items():
+        _parts_dir(outputs[i].prefix).mkdir(parents=True, exist_ok=True)
+        for u in us:
+            rec = None if force else _part_done(u)
+            if rec is not None:
+                recs[(u.out, u.part)] = rec
+            else:
+                todo.append(u)
+    todo.sort(key=lambda u: -u.size())
+    if todo:
+        _run(todo, recs, workers, progress, tok)
+    for i, out in pending:
+        us = units[i]
+        res = _merge(out, us, [recs[(u.out, u.part)] for u in us], tok, data_dir, skip_bad)
+        if len(todo) < sum(len(x) for x in units.values()):
+            res.status = "resumed"
+        results[i] = res
+    return [results[i] for i in range(len(outputs))]
+
+
+def _run(todo: list[_Unit], recs: dict, workers: int, show: bool, tok) -> None:
+    total = sum(u.size() for u in todo)
+    names = sorted({u.part_prefix.parent.name.removesuffix(".parts") for u in todo})
+    label = names[0] if len(names) == 1 else f"{len(names)} datasets"
+    bar = Progress(f"prepare {label}", total) if show else None
+    live: dict[tuple[int, int], tuple[int, int, int]] = {}
+    errors: dict[tuple[int, int], DataError] = {}
+
+    def on_report(out, part, docs, tokens, nbytes) -> None:
+        live[(out, part)] = (docs, tokens, nbytes)
+        if bar:
+            bar.update(docs=sum(v[0] for v in live.values()),
+                       tokens=sum(v[1] for v in live.values()),
+                       done_bytes=sum(v[2] for v in live.values()))
+
+    if workers == 1 or len(todo) == 1:
+        global _TOK
+        _TOK = tok
+        for u in todo:
+            try:
+                recs[(u.out, u.part)] = run_unit(u, on_report)
+            except DataError as e:
+                errors[(u.out, u.part)] = e
+    else:
+        ctx = mp.get_context("fork")
+        q = ctx.Queue()
+        with ctx.Pool(min(workers, len(todo)), initializer=_init_worker, initargs=(q,)) as pool:
+            jobs = {(u.out, u.part): pool.apply_async(run_unit, (u,)) for u in todo}
+            while jobs:
+                try:
+                    on_report(*q.get(timeout=0.2))
+                except queue_mod.Empty:
+                    pass
+                for k in [k for k, j in jobs.items() if j.ready()]:
+                    try:
+                        recs[k] = jobs.pop(k).get()  # re-raises a worker's exception here
+                    except DataError as e:
+                        errors[k] = e
+            while True:
+                try:
+                    on_report(*q.get_nowait())
+                except queue_mod.Empty:
+                    break
+    if bar:
+        bar.close()
+    if errors:  # every other shard is finished and kept: a rerun resumes after the fix
+        first = errors[min(errors)]
+        more = f" (and {len(errors) - 1} more failed units)" if len(errors) > 1 else ""
+        raise DataError(f"{first}{more}")
+
+
+def describe(results: list[Result], stream=None) -> None:
+    stream = stream or sys.stderr
+    for r in results:
+        skip = r.skipped
+        extra = (f", skipped {skip.malformed} malformed + {skip.missing_text} without text"
+                 if skip.malformed or skip.missing_text else "")
+        print(f"{r.status:10s} {r.prefix}: {r.documents} documents, {r.tokens} tokens{extra}",
+              file=stream)
+
+
+def tokenizer_sha(path: str | Path) -> str:
+    return file_sha256(path)

@@ -1,0 +1,185 @@
+"""An NVFP4 linear layer Y = X W^T that quantizes its GEMM operands as TE's NVFP4BlockScaling does.
+
+Per GEMM (T tokens, K input features, N output features; X [T, K], W [N, K], dY [T, N]):
+
+    Fprop  Y  = X  W^T    X rowwise 1x16 along K, RN          W 16x16 tiles (2d) or 1x16 along K, RN
+    Dgrad  dX = dY W      dY rowwise 1x16 along N, SR         W columnwise: 1x16 along N (same 2D
+                                                              tiles when 2d), RN
+    Wgrad  dW = dY^T X    dY columnwise 1x16 along T,         X columnwise 1x16 along T, RHT, RN
+                          RHT + SR
+
+Every operand is quantized from the high-precision tensor (never from another quantized copy);
+RHT, SR and 2D tiles are each switchable (NVFP4Recipe). The GEMMs run on the dequantized FP32
+values (emulation: the products of E2M1 x E4M3 values are exact in FP32, only the accumulation
+order differs from the tensor cores); master weights and gradients stay FP32. The Hadamard
+matrix is orthogonal, so RHT cancels in the Wgrad product: (dY^T M)(X^T M)^T = dY^T X.
+
+Tensor parallelism and the global amax (see tp_amax_groups): TE MAX-all-reduces the amax over the
+TP group exactly for the operands it quantizes as shards before a TP collective:
+  - column-parallel + sequence parallel: the input X (sequence-sharded, all-gathered in NVFP4);
+  - row-parallel + sequence parallel: the output gradient dY (sequence-sharded, all-gathered).
+Everything else uses the local amax in TE: the weight shard (W is split over N for column-,
+over K for row-parallel), the K-sharded input of a row-parallel layer and the N-sharded output
+gradient of a column-parallel layer. Scope "tensor" additionally reduces those three, so that
+every operand is quantized with the amax of the whole (unsharded) tensor: TP=1 and TP>1 then
+quantize to identical values and differ only by FP32 summation order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from .nvfp4 import BLOCK, fake_quantize
+
+AmaxScope = Literal["te", "tensor"]
+
+
+@dataclass(frozen=True, slots=True)
+class NVFP4Recipe:
+    """The recipe knobs of TE's NVFP4BlockScaling (True = enabled)."""
+
+    rht: bool = False
+    """Random Hadamard transform on the Wgrad operands."""
+    stochastic_rounding: bool = False
+    """Stochastic rounding of the gradient dY (Dgrad and Wgrad operands)."""
+    weights_2d: bool = False
+    """16x16 weight tiles instead of 1x16 blocks."""
+
+    @classmethod
+    def from_config(cls, cfg) -> "NVFP4Recipe":
+        pr = cfg.precision
+        return cls(rht=pr.nvfp4_rht, stochastic_rounding=pr.nvfp4_stochastic_rounding,
+                   weights_2d=pr.nvfp4_2d_weights)
+
+
+@dataclass(frozen=True, slots=True)
+class AmaxGroups:
+    """Process group over which each operand's global amax is MAX-all-reduced (None: local)."""
+
+    x: object = None
+    """The input X (Fprop rowwise and Wgrad columnwise quantizations)."""
+    w: object = None
+    """The weight W (Fprop and Dgrad)."""
+    dy: object = None
+    """The output gradient dY (Dgrad rowwise and Wgrad columnwise quantizations)."""
+
+
+def tp_amax_groups(parallel_mode: Literal["column", "row"] | None, group, *,
+                   sequence_parallel: bool = False, gathered: bool = True,
+                   scope: AmaxScope = "te") -> AmaxGroups:
+    """Which operands of a tensor-parallel linear need their amax reduced over `group`.
+
+    parallel_mode: "column" (W split over output features, X replicated or sequence-sharded,
+        dY split over N) or "row" (W and X split over K, dY replicated or sequence-sharded).
+    sequence_parallel: the layer runs with Megatron's sequence parallelism.
+    gathered: the sequence-parallel operand (column: X, row: dY) reaches the GEMM already
+        all-gathered (the emulation quantizes after Megatron's collective, where the local amax
+        is the global one); False when it is quantized as a shard (as TE does: then reduce).
+    scope: "te" reduces what TE reduces; "tensor" also reduces the weight shard, the K-sharded X
+        of a row-parallel layer and the N-sharded dY of a column-parallel layer (TP-invariant).
+    """
+    if parallel_mode not in ("column", "row", None):
+        raise ValueError(f"parallel_mode must be 'column', 'row' or None, got {parallel_mode!r}")
+    if scope not in ("te", "tensor"):
+        raise ValueError(f"amax scope must be 'te' or 'tensor', got {scope!r}")
+    if parallel_mode is None or group is None or torch.distributed.get_world_size(group) == 1:
+        return AmaxGroups()
+    x = w = dy = None
+    if sequence_parallel and not gathered:
+        if parallel_mode == "column":
+            x = group
+        else:
+            dy = group
+    if scope == "tensor":
+        w = group
+        if parallel_mode == "row":
+            x = group
+        else:
+            dy = group
+    return AmaxGroups(x=x, w=w, dy=dy)
+
+
+def _pad_rows(t: torch.Tensor) -> torch.Tensor:
+    """Zero-pad the token dimension to a multiple of 16 for the columnwise (Wgrad) blocks: zero
+    rows change neither the amax nor the product."""
+    pad = -t.shape[0] % BLOCK
+    return F.pad(t, (0, 0, 0, pad)) if pad else t
+
+
+class NVFP4LinearFunction(torch.autograd.Function):
+    """Y = X W^T (+ b) with NVFP4-quantized Fprop, Dgrad and Wgrad operands (see module doc).
+
+    accumulate_main_grad: add dW into weight.main_grad (Megatron's gradient accumulation fusion)
+    instead of returning it.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, recipe: NVFP4Recipe, groups: AmaxGroups,
+                generator: torch.Generator | None, accumulate_main_grad: bool):
+        k = x.shape[-1]
+        n = weight.shape[0]
+        if weight.shape[1] != k:
+            raise ValueError(f"NVFP4 linear: input features {k} != weight {tuple(weight.shape)}")
+        x2 = x.reshape(-1, k)
+        wblock = "2d" if recipe.weights_2d else "1d"
+        xq = fake_quantize(x2, amax_group=groups.x)
+        wq = fake_quantize(weight, block=wblock, amax_group=groups.w)
+        y = torch.matmul(xq, wq.t())
+        if bias is not None:
+            y = y + bias.float()
+        # with 2D tiles the columnwise weight equals the rowwise one: keep it for Dgrad
+        ctx.save_for_backward(x2, weight, wq if recipe.weights_2d else None)
+        ctx.recipe, ctx.groups, ctx.generator = recipe, groups, generator
+        ctx.has_bias = bias is not None
+        ctx.bias_dtype = bias.dtype if bias is not None else None
+        ctx.accumulate_main_grad = accumulate_main_grad
+        ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
+        return y.to(x.dtype).reshape(*x.shape[:-1], n)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        x2, weight, wq2d = ctx.saved_tensors
+        recipe, groups, gen = ctx.recipe, ctx.groups, ctx.generator
+        n = weight.shape[0]
+        dy = grad_output.reshape(-1, n)
+        sr = recipe.stochastic_rounding
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            dyq = fake_quantize(dy, stochastic=sr, generator=gen, amax_group=groups.dy)
+            if wq2d is not None:
+                dx = torch.matmul(dyq, wq2d)                                   # [T, K]
+            else:
+                wcol = fake_quantize(weight, columnwise=True, amax_group=groups.w)  # W^T [K, N]
+                dx = torch.matmul(dyq, wcol.t())
+            dx = dx.to(ctx.x_dtype).reshape(ctx.x_shape)
+        if ctx.needs_input_grad[1]:
+            dyt = fake_quantize(_pad_rows(dy), columnwise=True, rht=recipe.rht, stochastic=sr,
+                                generator=gen, amax_group=groups.dy)           # [N, T]
+            xt = fake_quantize(_pad_rows(x2), columnwise=True, rht=recipe.rht,
+                               amax_group=groups.x)                            # [K, T]
+            dw = torch.matmul(dyt, xt.t())                                     # [N, K]
+            if ctx.accumulate_main_grad and hasattr(weight, "main_grad"):
+                weight.main_grad.add_(dw.to(weight.main_grad.dtype))
+                if hasattr(weight, "grad_added_to_main_grad"):
+                    # Megatron's DDP skips params whose gradient already went to main_grad
+                    dw = torch.zeros(weight.main_grad.shape, dtype=weight.dtype, device=dw.device)
+                    weight.grad_added_to_main_grad = True
+                else:
+                    dw = None
+            else:
+                dw = dw.to(weight.dtype)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = dy.float().sum(0).to(ctx.bias_dtype)
+        return dx, dw, db, None, None, None, None
+
+
+def nvfp4_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                 recipe: NVFP4Recipe = NVFP4Recipe(), amax_groups: AmaxGroups = AmaxGroups(),
+                 generator: torch.Generator | None = None,
+                 accumulate_main_grad: bool = False) -> torch.Tensor:
+    """F.linear(x, weight, bias) with NVFP4-quantized GEMM operands (autograd-aware)."""
+    return NVFP4LinearFunction.apply(x, weight, bias, recipe, amax_groups, generator,
+                                     accumulate_main_grad)

@@ -1,0 +1,56 @@
+"""Which samples each rank reads, and microbatches for Megatron's pipeline schedule.
+
+Training: step k (0-based) consumes global samples [k*GBS, (k+1)*GBS) of the train dataset; DP
+rank r takes the r-th MiniBS slice, cut into MiniBS/MBS microbatches. The sample order is a
+function of the step only, so any layout (and a resumed or warmed-up run) sees the same data.
+
+Evaluation: the eval_samples validation sequences are split into contiguous shards over DP ranks
+(the first eval_samples % DP ranks take one more), so every sequence is evaluated exactly once
+even when DP does not divide eval_samples; the last microbatch of a shard is padded with a
+fully masked copy.
+"""
+from __future__ import annotations
+
+import torch
+
+KEYS = ("tokens", "labels", "loss_mask", "position_ids")
+
+
+def _stack(items: list[dict]) -> dict[str, torch.Tensor]:
+    return {k: torch.stack([torch.as_tensor(it[k]) for it in items]) for k in KEYS}
+
+
+def train_microbatches(dataset, *, step: int, gbs: int, minibs: int, mbs: int,
+                       dp_rank: int) -> list[dict[str, torch.Tensor]]:
+    start = step * gbs + dp_rank * minibs
+    idx = list(range(start, start + minibs))
+    return [_stack([dataset[i] for i in idx[j:j + mbs]]) for j in range(0, minibs, mbs)]
+
+
+def eval_shard(eval_samples: int, dp: int, dp_rank: int) -> range:
+    base, extra = divmod(eval_samples, dp)
+    start = dp_rank * base + min(dp_rank, extra)
+    return range(start, start + base + (dp_rank < extra))
+
+
+def eval_microbatches(dataset, *, shard: range, mbs: int,
+                      multiple_of: int = 1) -> list[dict[str, torch.Tensor]]:
+    """Microbatches covering `shard`; padding rows (and whole padding microbatches, when the
+    interleaved schedule needs a multiple of PP) have loss_mask 0."""
+    out = []
+    idx = list(shard)
+    for j in range(0, len(idx), mbs):
+        items = [dataset[i] for i in idx[j:j + mbs]]
+        real = len(items)
+        while len(items) < mbs:
+            items.append(dataset[idx[0]])
+        mb = _stack(items)
+        if real < mbs:
+            mb["loss_mask"] = mb["loss_mask"].clone()
+            mb["loss_mask"][real:] = 0
+        out.append(mb)
+    while out and len(out) % multiple_of:
+        pad = {k: v.clone() for k, v in out[0].items()}
+        pad["loss_mask"].zero_()
+        out.append(pad)
+    return out

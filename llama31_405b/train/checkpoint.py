@@ -1,0 +1,86 @@
+"""Megatron distributed checkpoints of the model, loadable at any TP/PP/VP layout.
+
+Each chunk's `sharded_state_dict()` names tensors by their global position (layer numbers are
+global, TP shards carry their offsets), so a checkpoint written at one layout loads at another.
+A small `llama31_405b.json` beside Megatron's metadata records the model shape, so a checkpoint
+of another model is refused with a clear message before any tensor is read.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+MODEL_INFO = "llama31_405b.json"
+_SHAPE_KEYS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+               "num_query_groups", "kv_channels", "vocab_size")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete or of another model."""
+
+
+def _unwrap(chunk):
+    while hasattr(chunk, "module"):
+        chunk = chunk.module
+    return chunk
+
+
+def sharded_model_state(chunks) -> dict:
+    sd = {}
+    for i, chunk in enumerate(chunks):
+        key = "model" if len(chunks) == 1 else f"model{i}"
+        sd[key] = _unwrap(chunk).sharded_state_dict()
+    return sd
+
+
+def checkpoint_exists(path: str | Path) -> bool:
+    p = Path(path)
+    return (p / "metadata.json").is_file() and (p / MODEL_INFO).is_file()
+
+
+def save_model_checkpoint(chunks, path: str | Path, cfg, *, extra: dict | None = None) -> None:
+    """Write the model weights of all ranks to `path` (collective: every rank calls it)."""
+    import torch.distributed as dist
+    from megatron.core import dist_checkpointing
+    p = Path(path)
+    if dist.get_rank() == 0:
+        p.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    dist_checkpointing.save(sharded_model_state(chunks), str(p))
+    if dist.get_rank() == 0:
+        info = {k: getattr(cfg.model, k) for k in _SHAPE_KEYS}
+        info["padded_vocab_size_at_save"] = cfg.derived.padded_vocab_size
+        info["model"] = asdict(cfg.model)
+        info.update(extra or {})
+        tmp = p / (MODEL_INFO + ".tmp")
+        tmp.write_text(json.dumps(info, indent=2))
+        tmp.replace(p / MODEL_INFO)   # written last: its presence marks a complete checkpoint
+    dist.barrier()
+
+
+def check_compatible(path: str | Path, cfg) -> dict:
+    p = Path(path)
+    if not checkpoint_exists(p):
+        raise CheckpointError(f"{p}: no complete Megatron distributed checkpoint (missing "
+                              f"metadata.json or {MODEL_INFO}); set checkpoint.ckpt_dir/init")
+    info = json.loads((p / MODEL_INFO).read_text())
+    diff = [f"{k}: checkpoint {info.get(k)} vs config {getattr(cfg.model, k)}"
+            for k in _SHAPE_KEYS if info.get(k) != getattr(cfg.model, k)]
+    if diff:
+        raise CheckpointError(f"{p}: checkpoint does not match the model of {cfg.source}: "
+                              + "; ".join(diff))
+    return info
+
+
+def load_model_checkpoint(chunks, path: str | Path, cfg) -> dict:
+    """Load model weights saved at any layout into this rank's chunks."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.validation import StrictHandling
+    info = check_compatible(path, cfg)
+    loaded = dist_checkpointing.load(sharded_model_state(chunks), str(path),
+                                     strict=StrictHandling.RAISE_ALL)
+    for i, chunk in enumerate(chunks):
+        key = "model" if len(chunks) == 1 else f"model{i}"
+        _unwrap(chunk).load_state_dict(loaded[key], strict=True)
+    return info

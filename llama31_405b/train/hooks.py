@@ -1,0 +1,59 @@
+"""Named hook points of the training loop. A hook overrides the methods it needs; the loop calls
+them in this order:
+
+  on_init_start -> on_init_stop -> on_run_start
+    -> (on_block_start -> on_step_end* -> on_block_stop -> on_eval_start -> on_eval_end)*
+  -> on_run_stop (always, also when the run fails)
+
+Hooks never raise into the loop for cosmetic reasons; a hook that must stop the run raises.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class StepStats:
+    step: int
+    """Optimizer steps completed (1 after the first step)."""
+    samples: int
+    """Training samples consumed so far."""
+    loss: float
+    """Mean per-token training loss of the global batch."""
+    lr: float
+    grad_norm: float
+    step_time_s: float
+    next_eval_step: int
+
+
+class Hook:
+    def on_init_start(self, run) -> None: ...
+    def on_init_stop(self, run) -> None: ...
+    def on_run_start(self, run) -> None: ...
+    def on_block_start(self, run, step: int, block_samples: int) -> None: ...
+    def on_step_end(self, run, stats: StepStats) -> None: ...
+    def on_block_stop(self, run, step: int, block_samples: int) -> None: ...
+    def on_eval_start(self, run, step: int) -> None: ...
+    def on_eval_end(self, run, step: int, value: float, eval_time_s: float) -> None: ...
+    def on_run_stop(self, run, status: str, reason: str) -> None: ...
+
+
+class Hooks(Hook):
+    """Calls each registered hook in order."""
+
+    def __init__(self, hooks: list[Hook]):
+        self.hooks = list(hooks)
+
+    def _call(self, name, *args):
+        for h in self.hooks:
+            getattr(h, name)(*args)
+
+    def on_init_start(self, run): self._call("on_init_start", run)
+    def on_init_stop(self, run): self._call("on_init_stop", run)
+    def on_run_start(self, run): self._call("on_run_start", run)
+    def on_block_start(self, run, step, block_samples): self._call("on_block_start", run, step, block_samples)
+    def on_step_end(self, run, stats): self._call("on_step_end", run, stats)
+    def on_block_stop(self, run, step, block_samples): self._call("on_block_stop", run, step, block_samples)
+    def on_eval_start(self, run, step): self._call("on_eval_start", run, step)
+    def on_eval_end(self, run, step, value, eval_time_s): self._call("on_eval_end", run, step, value, eval_time_s)
+    def on_run_stop(self, run, status, reason): self._call("on_run_stop", run, status, reason)

@@ -1,0 +1,66 @@
+"""One forward/backward over a rank's microbatches with Megatron's pipeline schedule, and the
+per-token loss that makes the global-batch loss identical for every layout."""
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+
+
+def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
+    """Sum of per-token losses and token count (calculate_per_token_loss: Megatron divides the
+    gradients by the global token count in finalize_model_grads)."""
+    losses = output_tensor.float().reshape(-1)
+    mask = loss_mask.float().reshape(-1)
+    loss_sum = torch.sum(losses * mask)
+    ntok = mask.sum()
+    report = torch.stack([loss_sum.detach(), ntok.detach()])
+    return loss_sum, ntok.to(torch.int), {"lm loss": report}
+
+
+def forward_step(data_iterator, model):
+    batch = next(data_iterator)
+    output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+    return output, partial(loss_func, batch["loss_mask"])
+
+
+def _to_device(mb: dict, cp: int) -> dict:
+    if torch.cuda.is_available():
+        mb = {k: v.cuda(non_blocking=True) for k, v in mb.items()}
+    if cp > 1:
+        from megatron.core.utils import get_batch_on_this_cp_rank
+        mb = get_batch_on_this_cp_rank(mb)
+    return mb
+
+
+def run_schedule(model_chunks, microbatches: list[dict], *, seq_length: int, mbs: int,
+                 forward_only: bool, cp: int = 1) -> torch.Tensor:
+    """Forward (and backward) over `microbatches`; returns [loss_sum, tokens] of this rank's
+    share (zeros on ranks without the last pipeline stage)."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    mbs_dev = [_to_device(mb, cp) for mb in microbatches]
+    if not mbs_dev:
+        return torch.zeros(2, dtype=torch.float64)
+    iters = [iter(mbs_dev) for _ in model_chunks]
+    out = get_forward_backward_func()(
+        forward_step_func=forward_step,
+        data_iterator=iters if len(model_chunks) > 1 else iters[0],
+        model=model_chunks if len(model_chunks) > 1 else model_chunks[0],
+        num_microbatches=len(mbs_dev), seq_length=seq_length // cp, micro_batch_size=mbs,
+        forward_only=forward_only)
+    total = torch.zeros(2, dtype=torch.float64)
+    for item in out or []:
+        total += item["lm loss"].detach().to("cpu", torch.float64)
+    return total
+
+
+def global_sum(local: torch.Tensor, *, contributes: bool) -> torch.Tensor:
+    """Sum a small [loss_sum, tokens] vector over the whole world; only ranks holding the last
+    pipeline stage with TP rank 0 contribute (TP ranks hold identical losses). Every rank gets
+    the result, so all stop together on NaN or at the target."""
+    import torch.distributed as dist
+    vec = (local if contributes else torch.zeros_like(local)).to(torch.float64)
+    if torch.cuda.is_available():
+        vec = vec.cuda()
+    dist.all_reduce(vec)
+    return vec.cpu()

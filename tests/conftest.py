@@ -1,0 +1,101 @@
+"""Shared, expensive fixtures, prepared once per test session (also across xdist workers):
+
+- `tiny_env`: tiny data (ensure_tiny_data) and the tiny initial checkpoint, in a directory shared
+  by all workers, plus a config file `tiny.toml` pointing at them;
+- `tiny_runs`: MLPerf logs of 3 completed tiny runs with distinct seeds (seed_base + i), run
+  through the real command `python -m llama31_405b train`.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+NUM_TINY_RUNS = 3
+
+
+def py_env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+@contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope="session")
+def shared_dir(tmp_path_factory) -> Path:
+    """A directory shared by all xdist workers of this session."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    d = base / "shared"
+    d.mkdir(exist_ok=True)
+    return d
+
+
+def write_tiny_config(path: Path, data_dir: Path, ckpt_dir: Path, extra: str = "") -> Path:
+    path.write_text(f'base = "{REPO / "configs" / "tiny_cpu.toml"}"\n\n'
+                    f'[data]\ndata_dir = "{data_dir}"\n\n'
+                    f'[checkpoint]\nckpt_dir = "{ckpt_dir}"\n{extra}')
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_env(shared_dir) -> dict:
+    """Tiny data + the tiny initial checkpoint, made once; returns paths."""
+    root = shared_dir / "tiny"
+    data_dir, ckpt_dir = root / "data", root / "ckpt"
+    with _locked(shared_dir / "tiny.lock"):
+        root.mkdir(exist_ok=True)
+        cfg = write_tiny_config(root / "tiny.toml", data_dir, ckpt_dir)
+        from llama31_405b.data.tiny import ensure_tiny_data
+        ensure_tiny_data(data_dir)
+        r = subprocess.run([sys.executable, "-m", "llama31_405b", "train-init", "--config",
+                            str(cfg)], cwd=REPO, env=py_env(), capture_output=True, text=True,
+                           timeout=900)
+        assert r.returncode == 0, r.stderr[-3000:]
+    return {"root": root, "data_dir": data_dir, "ckpt_dir": ckpt_dir, "config": cfg}
+
+
+def run_train(config: Path, seed: int, log: Path, *, timeout: float = 900,
+              extra_args: tuple = ()) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "llama31_405b", "train", "--config", str(config),
+                           "--seed", str(seed), "--log", str(log), *extra_args],
+                          cwd=REPO, env=py_env(), capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def tiny_runs(tiny_env, shared_dir) -> list[Path]:
+    """MLPerf logs of NUM_TINY_RUNS completed tiny runs (seeds seed_base + i)."""
+    from llama31_405b.config import load_config
+    cfg = load_config(tiny_env["config"])
+    logdir = shared_dir / "tiny_runs"
+    with _locked(shared_dir / "tiny_runs.lock"):
+        logdir.mkdir(exist_ok=True)
+        logs = []
+        for i in range(NUM_TINY_RUNS):
+            log = logdir / f"result_{i}.txt"
+            done = logdir / f"result_{i}.json"
+            if not done.exists():
+                log.unlink(missing_ok=True)
+                r = run_train(tiny_env["config"], cfg.run.seed_base + i, log)
+                done.write_text(json.dumps({"rc": r.returncode, "stderr": r.stderr[-4000:]}))
+            logs.append(log)
+    return logs

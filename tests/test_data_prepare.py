@@ -1,0 +1,171 @@
+"""data prepare: text -> .bin/.idx equals direct tokenization, order, idempotence, resume,
+bad input (each fails with file and line, or is skipped and counted on request), no partial
+dataset that looks complete."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from data_helpers import make_tokenizer, texts, truncate, write_shard
+from llama31_405b.cli import main as cli_main
+from llama31_405b.data import DataError
+from llama31_405b.data.indexed import read_index
+from llama31_405b.data.manifest import load_manifest
+from llama31_405b.data.prepare import Output, prepare
+from llama31_405b.data.progress import Progress
+from llama31_405b.data.tokenizer import load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    root = tmp_path_factory.mktemp("prep")
+    docs = texts()
+    tok = make_tokenizer(root / "tok.model", docs)
+    return root, docs, tok
+
+
+def _shards(dirpath: Path, docs: list[str], n: int = 3) -> list[Path]:
+    step = -(-len(docs) // n)
+    return [write_shard(dirpath / f"c4-train.{i:05d}-of-{n:05d}.json.gz", docs[i * step:(i + 1) * step])
+            for i in range(n)]
+
+
+def _documents(prefix: Path) -> list[list[int]]:
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+    ds = IndexedDataset(str(prefix))
+    return [ds[i].tolist() for i in range(len(ds))]
+
+
+def test_tokenizer_interface(env):
+    _, docs, tok_path = env
+    tok = load_tokenizer(tok_path)
+    assert (tok.vocab_size, tok.bos, tok.eod, tok.pad) == (600, 1, 2, -1)
+    assert tok.unique_identifiers["sha256"] == tok.sha256
+    ids = tok.tokenize(docs[0])
+    assert ids and tok.bos not in ids[:1] and tok.eod not in ids
+    assert tok.detokenize(ids) == docs[0]
+    with pytest.raises(DataError, match="nope.model: file not found"):
+        load_tokenizer(tok_path.parent / "nope.model")
+
+
+def test_roundtrip_order_and_idempotent(env, tmp_path):
+    _, docs, tok_path = env
+    tok = load_tokenizer(tok_path)
+    shards = _shards(tmp_path / "raw", docs)
+    out = Output(prefix=tmp_path / "ds" / "train_text_document", inputs=tuple(shards))
+    [res] = prepare([out], tok_path, data_dir=tmp_path / "ds", workers=2, progress=False)
+    assert res.status == "prepared" and res.documents == len(docs)
+    # documents in shard then line order, each = direct tokenization + EOD, no BOS
+    assert _documents(out.prefix) == [tok.tokenize(t) + [tok.eod] for t in docs]
+    info = read_index(out.prefix)
+    assert info.dtype == np.uint16 and info.tokens == res.tokens
+    m = load_manifest(tmp_path / "ds")
+    rec = m["datasets"]["train_text_document"]
+    assert rec["tokenizer_sha256"] == tok.sha256 and rec["bos_prepended"] is False
+    assert m["files"]["train_text_document.bin"]["size"] == info.bin_size
+    assert not Path(f"{out.prefix}.parts").exists()
+    before = Path(f"{out.prefix}.bin").stat().st_mtime_ns
+    [again] = prepare([out], tok_path, data_dir=tmp_path / "ds", workers=2, progress=False)
+    assert again.status == "up-to-date" and again.tokens == res.tokens
+    assert Path(f"{out.prefix}.bin").stat().st_mtime_ns == before
+
+
+def test_resume_after_a_bad_shard(env, tmp_path):
+    _, docs, tok_path = env
+    shards = _shards(tmp_path / "raw", docs)
+    good = shards[2].read_bytes()
+    truncate(shards[2])  # units run largest first: this one may run first or last
+    out = Output(prefix=tmp_path / "ds" / "x_text_document", inputs=tuple(shards))
+    with pytest.raises(DataError, match=r"c4-train\.00002-of-00003\.json\.gz:\d+: truncated gzip"):
+        prepare([out], tok_path, data_dir=tmp_path / "ds", workers=1, progress=False)
+    # never a dataset that looks complete; finished shards are kept for the resume
+    assert not Path(f"{out.prefix}.bin").exists() and not Path(f"{out.prefix}.idx").exists()
+    assert sorted(p.name for p in Path(f"{out.prefix}.parts").glob("*.json")) == [
+        "part-00000.json", "part-00001.json"]
+    shards[2].write_bytes(good)
+    [res] = prepare([out], tok_path, data_dir=tmp_path / "ds", workers=1, progress=False)
+    assert res.status == "resumed"
+    fresh = Output(prefix=tmp_path / "ds" / "y_text_document", inputs=tuple(shards))
+    prepare([fresh], tok_path, data_dir=tmp_path / "ds", workers=1, progress=False)
+    assert Path(f"{out.prefix}.bin").read_bytes() == Path(f"{fresh.prefix}.bin").read_bytes()
+    assert Path(f"{out.prefix}.idx").read_bytes() == Path(f"{fresh.prefix}.idx").read_bytes()
+
+
+@pytest.mark.parametrize("bad, at_line, message", [
+    ("{not json", 4, r"bad\.json\.gz:4: malformed JSON line"),
+    (json.dumps({"url": "x"}), 4, r'bad\.json\.gz:4: no "text" field'),
+    (json.dumps({"text": 7}), 4, r'bad\.json\.gz:4: "text" is not a string'),
+    (json.dumps(["text"]), 4, r"bad\.json\.gz:4: not a JSON object"),
+])
+def test_bad_lines_fail_with_file_and_line_or_are_counted(env, tmp_path, bad, at_line, message):
+    _, docs, tok_path = env
+    shard = write_shard(tmp_path / "bad.json.gz", docs[:10], extra_lines=[bad], at=at_line - 1)
+    out = Output(prefix=tmp_path / "b_text_document", inputs=(shard,))
+    with pytest.raises(DataError, match=message + ".*--skip-bad"):
+        prepare([out], tok_path, data_dir=tmp_path, workers=1, progress=False)
+    assert not Path(f"{out.prefix}.idx").exists()
+    [res] = prepare([out], tok_path, data_dir=tmp_path, workers=1, progress=False, skip_bad=True)
+    assert res.documents == 10 and res.skipped.malformed + res.skipped.missing_text == 1
+    assert load_manifest(tmp_path)["datasets"]["b_text_document"]["skip_bad"] is True
+
+
+def test_truncated_gzip_empty_shard_missing_input(env, tmp_path):
+    _, docs, tok_path = env
+    trunc = truncate(write_shard(tmp_path / "t.json.gz", docs[:50]))
+    with pytest.raises(DataError, match=r"t\.json\.gz:\d+: truncated gzip stream.*copy it again"):
+        prepare([Output(prefix=tmp_path / "t", inputs=(trunc,))], tok_path, data_dir=tmp_path,
+                workers=1, progress=False, skip_bad=True)  # never skippable
+    empty = write_shard(tmp_path / "e.json.gz", [])
+    (tmp_path / "e.json.gz").write_bytes(__import__("gzip").compress(b"\n"))
+    with pytest.raises(DataError, match=r"e\.json\.gz: empty shard"):
+        prepare([Output(prefix=tmp_path / "e", inputs=(empty,))], tok_path, data_dir=tmp_path,
+                workers=1, progress=False)
+    with pytest.raises(DataError, match=r"missing\.json\.gz: input shard not found"):
+        prepare([Output(prefix=tmp_path / "m", inputs=(tmp_path / "missing.json.gz",))],
+                tok_path, data_dir=tmp_path, workers=1, progress=False)
+    for stem in ("t", "e", "m"):
+        assert not (tmp_path / f"{stem}.bin").exists()
+
+
+def test_max_docs_and_min_tokens(env, tmp_path):
+    _, docs, tok_path = env
+    tok = load_tokenizer(tok_path)
+    shards = _shards(tmp_path / "raw", docs[:90])
+    out = Output(prefix=tmp_path / "v_text_document", inputs=tuple(shards), max_docs=45)
+    [res] = prepare([out], tok_path, data_dir=tmp_path, workers=2, progress=False)
+    assert _documents(out.prefix) == [tok.tokenize(t) + [tok.eod] for t in docs[:45]]
+    too_many = Output(prefix=tmp_path / "w", inputs=tuple(shards), max_docs=91)
+    with pytest.raises(DataError, match="only 90 documents, 91 requested"):
+        prepare([too_many], tok_path, data_dir=tmp_path, workers=1, progress=False)
+    short = Output(prefix=tmp_path / "s", inputs=tuple(shards), min_tokens=res.tokens * 10)
+    with pytest.raises(DataError, match="eval_samples x seq_length"):
+        prepare([short], tok_path, data_dir=tmp_path, workers=1, progress=False)
+    assert not (tmp_path / "s.bin").exists() and not (tmp_path / "s.check.bin").exists()
+
+
+def test_plain_json_input_and_cli(env, tmp_path, capsys):
+    _, docs, tok_path = env
+    shard = write_shard(tmp_path / "c4.json", docs[:20], gz=False)
+    prefix = tmp_path / "out" / "p_text_document"
+    rc = cli_main(["data", "prepare", "--input", str(shard), "--output-prefix", str(prefix),
+                   "--tokenizer", str(tok_path), "--workers", "1"])
+    cap = capsys.readouterr()
+    assert rc == 0 and "prepared" in cap.out and "docs/s" in cap.err and "tok/s" in cap.err
+    assert read_index(prefix).documents == 20
+    bad = write_shard(tmp_path / "bad.json", docs[:3], extra_lines=["oops"], at=1, gz=False)
+    rc = cli_main(["data", "prepare", "--input", str(bad), "--output-prefix", str(prefix) + "2",
+                   "--tokenizer", str(tok_path), "--no-progress"])
+    assert rc == 1 and "bad.json:2: malformed JSON" in capsys.readouterr().err
+
+
+def test_progress_line():
+    import io
+    p = Progress("prepare x", 1000, stream=io.StringIO(), interval=0)
+    p.start -= 10
+    p.update(docs=500, tokens=200_000, done_bytes=250)
+    line = p.line()
+    assert "25.0%" in line and "50 docs/s" in line and "20.00k tok/s" in line
+    assert "ETA 0:00:30" in line

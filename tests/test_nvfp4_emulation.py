@@ -1,0 +1,94 @@
+"""NVFP4 in the model: the emulation hook on a megatron GPTModel, the GPU recipe settings, and the
+config check that refuses NVFP4 where it cannot run."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from llama31_405b.config import ConfigError, launch_env, load_config, problems, validate
+from llama31_405b.precision.emulation import is_bf16_edge_layer
+from llama31_405b.precision.te_recipe import (RecipeEnvError, require_te_env,
+                                              transformer_config_kwargs)
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "configs" / "tiny_cpu.toml"
+GB200 = ROOT / "configs" / "config_GB200_512x4x32xtp4pp8cp2.toml"
+
+
+def _tiny(**precision):
+    return load_config(TINY, overrides={"precision": precision})
+
+
+def test_bf16_edge_layers_use_global_numbers():
+    cfg = _tiny(compute="nvfp4", bf16_layers_at_start=1, bf16_layers_at_end=2)
+    assert [is_bf16_edge_layer(i, cfg) for i in range(1, 5)] == [True, False, True, True]
+    with pytest.raises(ValueError, match="num_layers"):
+        is_bf16_edge_layer(5, cfg)
+
+
+def test_config_check_rejects_nvfp4_without_hardware_support():
+    for system in ("h100-sxm", "h200-sxm"):
+        cfg = load_config(GB200, validate=False, overrides={  # a layout valid on 8-GPU nodes
+            "system": {"id": system, "racks": 64}, "parallel": {"tp": 8, "pp": 1, "cp": 1, "vp": 1}})
+        assert any("nvfp4 needs a Blackwell GPU" in p for p in problems(cfg)), problems(cfg)
+        with pytest.raises(ConfigError, match="nvfp4 needs a Blackwell GPU"):
+            validate(cfg)
+    assert load_config(GB200).precision.compute == "nvfp4"          # GB200: native
+    assert _tiny(compute="nvfp4").precision.compute == "nvfp4"      # CPU: emulated
+    with pytest.raises(ConfigError, match="nvfp4_tp_amax"):
+        load_config(GB200, overrides={"precision": {"nvfp4_tp_amax": "tensor"}})
+    assert _tiny(compute="nvfp4", nvfp4_tp_amax="tensor").precision.nvfp4_tp_amax == "tensor"
+
+
+def test_transformer_config_kwargs():
+    # megatron-core refuses fp8_param without fp8 compute: NVFP4 parameters are fp4_param
+    with pytest.raises(RecipeEnvError, match="fp4_param_gather"):
+        transformer_config_kwargs(load_config(GB200, overrides={"performance": {"fp8_param_gather": True}}))
+    perf = {"fp8_param_gather": False, "fp4_param_gather": True}
+    cfg = load_config(GB200, overrides={"performance": perf})
+    kw = transformer_config_kwargs(cfg)
+    assert kw["fp4"] == "e2m1" and kw["fp4_recipe"] == "nvfp4" and kw["fp8"] is None
+    assert kw["fp4_param"] is True and kw["fp8_param"] is False
+    assert kw["first_last_layers_bf16"] is False and kw["bf16"] is True
+    assert kw["params_dtype"] == torch.bfloat16 and kw["fp8_dot_product_attention"] is False
+    edges = load_config(GB200, overrides={"performance": perf, "precision": {
+        "bf16_layers_at_start": 2, "bf16_layers_at_end": 8}})
+    kw = transformer_config_kwargs(edges)
+    assert kw["first_last_layers_bf16"] is True
+    assert (kw["num_layers_at_start_in_bf16"], kw["num_layers_at_end_in_bf16"]) == (2, 8)
+    fp32 = transformer_config_kwargs(load_config(TINY))
+    assert fp32["fp4"] is None and fp32["fp8"] is None and fp32["params_dtype"] == torch.float32
+    # every key is a TransformerConfig field of the installed megatron-core (read from source:
+    # importing megatron costs seconds; tests/nvfp4_dist_worker.py builds a real TransformerConfig)
+    assert set(kw) <= _megatron_config_fields()
+
+
+def _megatron_config_fields() -> set[str]:
+    import ast
+    import importlib.util
+    base = Path(importlib.util.find_spec("megatron.core").origin).parent
+    fields: set[str] = set()
+    for rel, cls in (("transformer/transformer_config.py", "TransformerConfig"),
+                     ("model_parallel_config.py", "ModelParallelConfig")):
+        tree = ast.parse((base / rel).read_text())
+        node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+        fields |= {a.target.id for a in node.body
+                   if isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name)}
+    return fields
+
+
+def test_require_te_env():
+    cfg = load_config(GB200)
+    env = launch_env(cfg)
+    assert env["NVTE_NVFP4_DISABLE_RHT"] == "1"           # the submissions' "vanilla" NVFP4
+    got = require_te_env(cfg, environ=env)
+    assert set(got) == {"NVTE_NVFP4_DISABLE_RHT", "NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING",
+                        "NVTE_NVFP4_DISABLE_2D_QUANTIZATION", "NVTE_DPA_FP8_RECIPE"}
+    bad = dict(env, NVTE_NVFP4_DISABLE_RHT="0")
+    del bad["NVTE_NVFP4_DISABLE_2D_QUANTIZATION"]
+    with pytest.raises(RecipeEnvError, match=r"DISABLE_2D_QUANTIZATION=1 \(missing\).*"
+                                             r"DISABLE_RHT=1 \(found '0'\)"):
+        require_te_env(cfg, environ=bad)
+    assert require_te_env(load_config(TINY), environ={}) == {}       # fp32: nothing to check
