@@ -129,7 +129,7 @@ def _spawn_entry(rank, *args):
 def test_convert_writes_a_joined_torch_dist_checkpoint(converted):
     _, out = converted
     names = {p.name for p in out.iterdir()}
-    assert {".metadata", "metadata.json", "conversion.json"} <= names
+    assert {".metadata", "metadata.json", "llama31_405b.json"} <= names
     assert not (out / ".convert_parts").exists()
     assert json.loads((out / "metadata.json").read_text())["sharded_backend"] == "torch_dist"
     from torch.distributed.checkpoint import FileSystemReader
@@ -147,6 +147,33 @@ def test_tp1_logits_match_hugging_face(converted, hf_dir, tmp_path):
     assert r["max_abs_logit"] > 0.5          # the comparison is not between near-zero logits
     assert r["max_abs_diff"] < 1e-4, r
     assert r["argmax_agreement"] == 1.0
+
+
+def test_training_loader_reads_converted_checkpoint(converted, hf_dir):
+    """train.checkpoint.load_model_checkpoint (what a training run calls) accepts the converted
+    checkpoint and yields the Hugging Face logits."""
+    import socket
+
+    from llama31_405b.checkpoint.verify import compare, hf_logits, megatron_logits, sample_tokens
+    from llama31_405b.model.builder import build_model
+    from llama31_405b.parallel.distributed import DistEnv
+    from llama31_405b.parallel.setup import seed_model_parallel, setup_parallel, teardown_parallel
+    from llama31_405b.train.checkpoint import load_model_checkpoint
+    cfg_path, out = converted
+    cfg = load_config(cfg_path)
+    setup_parallel(cfg, DistEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1",
+                                master_port=free_port(), hostname=socket.gethostname(),
+                                launcher="single"))
+    try:
+        seed_model_parallel(1)
+        chunks = build_model(cfg)
+        info = load_model_checkpoint(chunks, out, cfg)
+        tokens = sample_tokens(cfg.model.vocab_size, 2, 8, seed=3)
+        diff, _, agree = compare(megatron_logits(cfg, chunks, tokens), hf_logits(hf_dir, tokens))
+    finally:
+        teardown_parallel()
+    assert info["converted_from"]["format"] == "huggingface-safetensors"
+    assert diff < 1e-4 and agree == 1.0
 
 
 @pytest.mark.slow

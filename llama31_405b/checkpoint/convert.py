@@ -36,7 +36,6 @@ from .progress import ByteProgress, human_bytes, human_seconds
 
 PARTS_DIR = ".convert_parts"
 FINGERPRINT = "fingerprint.json"
-PROVENANCE = "conversion.json"
 _LAYER = re.compile(r"(?:^|\.)decoder\.layers\.(\d+)\.")
 
 
@@ -181,6 +180,23 @@ def _prepare_out(out: Path, fp: dict) -> Path:
     return parts
 
 
+def _write_model_info(out: Path, hf: HFCheckpoint, cfg: Config, result: ConvertResult) -> None:
+    """The model record training's loader checks before reading tensors (train.checkpoint:
+    model shape keys at top level, the full model section, the stored vocab rows), plus where
+    the weights came from. Written last, atomically: its presence marks a complete checkpoint."""
+    from ..train.checkpoint import MODEL_INFO
+    model = dataclasses.asdict(cfg.model)
+    info = {**model, "model": model,
+            "padded_vocab_size_at_save": cfg.model.vocab_size,   # stored unpadded, see mapping
+            "converted_from": {"format": "huggingface-safetensors",
+                               "source": str(hf.dir.resolve()), "config": cfg.source,
+                               "dtype": result.dtype, "tensors": result.tensors,
+                               "source_bytes": hf.total_bytes}}
+    tmp = out / (MODEL_INFO + ".tmp")
+    tmp.write_text(json.dumps(info, indent=2) + "\n")
+    tmp.replace(out / MODEL_INFO)
+
+
 def convert(hf_dir: str | Path, cfg: Config, out_dir: str | Path, *, log=print,
             progress_interval_s: float = 5.0) -> ConvertResult:
     """Convert the Hugging Face checkpoint hf_dir for the model of cfg into out_dir."""
@@ -217,11 +233,7 @@ def convert(hf_dir: str | Path, cfg: Config, out_dir: str | Path, *, log=print,
     result = ConvertResult(out_dir=out, tensors=len(targets), bytes_read=bar.done - already,
                            seconds=time.monotonic() - t0, resumed_parts=resumed,
                            dtype=str(dtype).split(".")[-1])
-    (out / PROVENANCE).write_text(json.dumps({
-        "source": str(hf.dir.resolve()), "config": cfg.source, "model": cfg.model.name,
-        "vocab_size": cfg.model.vocab_size, "dtype": result.dtype, "tensors": len(targets),
-        "format": "megatron torch_dist; embedding/output stored unpadded (allow_shape_mismatch)",
-    }, indent=1) + "\n")
+    _write_model_info(out, hf, cfg, result)
     shutil.rmtree(parts)
     log(f"convert: done, {len(targets)} tensors, {human_bytes(hf.total_bytes)} in "
         f"{human_seconds(result.seconds)} -> {out}")
