@@ -102,6 +102,9 @@ def sharded_template(cfg: Config) -> dict:
     import torch
 
     from ..model.builder import build_model
+    if torch.cuda.is_available():
+        raise RuntimeError("checkpoint conversion runs on the CPU: start it with "
+                           "CUDA_VISIBLE_DEVICES= (the `checkpoint convert` command does)")
     one = single_layout(cfg)
     with torch.device("meta"):
         (model,) = build_model(one)

@@ -37,6 +37,11 @@ def _error(msg: str) -> int:
 
 
 def convert_cmd(args) -> int:
+    import os
+    # Conversion is host-memory and disk work. Hiding GPUs (before CUDA initialises) keeps it off
+    # them and makes the builder use Megatron's local layer spec, whose checkpoint keys are the
+    # Transformer Engine spec's (see checkpoint.mapping).
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
     from ..checkpoint.convert import convert
     from ..checkpoint.hf_reader import HFCheckpointError
     from ..checkpoint.mapping import ConversionError
