@@ -3,20 +3,16 @@ resume, and loading at TP1 and TP2xPP2 with logits equal to the Hugging Face mod
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+from checkpoint_helpers import SMALL, free_port, make_hf_llama, verify_rank, write_config
 
-sys.path.insert(0, str(Path(__file__).parent))
-from checkpoint_helpers import (SMALL, free_port, make_hf_llama, verify_rank,  # noqa: E402
-                                write_config)
-
-from llama31_405b.checkpoint import mapping  # noqa: E402
-from llama31_405b.config.load import load_config  # noqa: E402
-from llama31_405b.config.schema import ModelConfig  # noqa: E402
+from llama31_405b.checkpoint import mapping
+from llama31_405b.config.load import load_config
+from llama31_405b.config.schema import ModelConfig
 
 TINY = ModelConfig(num_layers=2, hidden_size=16, ffn_hidden_size=24, num_attention_heads=4,
                    num_query_groups=2, kv_channels=4, vocab_size=40)

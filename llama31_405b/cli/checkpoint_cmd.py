@@ -62,6 +62,10 @@ def verify_cmd(args) -> int:
         cfg = load_config(args.config)
     except ConfigError as e:
         return _error(str(e))
+    if cfg.parallel.cp > 1:
+        return _error(f"{args.config}: verify runs without context parallelism (parallel.cp = "
+                      f"{cfg.parallel.cp}); use a copy of the config with cp = 1: the checkpoint "
+                      "does not depend on CP")
     if args.seq_len > cfg.model.seq_length:
         return _error(f"--seq-len {args.seq_len} exceeds model.seq_length "
                       f"{cfg.model.seq_length} of {args.config}")
