@@ -242,3 +242,21 @@ def test_interrupted_conversion_resumes(hf_dir, tmp_path, monkeypatch):
     r = conv.convert(hf_dir, cfg, out, log=lines.append)
     assert r.resumed_parts == 5 and "resuming, 5 already written" in lines[0]
     assert _verify(cfg.source, hf_dir, out, 1, tmp_path)["max_abs_diff"] < 1e-4
+
+
+def test_join_refuses_incomplete_coverage():
+    """A layer chunk missing or written twice is caught when the parts are joined."""
+    from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata,
+                                                       TensorProperties, TensorStorageMetadata)
+
+    from llama31_405b.checkpoint.dcp_parts import CheckpointJoinError, _check_coverage
+
+    def md(offsets):
+        return {"w": TensorStorageMetadata(
+            properties=TensorProperties(dtype=torch.float32), size=torch.Size([3, 4, 2]),
+            chunks=[ChunkStorageMetadata(offsets=torch.Size([i, 0, 0]),
+                                         sizes=torch.Size([1, 4, 2])) for i in offsets])}
+    _check_coverage(md([0, 1, 2]))
+    for bad in ([0, 2], [0, 1, 1]):
+        with pytest.raises(CheckpointJoinError, match="tensor w: chunks cover"):
+            _check_coverage(md(bad))

@@ -2,8 +2,8 @@
 
 Flow (details and the memory argument in docs/checkpoint.md):
 1. Index the Hugging Face directory (safetensors headers only) and check it against the config:
-   vocab, every shape, missing/unexpected tensors, dtypes, config.json hyperparameters. Any
-   problem stops here, before a byte is written.
+   vocab, every shape, missing/unexpected tensors, dtypes, config.json hyperparameters; then the
+   output directory and its free space. Any problem stops here, before a byte is written.
 2. Build the model once at TP1/PP1 on the meta device (no memory) with the project's builder and
    take its sharded state dict: Megatron's own keys, global shapes, layer offsets, SwiGLU
    factory and `_extra_state` objects, i.e. exactly what training will ask for at load.
@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import math
 import re
 import shutil
 import socket
@@ -164,7 +165,9 @@ def _fingerprint(hf: HFCheckpoint, cfg: Config, dtype) -> dict:
     return {"hf_dir": str(hf.dir.resolve()), "dtype": str(dtype), "sha256": digest}
 
 
-def _prepare_out(out: Path, fp: dict) -> Path:
+def _check_out(out: Path, fp: dict) -> Path:
+    """The parts directory to use; refuses a finished checkpoint, a non-empty directory and an
+    unfinished conversion of other inputs. Writes nothing."""
     if (out / METADATA).exists():
         raise FileExistsError(f"{out} already holds a distributed checkpoint; remove it or "
                               "choose another --out")
@@ -178,9 +181,26 @@ def _prepare_out(out: Path, fp: dict) -> Path:
                 f"{old.get('dtype')}); delete {parts} to start over")
     elif out.exists() and any(p.name != PARTS_DIR for p in out.iterdir()):
         raise FileExistsError(f"{out} is not empty; choose an empty or new --out directory")
-    parts.mkdir(parents=True, exist_ok=True)
-    stamp.write_text(json.dumps(fp, indent=1) + "\n")
     return parts
+
+
+def _existing(path: Path) -> Path:
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def _check_disk(out: Path, pending: list, dtype) -> None:
+    """Refuse to start when the output filesystem cannot hold the tensors left to write."""
+    import torch
+    elem = torch.finfo(dtype).bits // 8
+    need = sum(math.prod(t.shape) for t in pending) * elem * 1.01 + 64 * 2**20
+    free = shutil.disk_usage(out).free
+    if free < need:
+        raise mapping.ConversionError(
+            f"{out}: {human_bytes(free)} free, the conversion needs about {human_bytes(need)} "
+            f"more ({len(pending)} tensors in {str(dtype).split('.')[-1]}); free space or "
+            "choose another --out")
 
 
 def _write_model_info(out: Path, hf: HFCheckpoint, cfg: Config, result: ConvertResult) -> None:
@@ -211,12 +231,17 @@ def convert(hf_dir: str | Path, cfg: Config, out_dir: str | Path, *, log=print,
     targets = mapping.targets(cfg.model)
     with single_process_megatron():
         tensors, objects = _index_template(sharded_template(cfg), cfg)
-        parts = _prepare_out(out, _fingerprint(hf, cfg, dtype))
+        fp = _fingerprint(hf, cfg, dtype)
+        parts = _check_out(out, fp)
         part_dirs = [parts / "p_objects"] + [parts / f"p{i:05d}" for i in range(len(targets))]
-        if not part_done(part_dirs[0]):
-            save_part(objects, part_dirs[0])
         src_bytes = [sum(hf.tensors[s].nbytes for s in t.sources) for t in targets]
         done = [part_done(d) for d in part_dirs[1:]]
+        _check_disk(_existing(out), [t for t, ok in zip(targets, done) if not ok], dtype)
+        # every check passed: from here on, files are written
+        parts.mkdir(parents=True, exist_ok=True)
+        (parts / FINGERPRINT).write_text(json.dumps(fp, indent=1) + "\n")
+        if not part_done(part_dirs[0]):
+            save_part(objects, part_dirs[0])
         resumed = sum(done)
         already = sum(b for b, ok in zip(src_bytes, done) if ok)
         log(f"convert: {len(targets)} Megatron tensors from {len(hf.tensors)} Hugging Face "

@@ -40,6 +40,10 @@ IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 """Buffers some older Hugging Face exports store; recomputed by the model, not converted."""
 
 
+MAX_LISTED = 12
+"""Shape/dtype problems listed by name before the rest are counted (405B has 1,137 tensors)."""
+
+
 class ConversionError(ValueError):
     """The inputs do not fit together; raised before anything is written."""
 
@@ -175,16 +179,21 @@ def check(tensors: dict, hf_config: dict, m: ModelConfig, where: str) -> None:
             f"model.vocab_size = {m.vocab_size}; the model vocab must equal the checkpoint's "
             "(the tokenizer's may be smaller), so set model.vocab_size = "
             f"{emb.shape[0]} or use the matching checkpoint")
+    shapes, dtypes = [], []
     for name, shape in expected.items():
         t = tensors.get(name)
         if t is None:
             continue
         if tuple(t.shape) != shape:
-            problems.append(f"shape: {name} is {tuple(t.shape)} in the checkpoint but the config "
-                            f"needs {shape}")
+            shapes.append(f"shape: {name} is {tuple(t.shape)} in the checkpoint but the config "
+                          f"needs {shape}")
         if t.dtype not in SOURCE_DTYPES:
-            problems.append(f"dtype: {name} is {t.dtype}; expected one of "
-                            f"{', '.join(SOURCE_DTYPES)} (quantized checkpoints are not inputs)")
+            dtypes.append(f"dtype: {name} is {t.dtype}; expected one of "
+                          f"{', '.join(SOURCE_DTYPES)} (quantized checkpoints are not inputs)")
+    for kind, found in (("shape", shapes), ("dtype", dtypes)):
+        problems += found[:MAX_LISTED]
+        if len(found) > MAX_LISTED:
+            problems.append(f"{kind}: ... and {len(found) - MAX_LISTED} more tensors like these")
     missing = [n for n in expected if n not in tensors]
     unexpected = [n for n in tensors if n not in expected and not n.endswith(IGNORED_SUFFIXES)]
     for label, names in (("missing", missing), ("unexpected", unexpected)):
