@@ -123,8 +123,16 @@ def megatron_logits(cfg: Config, chunks, tokens):
 
 def hf_logits(hf_dir: str | Path, tokens, dtype: str = "float32"):
     import torch
-    from transformers import LlamaForCausalLM
-    model = LlamaForCausalLM.from_pretrained(str(hf_dir), dtype=getattr(torch, dtype))
+    try:
+        import transformers
+        from transformers import LlamaForCausalLM
+    except ImportError:
+        raise RuntimeError("checkpoint verify runs the Hugging Face model and needs the "
+                           "transformers package (pip install 'transformers>=4.45')") from None
+    t = getattr(torch, dtype)
+    # transformers 5 renamed from_pretrained's torch_dtype to dtype
+    kw = {"dtype": t} if int(transformers.__version__.split(".")[0]) >= 5 else {"torch_dtype": t}
+    model = LlamaForCausalLM.from_pretrained(str(hf_dir), **kw)
     model.eval()
     with torch.no_grad():
         return model(tokens).logits.float()
