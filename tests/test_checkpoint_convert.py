@@ -260,3 +260,17 @@ def test_join_refuses_incomplete_coverage():
     for bad in ([0, 2], [0, 1, 1]):
         with pytest.raises(CheckpointJoinError, match="tensor w: chunks cover"):
             _check_coverage(md(bad))
+
+
+def test_405b_model_matches_the_mapping():
+    """The real 405B config, built on the meta device (no memory): Megatron's sharded state dict
+    has exactly the 759 tensors the mapping fills (6 per layer x 126 + 3)."""
+    from llama31_405b.checkpoint.convert import (_index_template, sharded_template,
+                                                 single_process_megatron)
+    root = Path(__file__).resolve().parents[1]
+    cfg = load_config(root / "configs" / "config_GB200_256x4x72xtp4pp8cp2.toml")
+    with single_process_megatron():
+        tensors, objects = _index_template(sharded_template(cfg), cfg)
+    assert len(tensors) == len(mapping.targets(cfg.model)) == 6 * 126 + 3
+    entry = tensors[(mapping.QKV, 125)][1]
+    assert tuple(entry.local_shape) == ((128 + 2 * 8) * 128, 16384)

@@ -252,7 +252,7 @@ def convert(hf_dir: str | Path, cfg: Config, out_dir: str | Path, *, log=print,
         for target, part, nbytes, ok in zip(targets, part_dirs[1:], src_bytes, done):
             if ok:
                 continue
-            name, entry = tensors[(target.key, target.layer)]
+            _, entry = tensors[(target.key, target.layer)]
             tensor = mapping.fill(target, cfg.model, hf.read, dtype)
             save_part(_filled(entry, tensor), part)
             del tensor
