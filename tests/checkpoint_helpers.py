@@ -10,7 +10,7 @@ SMALL = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=4, num_att
 
 def make_hf_llama(directory: Path, *, seed: int = 0, **overrides) -> Path:
     """Build a random transformers LlamaForCausalLM with GQA and Llama 3.1 RoPE scaling and save
-    it as safetensors (FP32) in `directory`."""
+    it as sharded safetensors (FP32) in `directory`."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
     p = {**SMALL, **overrides}
@@ -30,7 +30,8 @@ def make_hf_llama(directory: Path, *, seed: int = 0, **overrides) -> Path:
         for name, param in model.named_parameters():
             if "norm" in name:
                 param.uniform_(0.5, 1.5)
-    model.save_pretrained(directory, safe_serialization=True)
+    # several shards + model.safetensors.index.json, like Meta's release
+    model.save_pretrained(directory, safe_serialization=True, max_shard_size="300KB")
     return Path(directory)
 
 

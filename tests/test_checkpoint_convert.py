@@ -122,7 +122,8 @@ def _spawn_entry(rank, *args):
     verify_rank(rank, *args)
 
 
-def test_convert_writes_a_joined_torch_dist_checkpoint(converted):
+def test_convert_writes_a_joined_torch_dist_checkpoint(converted, hf_dir):
+    assert (hf_dir / "model.safetensors.index.json").is_file()   # read through the shard index
     _, out = converted
     names = {p.name for p in out.iterdir()}
     assert {".metadata", "metadata.json", "llama31_405b.json"} <= names
