@@ -11,6 +11,7 @@ import importlib
 import sys
 
 COMMANDS = {
+    "checkpoint": "llama31_405b.cli.checkpoint_cmd",
     "config": "llama31_405b.cli.config_cmd",
     "data": "llama31_405b.cli.data_cmd",
     "demo": "llama31_405b.cli.demo_cmd",

@@ -19,8 +19,11 @@ import torch
 
 
 def base_inv_freq(kv_channels: int, base: float) -> torch.Tensor:
-    """1 / base^(2i/d) for i in [0, d/2), FP32 (as Megatron computes it)."""
-    return 1.0 / (base ** (torch.arange(0, kv_channels, 2, dtype=torch.float32) / kv_channels))
+    """1 / base^(2i/d) for i in [0, d/2), FP32 (as Megatron computes it). Always computed on the
+    CPU, also under a `torch.device("meta")` context (the checkpoint converter builds the model
+    there), and moved to the model's device by the builder."""
+    i = torch.arange(0, kv_channels, 2, dtype=torch.float32, device="cpu")
+    return 1.0 / (base ** (i / kv_channels))
 
 
 def llama31_scale(inv_freq: torch.Tensor, *, factor: float, low_freq_factor: float,

@@ -1,0 +1,7 @@
+"""The initial checkpoint: Hugging Face Llama 3.1 safetensors -> Megatron distributed checkpoint.
+
+hf_reader (safetensors index, tensor-by-tensor reads), mapping (names, shapes, fusions, checks),
+dcp_parts (Megatron saves of single tensors joined into one torch_dist checkpoint), convert (the
+streamed conversion), verify (load at any layout, compare logits), progress. See
+docs/checkpoint.md.
+"""

@@ -1,0 +1,177 @@
+"""Load a converted Megatron checkpoint at the config's layout, run a few sequences through it and
+through the Hugging Face model, and report the largest logit difference.
+
+Runs on every rank of a job with the config's world size (one process for TP1/PP1; torchrun or
+srun otherwise). The Megatron forward uses the pipeline schedule, so any TP/PP/VP works; the
+vocab-parallel logits of the last stage are gathered over TP and compared on one rank (last
+stage, TP rank 0, DP rank 0), which also runs the Hugging Face model. The result is shared with
+every rank.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..config.schema import Config
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyResult:
+    max_abs_diff: float
+    """Largest |logit_megatron - logit_hf| over all sequences, positions and vocab entries."""
+    max_abs_logit: float
+    """Largest |logit_hf| (scale for the difference)."""
+    sequences: int
+    seq_len: int
+    argmax_agreement: float
+    """Fraction of positions where both models predict the same next token."""
+
+
+def sharded_model_state(chunks) -> dict:
+    """The sharded state dict of this rank's model chunks, keyed like Megatron-LM (`model`, or
+    `model0`, `model1`, ... with virtual pipeline stages)."""
+    if len(chunks) == 1:
+        return {"model": chunks[0].sharded_state_dict()}
+    return {f"model{i}": c.sharded_state_dict() for i, c in enumerate(chunks)}
+
+
+def _drop_absent_extra_state(sharded: dict, directory: Path) -> list[str]:
+    """Remove `_extra_state` objects the checkpoint does not hold; return their keys.
+
+    `_extra_state` carries per-module runtime state (Transformer Engine's FP8/FP4 scaling
+    history). A converted checkpoint has the objects of the layer spec it was written with;
+    modules of another spec (e.g. TE's attention core on GPU) start from their defaults, which is
+    exactly right for an initial checkpoint. Weights are never dropped."""
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+    from torch.distributed.checkpoint import FileSystemReader
+    present = set(FileSystemReader(str(directory)).read_metadata().state_dict_metadata)
+    dropped: list[str] = []
+
+    def walk(d: dict) -> None:
+        for k in list(d):
+            v = d[k]
+            if isinstance(v, dict):
+                walk(v)
+            elif (isinstance(v, ShardedObject) and v.key.endswith("._extra_state")
+                  and v.unique_key not in present):
+                del d[k]
+                dropped.append(v.key)
+    walk(sharded)
+    return dropped
+
+
+def load_weights(chunks, directory: str | Path) -> list[str]:
+    """Load the model weights of a Megatron distributed checkpoint into this rank's chunks.
+
+    Returns the `_extra_state` keys the checkpoint lacked (see _drop_absent_extra_state); any
+    other missing or unexpected key is an error."""
+    from megatron.core import dist_checkpointing
+    directory = Path(directory)
+    if not (directory / ".metadata").is_file():
+        raise FileNotFoundError(f"{directory}: not a Megatron distributed checkpoint "
+                                "(no .metadata); run `checkpoint convert` first")
+    sharded = sharded_model_state(chunks)
+    dropped = _drop_absent_extra_state(sharded, directory)
+    state = dist_checkpointing.load(sharded, str(directory))
+    names = ["model"] if len(chunks) == 1 else [f"model{i}" for i in range(len(chunks))]
+    for name, chunk in zip(names, chunks):
+        res = chunk.load_state_dict(state[name], strict=False)
+        bad = [k for k in res.missing_keys if not k.endswith("._extra_state")]
+        if bad or res.unexpected_keys:
+            raise RuntimeError(f"{directory}: checkpoint does not fit the model: missing "
+                               f"{bad[:5]}, unexpected {list(res.unexpected_keys)[:5]}")
+    return dropped
+
+
+def sample_tokens(vocab: int, sequences: int, seq_len: int, seed: int):
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (sequences, seq_len), generator=g)
+
+
+def megatron_logits(cfg: Config, chunks, tokens):
+    """Logits [n, s, vocab_size] (unpadded, FP32) on last-stage ranks, None elsewhere."""
+    import torch
+    from megatron.core import parallel_state as ps
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+    n, s = tokens.shape
+    mask = torch.triu(torch.ones(s, s, dtype=torch.bool), 1)[None, None]
+    pos = torch.arange(s)[None]
+
+    def step(data_iter, model):
+        ids = next(data_iter)
+        out = model(ids, pos.expand_as(ids), mask)
+
+        def collect(output, non_loss_data=False):
+            full = gather_from_tensor_model_parallel_region(output)
+            return full[..., :cfg.model.vocab_size].float()
+        return out, collect
+
+    for c in chunks:
+        c.eval()
+    with torch.no_grad():
+        outs = get_forward_backward_func()(
+            forward_step_func=step, data_iterator=[iter(tokens.split(1)) for _ in chunks]
+            if len(chunks) > 1 else iter(tokens.split(1)),
+            model=chunks if len(chunks) > 1 else chunks[0], num_microbatches=n, seq_length=s,
+            micro_batch_size=1, forward_only=True, collect_non_loss_data=True)
+    if not ps.is_pipeline_last_stage(ignore_virtual=True):
+        return None
+    return torch.cat(list(outs), dim=0)
+
+
+def hf_logits(hf_dir: str | Path, tokens, dtype: str = "float32"):
+    import torch
+    try:
+        import transformers
+        from transformers import LlamaForCausalLM
+    except ImportError:
+        raise RuntimeError("checkpoint verify runs the Hugging Face model and needs the "
+                           "transformers package (pip install 'transformers>=4.45')") from None
+    t = getattr(torch, dtype)
+    # transformers 5 renamed from_pretrained's torch_dtype to dtype
+    kw = {"dtype": t} if int(transformers.__version__.split(".")[0]) >= 5 else {"torch_dtype": t}
+    model = LlamaForCausalLM.from_pretrained(str(hf_dir), **kw)
+    model.eval()
+    with torch.no_grad():
+        return model(tokens).logits.float()
+
+
+def compare(ours, ref) -> tuple[float, float, float]:
+    diff = (ours - ref).abs().max().item()
+    agree = (ours.argmax(-1) == ref.argmax(-1)).float().mean().item()
+    return diff, ref.abs().max().item(), agree
+
+
+def verify(cfg: Config, hf_dir: str | Path, megatron_dir: str | Path, *, sequences: int = 4,
+           seq_len: int = 32, seed: int = 0, hf_dtype: str = "float32", log=print) -> VerifyResult:
+    """Needs the parallel setup of cfg (llama31_405b.parallel.setup.setup_parallel)."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    from ..model.builder import build_model
+    from ..parallel.setup import seed_model_parallel
+    seed_model_parallel(cfg.run.seed_base)   # the build initialises weights before the load
+    chunks = build_model(cfg)
+    load_weights(chunks, megatron_dir)
+    if cfg.parallel.vp > 1:
+        # the interleaved schedule runs microbatches in groups of PP
+        sequences = -(-sequences // cfg.parallel.pp) * cfg.parallel.pp
+    tokens = sample_tokens(cfg.model.vocab_size, sequences, seq_len, seed)
+    ours = megatron_logits(cfg, chunks, tokens)
+    reporter = (ps.is_pipeline_last_stage(ignore_virtual=True)
+                and ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0)
+    stats = torch.zeros(3, dtype=torch.float64)
+    if reporter:
+        stats = torch.tensor(compare(ours, hf_logits(hf_dir, tokens, hf_dtype)),
+                             dtype=torch.float64)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(stats, op=dist.ReduceOp.MAX)
+    return VerifyResult(max_abs_diff=stats[0].item(), max_abs_logit=stats[1].item(),
+                        sequences=sequences, seq_len=seq_len, argmax_agreement=stats[2].item())
+
+
+__all__ = ["VerifyResult", "load_weights", "megatron_logits", "hf_logits", "verify",
+           "sample_tokens", "sharded_model_state", "compare"]
