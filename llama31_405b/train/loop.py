@@ -99,6 +99,29 @@ class Run:
         self.train_ds, self.valid_ds = self._build_datasets()
         if cfg.run.warmup_iters:
             self._warmup(cfg.run.warmup_iters)
+        if chunks[0].config.cuda_graph_impl == "transformer_engine":
+            self._capture_cuda_graphs(chunks[0].config)
+
+    def _capture_cuda_graphs(self, tcfg):
+        """Per-layer CUDA graphs (Transformer Engine make_graphed_callables), captured once
+        before run_start, after the warm-up iterations, as Megatron's own training loop does.
+        The DDP parameter-gather pre-hooks are off during capture; the graphed layers then get
+        manual hooks."""
+        from megatron.core.transformer.cuda_graphs import TECudaGraphHelper
+        helper = TECudaGraphHelper(model=self.model, config=tcfg,
+                                   seq_length=self.cfg.model.seq_length,
+                                   micro_batch_size=self.cfg.batch.micro_batch_size,
+                                   optimizers=[self.optimizer])
+        overlap_gather = self.cfg.performance.overlap_param_gather and self.cfg.optimizer.distributed
+        if overlap_gather:
+            for m in self.model:
+                m.disable_forward_pre_hook()
+        helper.create_cudagraphs()
+        if overlap_gather:
+            for m in self.model:
+                m.enable_forward_pre_hook()
+            helper.cuda_graph_set_manual_hooks()
+        self.cuda_graph_helper = helper
 
     def _check_placement(self):
         """THE placement call site: every TP/CP/PP group inside one rack, checked right after
