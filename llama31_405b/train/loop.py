@@ -10,6 +10,7 @@ their index caches -> optional warm-up iterations (state restored).
 """
 from __future__ import annotations
 
+import gc
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -81,6 +82,8 @@ class Run:
         self.info = setup_parallel(cfg, self.dist_env, timeout_s=self.timeout_s)
         self._check_placement()
         seed_model_parallel(self.seed)
+        if torch.cuda.is_available() and cfg.performance.tp_comm_overlap:
+            self._init_tp_comm_overlap()
         chunks = build_model(cfg)
         if gpu_quant:
             from ..precision.te_recipe import verify_te_recipe
@@ -99,6 +102,40 @@ class Run:
         self.train_ds, self.valid_ds = self._build_datasets()
         if cfg.run.warmup_iters:
             self._warmup(cfg.run.warmup_iters)
+        if chunks[0].config.cuda_graph_impl == "transformer_engine":
+            self._capture_cuda_graphs(chunks[0].config)
+
+    def _init_tp_comm_overlap(self):
+        """Transformer Engine userbuffers for TP communication/GEMM overlap (GPU), created
+        before the TE layers, for activations of [seq/CP x MBS, hidden] (Megatron's sizing)."""
+        from transformer_engine.pytorch import module as te_module
+        cfg = self.cfg
+        shape = [cfg.model.seq_length * cfg.batch.micro_batch_size // cfg.parallel.cp,
+                 cfg.model.hidden_size]
+        te_module.base.initialize_ub(shape=shape, tp_size=cfg.parallel.tp,
+                                     use_fp8=cfg.precision.compute in ("fp8", "nvfp4"),
+                                     bootstrap_backend="nccl")
+
+    def _capture_cuda_graphs(self, tcfg):
+        """Per-layer CUDA graphs (Transformer Engine make_graphed_callables), captured once
+        before run_start, after the warm-up iterations, as Megatron's own training loop does.
+        The DDP parameter-gather pre-hooks are off during capture; the graphed layers then get
+        manual hooks."""
+        from megatron.core.transformer.cuda_graphs import TECudaGraphHelper
+        helper = TECudaGraphHelper(model=self.model, config=tcfg,
+                                   seq_length=self.cfg.model.seq_length,
+                                   micro_batch_size=self.cfg.batch.micro_batch_size,
+                                   optimizers=[self.optimizer])
+        overlap_gather = self.cfg.performance.overlap_param_gather and self.cfg.optimizer.distributed
+        if overlap_gather:
+            for m in self.model:
+                m.disable_forward_pre_hook()
+        helper.create_cudagraphs()
+        if overlap_gather:
+            for m in self.model:
+                m.enable_forward_pre_hook()
+            helper.cuda_graph_set_manual_hooks()
+        self.cuda_graph_helper = helper
 
     def _check_placement(self):
         """THE placement call site: every TP/CP/PP group inside one rack, checked right after
@@ -220,6 +257,7 @@ class Run:
             reason = f"{type(e).__name__}: {e}"
             traceback.print_exc()
         finally:
+            gc.enable()
             watch.done.set()
             self.state.status, self.state.reason = status, reason
             self.hooks.on_run_stop(self, status, reason)
@@ -232,6 +270,10 @@ class Run:
 
     def _train(self, watch) -> tuple[str, str]:
         d = self.cfg.derived
+        perf = self.cfg.performance
+        if perf.manual_gc:   # no GC pauses at random steps (stragglers stall every rank)
+            gc.disable()
+            gc.collect()
         block_start_step = 0
         self.hooks.on_block_start(self, 0, self._block_len(0))
         while self.state.step < d.max_steps:
@@ -239,6 +281,8 @@ class Run:
             stats = self.train_step()
             self.hooks.on_step_end(self, stats)
             step = self.state.step
+            if perf.manual_gc and step % perf.manual_gc_interval == 0:
+                gc.collect()
             if self.is_eval_step(step):
                 self.hooks.on_block_stop(self, step, (step - block_start_step) * d.gbs)
                 self.hooks.on_eval_start(self, step)
