@@ -155,7 +155,7 @@ for i in "${!LAUNCH_SEEDS[@]}"; do
   log=$LOGDIR/result_$i.txt
   rm -f "$log"
   cleared=$(clear_caches)
-  flags=(--seed "$seed" --log "$STEP_LOGDIR/result_$i.txt")
+  flags=(--seed "$seed" --mlperf-log "$STEP_LOGDIR/result_$i.txt")
   [ "$cleared" = true ] && flags+=(--cache-cleared)
   say "run $i: seed $seed, cache cleared: $cleared"
   t0=$SECONDS; rc=0

@@ -74,8 +74,8 @@ def test_script_on_slurm_with_container_dry_run(tmp_path):
     assert "launch preflight --config " + GB200 in preflight
     assert "--kill-on-bad-exit=1 " + cont in run0
     assert run0.endswith(f"python -m llama31_405b train --config {GB200} --set data.data_dir=/data "
-                         "--set checkpoint.ckpt_dir=/ckpt --seed 40 --log /logs/result_0.txt")
-    assert "--seed 41 --log /logs/result_1.txt" in run1
+                         "--set checkpoint.ckpt_dir=/ckpt --seed 40 --mlperf-log /logs/result_0.txt")
+    assert "--seed 41 --mlperf-log /logs/result_1.txt" in run1
     # cache clearing: one task per node before each run
     assert sum("--ntasks=2048 --ntasks-per-node=1 bash -c" in ln for ln in lines) == 2, lines
 
@@ -96,7 +96,7 @@ def test_script_local_commands(tmp_path):
                      LOGDIR=str(tmp_path)))
     assert p.returncode == 0, p.stderr
     assert (f"-m torch.distributed.run --standalone --nproc-per-node=4 -m llama31_405b train "
-            f"--config configs/tiny_cpu_2racks.toml --seed 1 --log {tmp_path}/result_0.txt") in p.stderr
+            f"--config configs/tiny_cpu_2racks.toml --seed 1 --mlperf-log {tmp_path}/result_0.txt") in p.stderr
     p = _script(_env(CONFIG="configs/tiny_cpu.toml", DRY_RUN="1", NEXP="1", LOGDIR=str(tmp_path),
                      DATADIR="/x"))
     assert (f"{sys.executable} -m llama31_405b train --config configs/tiny_cpu.toml "

@@ -71,7 +71,7 @@ def test_gb200_128_rack_megatron_configs_carry_layout_and_performance():
     assert cfg.parallel.order == "tp-cp-ep-pp-dp"
     d = ddp_config(cfg)
     assert d.use_distributed_optimizer and d.overlap_grad_reduce and d.overlap_param_gather
-    assert d.grad_reduce_in_fp32 and d.fp8_param_gather and not d.average_in_collective
+    assert d.grad_reduce_in_fp32 and d.fp4_param_gather and not d.fp8_param_gather and not d.average_in_collective
     o = optimizer_config(cfg)
     assert o.optimizer == "adam" and o.decoupled_weight_decay
     assert o.lr == cfg.derived.lr and o.lr * 1152 == cfg.derived.gbs * 8e-5

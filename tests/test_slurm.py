@@ -13,13 +13,10 @@ from pathlib import Path
 import pytest
 
 from conftest_slurm import REPO, slurm_cluster  # noqa: F401  (the session fixture)
-from llama31_405b.cli import COMMANDS
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 
 CONFIG = "configs/tiny_cpu_2racks.toml"       # TP1 PP2: one model replica per rack, DP 2
-needs_train = pytest.mark.skipif("train" not in COMMANDS,
-                                 reason="the train command is not in this checkout yet")
 
 
 def mllog(path: Path) -> list[dict]:
@@ -65,11 +62,16 @@ def test_interleaved_racks_stop_the_job(slurm_cluster, tmp_path):
     assert not list((tmp_path / "logs").glob("result_*.txt"))
 
 
-@needs_train
-def test_runs_converge_and_pass_compliance(slurm_cluster, tmp_path):
+def _data_env(tiny_env) -> dict:
+    """The session's tiny data and initial checkpoint (tests/conftest.py), as the script's vars."""
+    return {"DATADIR": str(tiny_env["data_dir"]), "CKPTDIR": str(tiny_env["ckpt_dir"])}
+
+
+def test_runs_converge_and_pass_compliance(slurm_cluster, tiny_env, tmp_path):
     out, logs = tmp_path / "job.out", tmp_path / "logs"
     job = slurm_cluster.sbatch(["--wait", "-N", "4", "-o", str(out), "run_and_time.sh"],
-                               env=slurm_cluster.env(CONFIG=CONFIG, NEXP="1", LOGDIR=str(logs)))
+                               env=slurm_cluster.env(CONFIG=CONFIG, NEXP="1", LOGDIR=str(logs),
+                                                     **_data_env(tiny_env)))
     job.communicate(timeout=600)
     text = out.read_text()
     assert job.returncode == 0, text
@@ -85,10 +87,11 @@ def test_runs_converge_and_pass_compliance(slurm_cluster, tmp_path):
     assert check.returncode == 0, check.stdout + check.stderr
 
 
-def _start_training(cluster, tmp_path) -> tuple[subprocess.Popen, int, Path]:
+def _start_training(cluster, tiny_env, tmp_path) -> tuple[subprocess.Popen, int, Path]:
     logs = tmp_path / "logs"
     job = cluster.sbatch(["--wait", "-N", "4", "-o", str(tmp_path / "job.out"), "run_and_time.sh"],
-                         env=cluster.env(CONFIG=CONFIG, NEXP="1", LOGDIR=str(logs)))
+                         env=cluster.env(CONFIG=CONFIG, NEXP="1", LOGDIR=str(logs),
+                                         **_data_env(tiny_env)))
     job_id = cluster.job_id(job.stdout.readline())
     log = logs / "result_0.txt"
     cluster.wait_for(lambda: log.is_file() and '"run_start"' in log.read_text(errors="replace"),
@@ -111,9 +114,8 @@ def _rank_pid(job_id: int, rank: int) -> int | None:
     return None
 
 
-@needs_train
-def test_scancel_leaves_an_aborted_log(slurm_cluster, tmp_path):
-    job, job_id, log = _start_training(slurm_cluster, tmp_path)
+def test_scancel_leaves_an_aborted_log(slurm_cluster, tiny_env, tmp_path):
+    job, job_id, log = _start_training(slurm_cluster, tiny_env, tmp_path)
     subprocess.run(["scancel", str(job_id)], check=True)
     job.communicate(timeout=90)       # (sbatch --wait may report 0 for a cancelled job)
     # sbatch returns once the job is CANCELLED; its steps may still be completing
@@ -123,9 +125,8 @@ def test_scancel_leaves_an_aborted_log(slurm_cluster, tmp_path):
     assert last["key"] == "run_stop" and last["metadata"]["status"] == "aborted", last
 
 
-@needs_train
-def test_killing_one_rank_ends_the_job(slurm_cluster, tmp_path):
-    job, job_id, _ = _start_training(slurm_cluster, tmp_path)
+def test_killing_one_rank_ends_the_job(slurm_cluster, tiny_env, tmp_path):
+    job, job_id, _ = _start_training(slurm_cluster, tiny_env, tmp_path)
     pid = slurm_cluster.wait_for(lambda: _rank_pid(job_id, 2), timeout=30, what="rank 2's pid")
     t0 = time.monotonic()
     os.kill(pid, signal.SIGKILL)
