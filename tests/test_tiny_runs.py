@@ -45,7 +45,6 @@ def test_tiny_runs_converge_as_continued_pretraining(tiny_runs, tiny_env):
     assert len(seeds) == len(tiny_runs)
 
 
-@pytest.mark.skipif(not TINY_RULES.exists(), reason="compliance/tiny_llama31.yaml not in this build")
 def test_tiny_logs_pass_the_mlperf_checker_with_tiny_rules(tiny_runs):
     for log in tiny_runs:
         r = subprocess.run([sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage",

@@ -35,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ..known_warnings import quiet_known_warnings
+    quiet_known_warnings()
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

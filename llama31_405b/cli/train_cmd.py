@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import sys
 
+from .options import add_set_option, load_with_sets
+
 
 def register(sub) -> None:
     p = sub.add_parser("train", help="train a config (one MLPerf run)")
@@ -24,7 +26,7 @@ def register(sub) -> None:
                    help="collective timeout: a dead peer ends the run after this long at most")
     p.add_argument("--cache-cleared", action="store_true",
                    help="the launcher dropped the page cache before this run (logged as cache_clear)")
-    _add_set_option(p)
+    add_set_option(p)
     p.set_defaults(func=run)
 
     q = sub.add_parser("train-init", help="make a tiny config's initial checkpoint (short "
@@ -32,27 +34,12 @@ def register(sub) -> None:
     q.add_argument("--config", required=True, help="config TOML with data.pretrain_prefix")
     q.add_argument("--steps", type=int, default=None, help="pre-training steps")
     q.add_argument("--force", action="store_true", help="rebuild even if it exists")
-    _add_set_option(q)
+    add_set_option(q)
     q.set_defaults(func=run_init)
 
 
-def _add_set_option(p) -> None:
-    """`--set SECTION.KEY=VALUE` config overrides (the shared option of cli/options.py, which
-    run_and_time.sh uses for the data and checkpoint paths), when that module is present."""
-    try:
-        from .options import add_set_option
-    except ImportError:
-        return
-    add_set_option(p)
-
-
 def _load(args):
-    sets = getattr(args, "set", None)
-    if sets:
-        from .options import load_with_sets
-        return load_with_sets(args.config, sets)
-    from ..config import load_config
-    return load_config(args.config)
+    return load_with_sets(args.config, getattr(args, "set", None) or [])
 
 
 def run_init(args) -> int:

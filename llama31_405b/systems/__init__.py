@@ -65,7 +65,10 @@ class SystemSpec:
     """Cooling of the system: liquid or air (systems/<system>.json)."""
 
     def peak_tflops(self, precision: str) -> float:
-        """Dense peak for a compute precision name (fp32, bf16, fp8, nvfp4)."""
+        """Dense peak for a compute precision name (fp32, bf16, fp8, nvfp4). Emulated NVFP4
+        runs its GEMMs in FP32, so its MFU is measured against the FP32 peak."""
+        if precision == "nvfp4" and self.nvfp4 == "emulated":
+            return self.peak_tflops_fp32
         return {"fp32": self.peak_tflops_fp32, "bf16": self.peak_tflops_bf16,
                 "fp8": self.peak_tflops_fp8, "nvfp4": self.peak_tflops_nvfp4}[precision]
 

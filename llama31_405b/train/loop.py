@@ -139,15 +139,8 @@ class Run:
 
     def _check_placement(self):
         """THE placement call site: every TP/CP/PP group inside one rack, checked right after
-        process-group setup, before the model is built or a checkpoint is read
-        (llama31_405b.parallel.placement, branch launch; raises PlacementError)."""
-        import importlib.util
-        import sys
-        if importlib.util.find_spec("llama31_405b.parallel.placement") is None:
-            if self.info.is_rank0:
-                print("[train] WARNING: llama31_405b.parallel.placement is missing from this "
-                      "build; rack placement NOT checked", file=sys.stderr, flush=True)
-            return
+        process-group setup, before the model is built or a checkpoint is read (raises
+        PlacementError, which the train command turns into exit code 3)."""
         from ..parallel.placement import check_placement
         check_placement(self.cfg, self.info.dist_env)
 
