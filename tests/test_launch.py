@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 
 from llama31_405b.config import ConfigError, load_config
+from mlperf_logs import LOGS, need_fixture
 from llama31_405b.config.overrides import parse_sets
 from llama31_405b.launch import launch_plan, shell_assignments
 
 REPO = Path(__file__).resolve().parents[1]
 GB200 = "configs/config_GB200_2048x4x8xtp4pp8cp2.toml"
-FIXTURE = Path("/work/shared/fixtures/mlperf_v5.1_llama31_405b_uf_b200_n32/result_0.txt")
+FIXTURE = LOGS[0]
 
 
 def _env(**extra) -> dict[str, str]:
@@ -103,8 +104,8 @@ def test_script_local_commands(tmp_path):
             f"--set data.data_dir=/x --seed 1") in p.stderr
 
 
-@pytest.mark.skipif(not FIXTURE.is_file(), reason="shared fixture logs not present")
 def test_check_log_verdicts(tmp_path):
+    need_fixture()
     cmd = [sys.executable, "-m", "llama31_405b", "launch", "check-log", "--config", GB200,
            "--require-success", "--report-dir", str(tmp_path)]
     ok = subprocess.run(cmd + [str(FIXTURE)], cwd=REPO, env=_env(), capture_output=True, text=True)
