@@ -39,18 +39,21 @@ def register(sub) -> None:
 
 
 def _load(args):
-    return load_with_sets(args.config, getattr(args, "set", None) or [])
+    """The config with its --set overrides, or None after printing why not (exit code 2)."""
+    from ..config import ConfigError
+    try:
+        return load_with_sets(args.config, getattr(args, "set", None) or [])
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return None
 
 
 def run_init(args) -> int:
-    from ..config import ConfigError
     from ..parallel.setup import teardown_parallel
     from ..train.checkpoint import checkpoint_exists
     from ..train.pretrain import PRETRAIN_STEPS, init_checkpoint_path, make_init_checkpoint
-    try:
-        cfg = _load(args)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+    cfg = _load(args)
+    if cfg is None:
         return 2
     path = init_checkpoint_path(cfg)
     if checkpoint_exists(path) and not args.force:
@@ -63,11 +66,8 @@ def run_init(args) -> int:
 
 
 def run(args) -> int:
-    from ..config import ConfigError
-    try:
-        cfg = _load(args)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+    cfg = _load(args)
+    if cfg is None:
         return 2
     seed = cfg.run.seed_base if args.seed is None else args.seed
     return train(cfg, seed=seed, log_file=args.log, init_checkpoint=args.init_checkpoint,
