@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from .options import add_set_option, load_with_sets
+from .options import add_set_option, load_or_report, load_with_sets
 
 EXIT_OK, EXIT_FAIL, EXIT_CONFIG, EXIT_PLACEMENT = 0, 1, 2, 3
 
@@ -59,13 +59,10 @@ def env(args) -> int:
 
 
 def preflight(args) -> int:
-    from ..config import ConfigError
     from ..parallel.distributed import dist_env_from_environ, init_process_group
     from ..parallel.placement import PlacementError, check_placement
-    try:
-        cfg = load_with_sets(args.config, args.set)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+    cfg = load_or_report(args.config, args.set)
+    if cfg is None:
         return EXIT_CONFIG
     de = dist_env_from_environ()
     if de.world_size > 1:
@@ -90,12 +87,9 @@ def preflight(args) -> int:
 def check_log(args) -> int:
     from pathlib import Path
 
-    from ..config import ConfigError
     from ..launch.logcheck import check_log as check_one
-    try:
-        cfg = load_with_sets(args.config, args.set)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+    cfg = load_or_report(args.config, args.set)
+    if cfg is None:
         return EXIT_CONFIG
     bad = 0
     for log in args.logs:

@@ -15,3 +15,15 @@ def load_with_sets(path: str, sets: list[str] | None):
     from ..config import load_config
     from ..config.overrides import parse_sets
     return load_config(path, overrides=parse_sets(sets))
+
+
+def load_or_report(path: str, sets: list[str] | None):
+    """load_with_sets, or None after printing the ConfigError (callers exit with code 2)."""
+    import sys
+
+    from ..config import ConfigError
+    try:
+        return load_with_sets(path, sets)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return None

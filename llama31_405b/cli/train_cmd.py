@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from .options import add_set_option, load_with_sets
+from .options import add_set_option, load_or_report
 
 
 def register(sub) -> None:
@@ -39,13 +39,7 @@ def register(sub) -> None:
 
 
 def _load(args):
-    """The config with its --set overrides, or None after printing why not (exit code 2)."""
-    from ..config import ConfigError
-    try:
-        return load_with_sets(args.config, getattr(args, "set", None) or [])
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return None
+    return load_or_report(args.config, args.set)
 
 
 def run_init(args) -> int:
