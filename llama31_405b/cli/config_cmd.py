@@ -44,11 +44,9 @@ def resolved(cfg) -> dict:
 
 
 def show(args) -> int:
-    from ..config import ConfigError, load_config
-    try:
-        cfg = load_config(args.path)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+    from .options import load_or_report
+    cfg = load_or_report(args.path, None)
+    if cfg is None:
         return 1
     data = resolved(cfg)
     if args.json:

@@ -88,11 +88,9 @@ def run(args) -> int:
         print(f"plot: {png}", file=sys.stderr if args.json else sys.stdout)
         return 0
     if args.config:
-        from ..config.load import load_config
-        try:
-            cfg = load_config(args.config)
-        except ConfigError as e:
-            print(f"error: {e}", file=sys.stderr)
+        from .options import load_or_report
+        cfg = load_or_report(args.config, None)
+        if cfg is None:
             return 1
         p = predict(cfg)
         print(json.dumps(p.as_dict(), indent=2)) if args.json else _print_prediction(p)
