@@ -76,6 +76,15 @@ class Assumed:
     """Per GPU memory outside the model's tensors: CUDA context (~1 GB), NCCL buffers of about ten
     communicators (TP, CP, PP, DP, DP x CP, embedding, ...), cuBLAS/TE workspaces, the memory
     pools of the per-layer CUDA graphs and caching-allocator slack."""
+    activation_fragmentation: float = 0.2
+    """Memory lost to the caching allocator on the activations, as a share of them. Weights,
+    gradients and optimizer state live in Megatron's contiguous buffers, allocated once; the
+    activations are allocated and freed every microbatch, in mixed sizes (BF16 tensors, NVFP4
+    data and scale tensors) and in the interleaved schedule's order, and with per-layer CUDA
+    graphs they sit in private pools that eager allocations cannot reuse. Allocator studies of
+    LLM training report 10-30% of reserved memory lost to fragmentation; 20% of the activations
+    is a middle value. The planner's memory verdicts depend on it (docs/planner.md: "Memory
+    headroom")."""
     run_overhead_s: float = 5.0
     """run_start to the first step's start plus run_stop bookkeeping (the untimed warm-up
     iterations already captured CUDA graphs and built the data index)."""

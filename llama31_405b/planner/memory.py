@@ -12,6 +12,9 @@
   compute precision; times the layer-microbatches the fullest pipeline rank holds at its peak
   (pipeline.py).
   Full recomputation keeps only each layer's input plus one layer's working set.
+* Fragmentation: the caching allocator's loss on the activations, which churn every microbatch
+  (calibration.ASSUMED.activation_fragmentation); the static buffers do not fragment.
+* Reserve: CUDA context, NCCL buffers, workspaces (calibration.ASSUMED.memory_reserved_gb).
 """
 from __future__ import annotations
 
@@ -32,12 +35,14 @@ class Memory:
     grads_gb: float
     optimizer_gb: float
     activations_gb: float
+    fragmentation_gb: float
     reserved_gb: float
     capacity_gb: float
 
     @property
     def total_gb(self) -> float:
-        return self.weights_gb + self.grads_gb + self.optimizer_gb + self.activations_gb + self.reserved_gb
+        return (self.weights_gb + self.grads_gb + self.optimizer_gb + self.activations_gb
+                + self.fragmentation_gb + self.reserved_gb)
 
     @property
     def fits(self) -> bool:
@@ -46,7 +51,8 @@ class Memory:
     def why_not(self) -> str:
         return (f"needs {self.total_gb:.0f} GB of {self.capacity_gb:.0f} GB: weights "
                 f"{self.weights_gb:.0f}, grads {self.grads_gb:.0f}, optimizer {self.optimizer_gb:.0f}, "
-                f"activations {self.activations_gb:.0f}, reserved {self.reserved_gb:.0f}")
+                f"activations {self.activations_gb:.0f}, fragmentation {self.fragmentation_gb:.0f}, "
+                f"reserved {self.reserved_gb:.0f}")
 
 
 def weight_bytes_per_param(ctx: Context) -> float:
@@ -84,6 +90,8 @@ def memory(ctx: Context) -> Memory:
     else:
         act = layers * per_layer
     logits = ctx.tokens * ctx.vocab / ctx.tp * 6.0  # BF16 logits + FP32 softmax gradient, last rank
+    act_gb = (act + logits) / GB
     return Memory(weights_gb=params * weight_bytes_per_param(ctx) / GB, grads_gb=params * grad / GB,
-                  optimizer_gb=params * 12.0 / shards / GB, activations_gb=(act + logits) / GB,
+                  optimizer_gb=params * 12.0 / shards / GB, activations_gb=act_gb,
+                  fragmentation_gb=act_gb * ASSUMED.activation_fragmentation,
                   reserved_gb=ASSUMED.memory_reserved_gb, capacity_gb=ctx.system.hbm_gb)

@@ -196,7 +196,8 @@ def predict_context(ctx: Context, fit: Fitted | None = None) -> Prediction:
     mfu = per_gpu_flops / b.step_s / (ctx.system.peak_tflops(ctx.precision) * 1e12)
     nodes = math.ceil(ctx.dp * ctx.tp * ctx.pp * ctx.cp / ctx.system.gpus_per_node)
     memd = {"weights_gb": mem.weights_gb, "grads_gb": mem.grads_gb, "optimizer_gb": mem.optimizer_gb,
-            "activations_gb": mem.activations_gb, "reserved_gb": mem.reserved_gb,
+            "activations_gb": mem.activations_gb, "fragmentation_gb": mem.fragmentation_gb,
+            "reserved_gb": mem.reserved_gb,
             "capacity_gb": mem.capacity_gb}
     return Prediction(
         system=cfg.system.id, racks=cfg.system.racks, nodes=nodes, tp=ctx.tp, pp=ctx.pp, vp=ctx.vp,
