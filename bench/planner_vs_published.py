@@ -21,7 +21,7 @@ from llama31_405b.planner import calibration  # noqa: E402
 from llama31_405b.planner.spec import make_config  # noqa: E402
 from llama31_405b.planner.step import predict  # noqa: E402
 from llama31_405b.planner.sweep import Fixed, sweep  # noqa: E402
-from llama31_405b.planner.writer import plan_scale  # noqa: E402
+from llama31_405b.planner.writer import SWITCH_MARGIN, plan_scale  # noqa: E402
 
 
 def layout(racks, minibs, system="gb200-nvl72", tp=4):
@@ -71,7 +71,11 @@ def rows() -> list[dict]:
         f"{'yes' if g3.fits else 'no'} ({g3.memory_per_gpu_gb:.0f} of 279 GB)", "prediction")
     for racks, published in ((8, 144), (40, 24), (128, 8)):
         sp = plan_scale(racks)
-        add(f"{racks} racks: MiniBS (TP4-PP8-VP8-CP2)", published, sp.model_best.minibs, "prediction")
+        add(f"{racks} racks: MiniBS (TP4-PP8-VP8-CP2)", published, sp.layout_best.minibs, "prediction")
+        add(f"{racks} racks: config written (published layout kept below a "
+            f"{SWITCH_MARGIN:.0%} predicted gain)", f"TP4-PP8-VP8-CP2 / {published}",
+            f"{sp.chosen.layout} / {sp.chosen.minibs} (best: {sp.best.layout} / {sp.best.minibs}, "
+            f"{sp.gain:+.1%})", "writer")
     return out
 
 

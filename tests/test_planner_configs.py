@@ -27,18 +27,43 @@ def test_committed_gb200_configs_are_what_the_planner_writes(expected):
         assert committed[name] == text, f"{name} differs: run `python -m llama31_405b plan --write-configs`"
 
 
-def test_written_configs_pass_the_validator_and_keep_the_fixed_choices(expected):
+def test_written_configs_pass_the_validator_and_follow_the_switch_rule(expected):
+    """Each config is the published layout (and published MiniBS where there is one) unless the
+    planner's best is predicted faster by more than SWITCH_MARGIN; the header says which."""
     racks = set()
-    for name in expected:
+    for sp in writer.plans():
+        name = sp.filename
         cfg = load_config(CONFIGS / name)
         p = cfg.parallel
-        assert (p.tp, p.pp, p.vp, p.cp) == (4, 8, 8, 2)
-        racks.add(cfg.system.racks)
-        if cfg.system.racks in writer.PUBLISHED_MINIBS:
-            assert cfg.batch.minibs == writer.PUBLISHED_MINIBS[cfg.system.racks]
+        c = sp.chosen
+        assert (p.tp, p.pp, p.vp, p.cp, cfg.batch.minibs) == (c.tp, c.pp, c.vp, c.cp, c.minibs)
+        assert sp.gain <= writer.SWITCH_MARGIN or sp.switched
+        if not sp.switched:
+            assert (p.tp, p.pp, p.vp, p.cp) == tuple(writer.MEASURED.values())
+            if sp.pinned:
+                assert cfg.batch.minibs == writer.PUBLISHED_MINIBS[cfg.system.racks]
+        header = expected[name].split("base =")[0]
+        assert ("planner's best layout and MiniBS" in header) == sp.switched
+        assert f"{sp.best.layout}" in header or writer.same(sp.best, sp.measured)
         d = cfg.derived
-        assert name == f"config_GB200_{d.nodes}x4x{cfg.batch.minibs}xtp4pp8cp2.toml"
+        assert name == f"config_GB200_{d.nodes}x4x{cfg.batch.minibs}xtp{p.tp}pp{p.pp}cp{p.cp}.toml"
+        racks.add(cfg.system.racks)
     assert racks == set(writer.RACKS)
+
+
+def test_a_large_enough_predicted_gain_switches_the_layout(monkeypatch, tmp_path):
+    """With no margin the planner's best wins at 128 racks: the file sets [parallel], says why,
+    and loads."""
+    monkeypatch.setattr(writer, "SWITCH_MARGIN", 0.0)
+    sp = writer.plan_scale(128)
+    assert sp.switched and sp.chosen is sp.best and sp.gain > 0
+    text = writer.render(sp)
+    assert "[parallel]" in text and f"vp = {sp.best.vp}" in text and "planner's best layout" in text
+    (tmp_path / "base").mkdir()
+    shutil.copy(CONFIGS / "base" / "gb200_405b.toml", tmp_path / "base")
+    (tmp_path / sp.filename).write_text(text)
+    cfg = load_config(tmp_path / sp.filename)
+    assert (cfg.parallel.vp, cfg.batch.minibs) == (sp.best.vp, sp.best.minibs)
 
 
 def test_write_configs_replaces_stale_files(tmp_path):

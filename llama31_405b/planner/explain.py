@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .writer import RACKS, ScalePlan, plans
+from .writer import RACKS, SWITCH_MARGIN, ScalePlan, plans
 
 REFERENCE_RACKS = 40
 # The published scores (FACTS.md section 1), drawn as reference points on the plot only.
@@ -23,24 +23,25 @@ def rows(sps: list[ScalePlan]) -> list[dict]:
         eff = (ref.time_to_train_min * ref.racks / (c.time_to_train_min * c.racks)) if ref else None
         out.append(dict(racks=s.racks, nodes=c.nodes, minibs=c.minibs, gbs=c.gbs, step_time_s=c.step_time_s,
                         steps=c.steps, evaluations=c.evaluations, time_to_train_min=c.time_to_train_min,
-                        mfu=c.mfu, scaling_efficiency_vs_40=eff, pinned=s.pinned,
-                        model_minibs=s.model_best.minibs,
-                        model_time_to_train_min=s.model_best.time_to_train_min, breakdown=c.breakdown))
+                        mfu=c.mfu, scaling_efficiency_vs_40=eff, layout=c.layout, pinned=s.pinned,
+                        switched=s.switched, planner_layout=s.best.layout, planner_minibs=s.best.minibs,
+                        planner_time_to_train_min=s.best.time_to_train_min, breakdown=c.breakdown))
     return out
 
 
 def table(data: list[dict]) -> str:
-    head = (f"{'racks':>5} {'nodes':>5} {'MiniBS':>6} {'GBS':>5} {'step s':>7} {'steps':>5} "
+    head = (f"{'racks':>5} {'nodes':>5} {'layout':>16} {'MiniBS':>6} {'GBS':>5} {'step s':>7} {'steps':>5} "
             f"{'TTT min':>7} {'MFU':>6} {'eff@40':>6}  note")
     lines = [head, "-" * len(head)]
     for r in data:
         eff = f"{r['scaling_efficiency_vs_40']:.0%}" if r["scaling_efficiency_vs_40"] else "-"
-        note = ""
-        if r["pinned"]:
-            note = "published MiniBS"
-            if r["model_minibs"] != r["minibs"]:
-                note += f"; model: {r['model_minibs']} ({r['model_time_to_train_min']:.2f} min)"
-        lines.append(f"{r['racks']:>5} {r['nodes']:>5} {r['minibs']:>6} {r['gbs']:>5} "
+        note = "published MiniBS" if r["pinned"] and not r["switched"] else ""
+        if r["switched"]:
+            note = f"planner's choice (> {SWITCH_MARGIN:.0%} faster than the published layout)"
+        elif (r["planner_layout"], r["planner_minibs"]) != (r["layout"], r["minibs"]):
+            note += (("; " if note else "") + f"planner: {r['planner_layout']} MiniBS "
+                     f"{r['planner_minibs']} ({r['planner_time_to_train_min']:.2f} min)")
+        lines.append(f"{r['racks']:>5} {r['nodes']:>5} {r['layout']:>16} {r['minibs']:>6} {r['gbs']:>5} "
                      f"{r['step_time_s']:>7.2f} {r['steps']:>5} {r['time_to_train_min']:>7.2f} "
                      f"{r['mfu']:>6.1%} {eff:>6}  {note}")
     return "\n".join(lines)
