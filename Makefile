@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml constraints/cpu.txt scripts/find_python312.sh
 	  { [ -x $(PY) ] || $$py -m venv $(VENV); }
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints/cpu.txt -e '.[dev]'
-	@$(PY) -c "import torch, megatron.core, mlperf_logging; print('torch', torch.__version__, '| megatron-core', megatron.core.__version__)"
+	@$(PY) -c "import torch, megatron.core, mlperf_logging; from importlib.metadata import version as v; print('torch', torch.__version__, '| megatron-core', v('megatron-core'), '| mlperf-logging', v('mlperf-logging'))"
 	@touch $@
 
 demo: $(STAMP)
