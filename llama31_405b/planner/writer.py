@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .step import Prediction
-from .sweep import Fixed, sweep
+from .sweep import sweep
 
 SYSTEM = "gb200-nvl72"
 RACKS = (8, 16, 24, 32, 40, 48, 64, 80, 96, 112, 128)
@@ -71,8 +71,8 @@ def same(a: Prediction, b: Prediction) -> bool:
 
 def plan_scale(racks: int, system: str = SYSTEM) -> ScalePlan:
     ranked = [p for p in sweep(system, racks) if p.fits]
-    layout = [p for p in sweep(system, racks, Fixed(**MEASURED)) if p.fits]
-    if not ranked or not layout:
+    layout = [p for p in ranked if (p.tp, p.pp, p.vp, p.cp) == tuple(MEASURED.values())]
+    if not layout:
         raise ValueError(f"{racks} racks: no MiniBS fits with TP4-PP8-VP8-CP2 on {system}")
     measured = layout[0]
     if racks in PUBLISHED_MINIBS:
