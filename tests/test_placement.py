@@ -297,6 +297,9 @@ def test_mnnvl_problems_name_each_missing_piece():
     hgx = mnnvl_problems(_node(HGX))
     assert "fabric state N/A" in hgx[0]
     assert "no GPU with a Fabric section" in mnnvl_problems(_node(""))[0]
+    two = mnnvl_problems(_node("\n".join(_gb200_node().splitlines()[:26])), gpus_needed=4)
+    assert two == ["2 GPU(s) visible, the node runs 4 ranks (one per GPU): request them "
+                   "(sbatch --gpus-per-node=4) where Slurm constrains devices"]
     assert "nvidia-smi must work" in mnnvl_problems(NodeFabric(error="nvidia-smi -q: not found"))[0]
 
 

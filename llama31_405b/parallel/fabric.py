@@ -139,8 +139,10 @@ def probe_node(channel_dir: Path = IMEX_CHANNEL_DIR, timeout_s: float = 60.0) ->
     return NodeFabric(gpus=parse_fabric(proc.stdout), channels=imex_channels(channel_dir))
 
 
-def mnnvl_problems(node: NodeFabric, channel_dir: Path = IMEX_CHANNEL_DIR) -> list[str]:
-    """Every reason NCCL could not use multi-node NVLink from this node; [] when it can."""
+def mnnvl_problems(node: NodeFabric, gpus_needed: int = 1,
+                   channel_dir: Path = IMEX_CHANNEL_DIR) -> list[str]:
+    """Every reason NCCL could not use multi-node NVLink from this node (which runs `gpus_needed`
+    ranks, one per GPU); [] when it can."""
     if node.error:
         return [f"cannot read the GPU fabric state ({node.error}); nvidia-smi must work inside "
                 "the job (and the container)"]
@@ -148,6 +150,10 @@ def mnnvl_problems(node: NodeFabric, channel_dir: Path = IMEX_CHANNEL_DIR) -> li
         return ["nvidia-smi -q shows no GPU with a Fabric section: not a multi-node NVLink GPU, "
                 "no GPU visible to the job, or a driver too old to report the fabric"]
     out = []
+    if len(node.gpus) < gpus_needed:
+        out.append(f"{len(node.gpus)} GPU(s) visible, the node runs {gpus_needed} ranks (one per "
+                   f"GPU): request them (sbatch --gpus-per-node={gpus_needed}) where Slurm "
+                   "constrains devices")
     for g in node.gpus:
         name = f"GPU {g.gpu}" if g.gpu else "a GPU"
         if g.state != "Completed" or g.status != "Success":

@@ -245,7 +245,8 @@ def local_placement(cfg, dist_env, environ: Mapping[str, str], *,
     clique = ""
     if needs_mnnvl(cfg.derived.system):
         node = probe()
-        problems = mnnvl_problems(node)
+        system = cfg.derived.system
+        problems = mnnvl_problems(node, min(system.gpus_per_node, cfg.derived.world_size))
         if problems:
             raise PlacementError("; ".join(problems))
         clique = _clique_of(node.gpus, dist_env.local_rank) or ""
