@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from llama31_405b.config import load_config
+from llama31_405b.config.env import launch_env
 from llama31_405b.parallel.distributed import DistEnv
 from llama31_405b.parallel.layout import Layout
 from llama31_405b.parallel.placement import (Placement, PlacementError, detect_rack,
@@ -321,16 +322,32 @@ def test_gb200_rank_uses_its_clique_and_fails_without_imex():
     cfg = _gb200_cfg()
     de = DistEnv(rank=5, world_size=512, local_rank=1, master_addr="x", master_port=1,
                  hostname="gb-r01-n02", launcher="slurm")
-    p = local_placement(cfg, de, {}, probe=lambda: _node(_gb200_node()))
+    env = launch_env(cfg)                        # what run_and_time.sh exports
+    p = local_placement(cfg, de, env, probe=lambda: _node(_gb200_node()))
     assert (p.rack, p.source, p.clique) == ("5f3a86f1-1b1c-4e41-9d7e-0123456789ab/7", "fabric",
                                             "5f3a86f1-1b1c-4e41-9d7e-0123456789ab/7")
     with pytest.raises(PlacementError, match="no IMEX channel"):
-        local_placement(cfg, de, {}, probe=lambda: _node(_gb200_node(), channels=()))
+        local_placement(cfg, de, env, probe=lambda: _node(_gb200_node(), channels=()))
     # CPU systems never probe the fabric
     tiny = load_config(REPO / "configs/tiny_cpu_2racks.toml")
     de1 = DistEnv(rank=0, world_size=4, local_rank=0, master_addr="x", master_port=1,
                   hostname="n1", launcher="slurm")
     assert local_placement(tiny, de1, {}, probe=lambda: 1 / 0).source == "host"
+
+
+def test_gpu_rank_needs_the_configs_launch_env():
+    """A rank started without the exports (srun by hand) or with an image's own value winning
+    over the host's would run another recipe: it fails before any fabric probe."""
+    from llama31_405b.parallel.placement import local_placement
+    cfg = _gb200_cfg()
+    de = DistEnv(rank=0, world_size=512, local_rank=0, master_addr="x", master_port=1,
+                 hostname="h", launcher="slurm")
+    env = dict(launch_env(cfg), NCCL_NVLS_ENABLE="1")
+    del env["NVTE_NVFP4_DISABLE_RHT"]
+    with pytest.raises(PlacementError) as e:
+        local_placement(cfg, de, env, probe=lambda: 1 / 0)
+    assert ("NCCL_NVLS_ENABLE=0 expected, found '1'; NVTE_NVFP4_DISABLE_RHT=1 expected, unset"
+            in str(e.value)) and "--container-env" in str(e.value)
 
 
 def test_rank_errors_are_grouped_with_the_fix():

@@ -239,13 +239,22 @@ def layout_of(cfg) -> Layout:
 
 def local_placement(cfg, dist_env, environ: Mapping[str, str], *,
                     probe: Callable[[], NodeFabric] = probe_node) -> Placement:
-    """This rank's placement. On multi-node NVLink systems (GB200 NVL72) it first probes the
+    """This rank's placement. On GPU systems the process must carry the config's launch_env
+    (config/env.py) exactly. On multi-node NVLink systems (GB200 NVL72) it first probes the
     node's fabric and IMEX channels and raises PlacementError naming every missing piece; the
     GPU's clique is then the rack unless system.rack_of_host says otherwise (both are checked)."""
     clique = ""
-    if needs_mnnvl(cfg.derived.system):
+    system = cfg.derived.system
+    if not system.accelerator.lower().startswith("none"):
+        from ..config.env import env_mismatches
+        wrong = env_mismatches(cfg, environ)
+        if wrong:
+            raise PlacementError(
+                "environment differs from the config's launch_env (" + "; ".join(wrong) + "): "
+                "launch through run_and_time.sh, which exports it (and passes it into the "
+                "container with pyxis --container-env)")
+    if needs_mnnvl(system):
         node = probe()
-        system = cfg.derived.system
         problems = mnnvl_problems(node, min(system.gpus_per_node, cfg.derived.world_size))
         if problems:
             raise PlacementError("; ".join(problems))
