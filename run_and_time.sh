@@ -24,7 +24,8 @@
 #   DRY_RUN=1     print the commands instead of running them
 #
 # Exit status: 0 when every run ended with run_stop status success and its log passed the
-# compliance check; 1 otherwise; 2 bad config or variables; 3 the placement check failed.
+# compliance check; 1 otherwise; 2 bad config or variables; 3 the pre-flight check failed
+# (placement, environment or, on GB200, multi-node NVLink: retrying the same nodes is pointless).
 #
 #SBATCH --job-name=llama31_405b
 #SBATCH --exclusive
@@ -176,8 +177,9 @@ else
   launcher=()
 fi
 
-# --- pre-flight (Slurm): the placement check alone, before any run, so a misplaced allocation
-# stops the job within seconds with exit 3 (train repeats the check; this one costs no run) -----
+# --- pre-flight (Slurm): the checks of `train`'s start alone (placement; on GPU the launch_env;
+# on GB200 the NVLink fabric and IMEX channel of every node), before any run, so a bad allocation
+# stops the job with exit 3 (train repeats the check; this one costs no run) ---------------------
 if [ "$IN_SLURM" = 1 ] && [ "${PREFLIGHT:-1}" = 1 ]; then
   rc=0
   # 600 s for all ranks to join: on hundreds of nodes the container starts are minutes apart
@@ -185,7 +187,7 @@ if [ "$IN_SLURM" = 1 ] && [ "${PREFLIGHT:-1}" = 1 ]; then
     --ntasks-per-node="$LAUNCH_TASKS_PER_NODE" "${STEP_NODES[@]}" "${RANK_CPUS[@]}" "${CONT_ARGS[@]}" \
     "$STEP_PY" -m llama31_405b launch preflight --config "$CONFIG" --timeout 600 "${SETS[@]}" || rc=$?
   if [ "$rc" != 0 ]; then
-    say "FAILED: pre-flight placement check exited $rc; no run was started"
+    say "FAILED: pre-flight check exited $rc; no run was started"
     [ "$rc" = 3 ] && exit 3
     exit 1
   fi
