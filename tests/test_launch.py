@@ -88,7 +88,8 @@ def test_script_on_slurm_with_container_dry_run(tmp_path):
             f"NVTE_DPA_FP8_RECIPE,NVTE_NVFP4_DISABLE_2D_QUANTIZATION,NVTE_NVFP4_DISABLE_RHT,"
             f"NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING")
     # one task per GPU, each with a quarter of the node's cores (not Slurm's default of 1 CPU)
-    assert "--nodes=2048 --ntasks=8192 --ntasks-per-node=4 --cpus-per-task=36 " + cont in preflight
+    assert ("--nodes=2048 --ntasks=8192 --ntasks-per-node=4 --cpus-per-task=36 "
+            "--export=ALL,TORCH_GLOO_LAZY_INIT=1 " + cont) in preflight
     assert "launch preflight --config " + GB200 + " --timeout 600" in preflight
     assert "--cpus-per-task=36 --kill-on-bad-exit=1 " + cont in run0
     assert "--nodelist" not in run0                      # the job has exactly the nodes it needs
