@@ -34,11 +34,17 @@ RUN python -m pip list --format=freeze | grep -E '^[A-Za-z0-9_.-]+==' > /opt/ima
 
 COPY . .
 
-# The project with its gpu extra (Transformer Engine, resolved against the image's own build),
-# megatron-core and mlperf-logging; then prove torch was not replaced.
-RUN python -m pip install --no-cache-dir -c /opt/image-constraints.txt ".[gpu]" \
+# The project with megatron-core and mlperf-logging (pinned in pyproject.toml). Transformer Engine:
+# NGC builds it into the image as one distribution with its torch extension; asking pip for the
+# `gpu` extra (transformer-engine[pytorch]) there would make it fetch and compile a second
+# transformer_engine_torch from PyPI. So the extra is installed only when the base image has no
+# Transformer Engine (another --build-arg BASE_IMAGE). Then prove torch was not replaced.
+RUN extra="[gpu]" \
+ && if python -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("transformer_engine") is None)'; then extra=""; fi \
+ && echo "installing .${extra} (the image's Transformer Engine is kept when it has one)" \
+ && python -m pip install --no-cache-dir -c /opt/image-constraints.txt ".${extra}" \
  && test "$(python -c 'import torch; print(torch.__version__)')" = "$(cat /opt/image-torch-version.txt)" \
- && python -c 'import megatron.core, mlperf_logging, transformer_engine.pytorch, llama31_405b' \
+ && python -c 'import megatron.core, mlperf_logging, transformer_engine.pytorch, llama31_405b; from transformer_engine.common.recipe import NVFP4BlockScaling' \
  && python -m llama31_405b config check configs/*.toml \
  && mkdir -p /data /ckpt /logs
 

@@ -3,7 +3,8 @@
 #
 #   CONFIG=configs/config_GB200_2048x4x8xtp4pp8cp2.toml sbatch -N 2048 run_and_time.sh
 #       (Slurm >= 23.11 with topology/block: add `--segment 16`, the nodes of one NVL72 rack,
-#        so every rack's nodes come as one block; older Slurm rejects the option)
+#        so every rack's nodes come as one block; older Slurm rejects the option. Sites that
+#        constrain devices: add --gpus-per-node=4. Set -t to cover NEXP runs.)
 #   CONFIG=configs/tiny_cpu.toml ./run_and_time.sh          # no Slurm: torchrun or one process
 #
 # Variables (all but CONFIG optional; every default comes from the config):
@@ -12,16 +13,19 @@
 #   NEXP          number of runs (default run.num_runs)
 #   SEED_BASE     run i uses seed SEED_BASE + i (default run.seed_base)
 #   CONT          container image; steps then run through pyxis (--container-image) with
-#                 DATADIR:/data, CKPTDIR:/ckpt and LOGDIR:/logs mounted
+#                 DATADIR:/data, CKPTDIR:/ckpt and LOGDIR:/logs mounted, the home directory not
+#                 mounted, and the config's launch_env forced over the image's (--container-env)
 #   DATADIR       dataset root (overrides data.data_dir)
 #   CKPTDIR       checkpoint root (overrides checkpoint.ckpt_dir)
 #   CLEAR_CACHES  auto (default: drop the page cache where permitted), 1 (required), 0 (never)
 #   PYTHON        interpreter outside a container (default .venv/bin/python, else python3)
-#   PREFLIGHT=0   skip the placement pre-flight step (Slurm; on by default)
+#   PREFLIGHT=0   skip the pre-flight step (Slurm; on by default): placement of every rank and,
+#                 on GB200, the multi-node NVLink fabric and IMEX channel of every node
 #   DRY_RUN=1     print the commands instead of running them
 #
 # Exit status: 0 when every run ended with run_stop status success and its log passed the
-# compliance check; 1 otherwise; 2 bad config or variables; 3 the placement check failed.
+# compliance check; 1 otherwise; 2 bad config or variables; 3 the pre-flight check failed
+# (placement, environment or, on GB200, multi-node NVLink: retrying the same nodes is pointless).
 #
 #SBATCH --job-name=llama31_405b
 #SBATCH --exclusive
@@ -48,7 +52,9 @@ CONT_WORKDIR=${CONT_WORKDIR:-/workspace/llama31_405b}
 if [ -z "${PYTHON:-}" ]; then
   if [ -x "$REPO/.venv/bin/python" ]; then PYTHON=$REPO/.venv/bin/python; else PYTHON=python3; fi
 fi
-export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+# outside a container the checkout is the code; inside one the image's copy is (a host
+# PYTHONPATH reaching the container could import a different checkout)
+[ -n "$CONT" ] || export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 LOGDIR=${LOGDIR:-$REPO/runs/$(basename "$CONFIG" .toml)-${SLURM_JOB_ID:-$(date -u +%Y%m%d-%H%M%S)}}
 mkdir -p "$LOGDIR"
 LOGDIR=$(cd "$LOGDIR" && pwd)
@@ -66,8 +72,12 @@ if [ -n "$CONT" ]; then
   mounts="$LOGDIR:/logs"
   if [ -n "${DATADIR:-}" ]; then mounts="$DATADIR:/data,$mounts"; SETS+=(--set data.data_dir=/data); fi
   if [ -n "${CKPTDIR:-}" ]; then mounts="$CKPTDIR:/ckpt,$mounts"; SETS+=(--set checkpoint.ckpt_dir=/ckpt); fi
+  # one named container per job: created by the first step on each node, reused by every later
+  # step (all NEXP runs use the same container); no home mount, so no ~/.local site-packages
+  # or shell rc files of the submitting user leak into the runs
   CONT_ARGS=(--container-image="$CONT" --container-name=llama31_405b
-             --container-mounts="$mounts" --container-workdir="$CONT_WORKDIR")
+             --container-mounts="$mounts" --container-workdir="$CONT_WORKDIR"
+             --no-container-mount-home)
   STEP_PY=python; STEP_LOGDIR=/logs
 else
   [ -z "${DATADIR:-}" ] || SETS+=(--set "data.data_dir=$DATADIR")
@@ -100,6 +110,36 @@ if [ "$IN_SLURM" = 1 ]; then
 elif [ -n "$LAUNCH_LOCAL_ERROR" ]; then
   die "$LAUNCH_LOCAL_ERROR"
 fi
+
+# --- Slurm steps: the nodes, the rendezvous host, CPUs per task, the container's environment ---
+STEP_NODES=()    # every multi-node step: --nodelist, when the job has spare nodes
+RANK_CPUS=()     # the steps with one task per GPU: --cpus-per-task
+if [ "$IN_SLURM" = 1 ]; then
+  [ -n "${SLURM_JOB_NODELIST:-}" ] || die "SLURM_JOB_NODELIST is not set: run under sbatch/salloc"
+  mapfile -t hosts < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+  [ "${#hosts[@]}" -ge "$LAUNCH_NODES" ] \
+    || die "scontrol show hostnames $SLURM_JOB_NODELIST gave ${#hosts[@]} host(s), need $LAUNCH_NODES"
+  hosts=("${hosts[@]:0:$LAUNCH_NODES}")
+  # rank 0 runs on the first node of every step; the tasks (in the container, where scontrol
+  # usually is not) take the rendezvous host from here. The port stays per step (distributed.py).
+  export MASTER_ADDR=${hosts[0]}
+  if [ "$have" -gt "$LAUNCH_NODES" ]; then
+    STEP_NODES=(--nodelist="$(scontrol show hostlist "$(IFS=,; echo "${hosts[*]}")")")
+  fi
+  # Slurm gives each task 1 CPU unless told otherwise (srun does not inherit sbatch's
+  # --cpus-per-task since 22.05): give each rank its share of the node, so task i is bound to
+  # the cores (on GB200: the Grace socket) next to GPU i
+  cpt=$(( ${SLURM_CPUS_ON_NODE:-0} / LAUNCH_TASKS_PER_NODE ))
+  [ "$cpt" -ge 1 ] && RANK_CPUS=(--cpus-per-task="$cpt")
+  if [ "$LAUNCH_DEVICE" = gpu ] && [ -z "${SLURM_GPUS_ON_NODE:-}${SLURM_JOB_GPUS:-}" ]; then
+    say "note: the job requested no GPUs; where Slurm constrains devices the ranks see none" \
+        "(the pre-flight then fails): sbatch --gpus-per-node=$LAUNCH_TASKS_PER_NODE"
+  fi
+  if [ -n "$CONT" ]; then
+    names=$(IFS=,; echo "MASTER_ADDR${LAUNCH_ENV_NAMES[*]:+,${LAUNCH_ENV_NAMES[*]}}")
+    CONT_ARGS+=(--container-env="$names")
+  fi
+fi
 say "config $CONFIG: $LAUNCH_WORLD_SIZE rank(s) on $LAUNCH_NODES node(s) x $LAUNCH_TASKS_PER_NODE" \
     "($LAUNCH_DEVICE), runs with seeds ${LAUNCH_SEEDS[*]}, logs in $LOGDIR" \
     "$([ "$IN_SLURM" = 1 ] && echo "(Slurm job $SLURM_JOB_ID)" || echo "(local)")"
@@ -108,10 +148,11 @@ say "config $CONFIG: $LAUNCH_WORLD_SIZE rank(s) on $LAUNCH_NODES node(s) x $LAUN
 clear_caches() {  # prints true or false
   local mode=${CLEAR_CACHES:-auto} ok=false
   case "$mode" in 0|no|false) echo false; return 0 ;; esac
-  local drop='{ sync && echo 3 > /proc/sys/vm/drop_caches; } 2>/dev/null'
+  # on the host, never in the container; root writes the sysctl, others may have a sudo rule
+  local drop='sync; { echo 3 > /proc/sys/vm/drop_caches || sudo -n sysctl -q vm.drop_caches=3; } 2>/dev/null'
   if [ "$IN_SLURM" = 1 ]; then
     run srun --quiet --nodes="$LAUNCH_NODES" --ntasks="$LAUNCH_NODES" --ntasks-per-node=1 \
-      bash -c "$drop" && ok=true
+      "${STEP_NODES[@]}" bash -c "$drop" && ok=true
   else
     run bash -c "$drop" && ok=true
   fi
@@ -126,7 +167,8 @@ trap 'ABORT=1; say "signal received: stopping after the current run"' TERM INT
 train_cmd=("$STEP_PY" -m llama31_405b train --config "$CONFIG" "${SETS[@]}")
 if [ "$IN_SLURM" = 1 ]; then
   launcher=(srun --nodes="$LAUNCH_NODES" --ntasks="$LAUNCH_WORLD_SIZE"
-            --ntasks-per-node="$LAUNCH_TASKS_PER_NODE" --kill-on-bad-exit=1 "${CONT_ARGS[@]}")
+            --ntasks-per-node="$LAUNCH_TASKS_PER_NODE" "${STEP_NODES[@]}" "${RANK_CPUS[@]}" --kill-on-bad-exit=1
+            "${CONT_ARGS[@]}")
 elif [ "$LAUNCH_WORLD_SIZE" -gt 1 ]; then
   train_cmd=("$STEP_PY" -m torch.distributed.run --standalone --nproc-per-node="$LAUNCH_WORLD_SIZE"
              -m llama31_405b train --config "$CONFIG" "${SETS[@]}")
@@ -135,15 +177,21 @@ else
   launcher=()
 fi
 
-# --- pre-flight (Slurm): the placement check alone, before any run, so a misplaced allocation
-# stops the job within seconds with exit 3 (train repeats the check; this one costs no run) -----
+# --- pre-flight (Slurm): the checks of `train`'s start alone (placement; on GPU the launch_env;
+# on GB200 the NVLink fabric and IMEX channel of every node), before any run, so a bad allocation
+# stops the job with exit 3 (train repeats the check; this one costs no run) ---------------------
 if [ "$IN_SLURM" = 1 ] && [ "${PREFLIGHT:-1}" = 1 ]; then
   rc=0
+  # 600 s for all ranks to join: on hundreds of nodes the container starts are minutes apart.
+  # The pre-flight's process group is gloo, which by default connects every pair of ranks at
+  # init (8192 ranks: 33 M connections, every rank reading every other's address list from the
+  # one store); lazy init connects only the pairs its ring all-gather uses.
   run srun --nodes="$LAUNCH_NODES" --ntasks="$LAUNCH_WORLD_SIZE" \
-    --ntasks-per-node="$LAUNCH_TASKS_PER_NODE" "${CONT_ARGS[@]}" \
-    "$STEP_PY" -m llama31_405b launch preflight --config "$CONFIG" "${SETS[@]}" || rc=$?
+    --ntasks-per-node="$LAUNCH_TASKS_PER_NODE" "${STEP_NODES[@]}" "${RANK_CPUS[@]}" \
+    --export=ALL,TORCH_GLOO_LAZY_INIT=1 "${CONT_ARGS[@]}" \
+    "$STEP_PY" -m llama31_405b launch preflight --config "$CONFIG" --timeout 600 "${SETS[@]}" || rc=$?
   if [ "$rc" != 0 ]; then
-    say "FAILED: pre-flight placement check exited $rc; no run was started"
+    say "FAILED: pre-flight check exited $rc; no run was started"
     [ "$rc" = 3 ] && exit 3
     exit 1
   fi
@@ -158,6 +206,11 @@ for i in "${!LAUNCH_SEEDS[@]}"; do
   flags=(--seed "$seed" --mlperf-log "$STEP_LOGDIR/result_$i.txt")
   [ "$cleared" = true ] && flags+=(--cache-cleared)
   say "run $i: seed $seed, cache cleared: $cleared"
+  if [ "$cleared" = false ] && [ "${CLEAR_CACHES:-auto}" = auto ] && [ "$i" = 0 ]; then
+    say "warning: the page cache could not be dropped (not root, no sudo rule for" \
+        "'sysctl vm.drop_caches=3'): the logs record cache_clear false; for a submission run" \
+        "where it can be dropped, or set CLEAR_CACHES=1 to refuse to run without it"
+  fi
   t0=$SECONDS; rc=0
   run "${launcher[@]}" "${train_cmd[@]}" "${flags[@]}" || rc=$?
   say "run $i: train exited $rc after $((SECONDS - t0)) s"

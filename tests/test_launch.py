@@ -60,25 +60,81 @@ def _script(env: dict, cwd=REPO) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
+# a 128-rack job as Slurm describes it to the batch script (GB200: 144 Grace cores per node)
+NODELIST = "gb-r[001-128]-n[01-16]"
+SLURM_128_RACKS = dict(SLURM_JOB_ID="77", SLURM_JOB_NUM_NODES="2048", SLURM_JOB_NODELIST=NODELIST,
+                       SLURM_CPUS_ON_NODE="144", SLURM_GPUS_ON_NODE="4",
+                       SLURM_SUBMIT_DIR=str(REPO))
+
+
+def _srun_lines(p) -> list[str]:
+    """The srun lines DRY_RUN printed, without printf %q's backslashes."""
+    return [re.sub(r"\\([,\[\]])", r"\1", ln) for ln in p.stderr.splitlines()
+            if ln.startswith("+ srun")]
+
+
 def test_script_on_slurm_with_container_dry_run(tmp_path):
     env = _env(CONFIG=GB200, DRY_RUN="1", NEXP="2", SEED_BASE="40", CONT="reg/llama31:1",
                DATADIR="/lustre/data", CKPTDIR="/lustre/ckpt", LOGDIR=str(tmp_path),
-               SLURM_JOB_ID="77", SLURM_JOB_NUM_NODES="2048", SLURM_SUBMIT_DIR=str(REPO))
+               **SLURM_128_RACKS)
     p = _script(env)
     assert p.returncode == 0, p.stderr
-    lines = [ln.replace("\\,", ",") for ln in p.stderr.splitlines() if ln.startswith("+ srun")]
+    lines = _srun_lines(p)
     preflight, run0, run1 = [ln for ln in lines if "--ntasks=8192" in ln]
     cont = (f"--container-image=reg/llama31:1 --container-name=llama31_405b "
             f"--container-mounts=/lustre/ckpt:/ckpt,/lustre/data:/data,{tmp_path}:/logs "
-            f"--container-workdir=/workspace/llama31_405b")
-    assert "--nodes=2048 --ntasks=8192 --ntasks-per-node=4 " + cont in preflight
-    assert "launch preflight --config " + GB200 in preflight
-    assert "--kill-on-bad-exit=1 " + cont in run0
+            f"--container-workdir=/workspace/llama31_405b --no-container-mount-home "
+            f"--container-env=MASTER_ADDR,CUDA_DEVICE_MAX_CONNECTIONS,NCCL_NVLS_ENABLE,"
+            f"NVTE_DPA_FP8_RECIPE,NVTE_NVFP4_DISABLE_2D_QUANTIZATION,NVTE_NVFP4_DISABLE_RHT,"
+            f"NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING")
+    # one task per GPU, each with a quarter of the node's cores (not Slurm's default of 1 CPU)
+    assert ("--nodes=2048 --ntasks=8192 --ntasks-per-node=4 --cpus-per-task=36 "
+            "--export=ALL,TORCH_GLOO_LAZY_INIT=1 " + cont) in preflight
+    assert "launch preflight --config " + GB200 + " --timeout 600" in preflight
+    assert "--cpus-per-task=36 --kill-on-bad-exit=1 " + cont in run0
+    assert "--nodelist" not in run0                      # the job has exactly the nodes it needs
+    assert "MASTER_ADDR" not in p.stdout and "note: the job requested no GPUs" not in p.stderr
     assert run0.endswith(f"python -m llama31_405b train --config {GB200} --set data.data_dir=/data "
                          "--set checkpoint.ckpt_dir=/ckpt --seed 40 --mlperf-log /logs/result_0.txt")
     assert "--seed 41 --mlperf-log /logs/result_1.txt" in run1
     # cache clearing: one task per node before each run
-    assert sum("--ntasks=2048 --ntasks-per-node=1 bash -c" in ln for ln in lines) == 2, lines
+    assert sum("--ntasks=2048 --ntasks-per-node=1 bash -c" in ln
+               for ln in lines) == 2, lines
+
+
+def test_script_uses_the_first_nodes_of_a_larger_job(tmp_path):
+    """Spare nodes: every step gets the same explicit --nodelist (its first node = MASTER_ADDR);
+    without a container the launch_env is exported to the steps as is."""
+    env = _env(CONFIG="configs/tiny_cpu_2racks.toml", DRY_RUN="1", NEXP="1", LOGDIR=str(tmp_path),
+               SLURM_JOB_ID="9", SLURM_JOB_NUM_NODES="6", SLURM_JOB_NODELIST="n[1-6]",
+               SLURM_CPUS_ON_NODE="2", SLURM_SUBMIT_DIR=str(REPO))
+    p = _script(env)
+    assert p.returncode == 0, p.stderr
+    assert "the job has 6 nodes, the runs use the first 4" in p.stderr
+    multi = [ln for ln in _srun_lines(p) if "--nodes=4" in ln]
+    assert len(multi) == 3 and all("--nodelist=n[1-4]" in ln for ln in multi)
+    preflight, drop, train = multi
+    assert "--ntasks-per-node=1 --nodelist=n[1-4] bash -c" in drop
+    assert "--nodelist=n[1-4] --cpus-per-task=2 " in preflight and "preflight" in preflight
+    assert "--nodelist=n[1-4] --cpus-per-task=2 --kill-on-bad-exit=1" in train
+    assert not any("--container" in ln for ln in multi)
+
+
+def test_script_master_addr_is_the_first_node(tmp_path):
+    out = tmp_path / "env.txt"
+    env = _env(CONFIG="configs/tiny_cpu_2racks.toml", NEXP="1", LOGDIR=str(tmp_path),
+               SLURM_JOB_ID="9", SLURM_JOB_NUM_NODES="4", SLURM_JOB_NODELIST="gb-r[07-08]-n[15-16]",
+               SLURM_SUBMIT_DIR=str(REPO), PREFLIGHT="0", CLEAR_CACHES="0")
+    # a fake srun on PATH records what the training step would see
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text(f'#!/bin/bash\necho "$MASTER_ADDR $*" >> {out}\nexit 1\n')
+    (fake / "srun").chmod(0o755)
+    env["PATH"] = f"{fake}:{env['PATH']}"
+    p = _script(env)
+    assert p.returncode == 1 and "FAILED" in p.stderr        # the fake step failed: no success
+    first = out.read_text().splitlines()[0]
+    assert first.startswith("gb-r07-n15 --nodes=4 --ntasks=4"), first
 
 
 def test_script_rejects_too_few_nodes_and_missing_config(tmp_path):

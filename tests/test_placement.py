@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from llama31_405b.config import load_config
+from llama31_405b.config.env import launch_env
 from llama31_405b.parallel.distributed import DistEnv
 from llama31_405b.parallel.layout import Layout
 from llama31_405b.parallel.placement import (Placement, PlacementError, detect_rack,
@@ -227,3 +228,150 @@ def test_world_size_mismatch_is_an_error():
                  hostname="h", launcher="single")
     with pytest.raises(PlacementError, match="the job has 1 ranks but .* needs 4"):
         check_placement(cfg, de, environ={})
+
+
+# --- GB200 multi-node NVLink readiness (parallel/fabric.py) -------------------------------------
+# The `nvidia-smi -q` texts below are HAND-WRITTEN samples of the documented format (GPU header
+# "GPU <bus id>", a "Fabric" section with State, Status, CliqueId, ClusterUUID and a Health
+# subsection), not output captured on a GB200 machine.
+
+BUS_IDS = ("00000008:01:00.0", "00000009:01:00.0", "00000018:01:00.0", "00000019:01:00.0")
+
+
+def _gb200_node(states=("Completed",) * 4, statuses=("Success",) * 4, cliques=("7",) * 4,
+                bandwidth="Full", uuid="5f3a86f1-1b1c-4e41-9d7e-0123456789ab") -> str:
+    parts = ["==============NVSMI LOG==============", "",
+             "Driver Version                            : 580.95.05", "Attached GPUs                             : 4"]
+    for bus, state, status, clique in zip(BUS_IDS, states, statuses, cliques):
+        parts += [f"GPU {bus}",
+                  "    Product Name                          : NVIDIA GB200",
+                  "    Fabric",
+                  f"        State                             : {state}",
+                  f"        Status                            : {status}",
+                  f"        CliqueId                          : {clique}",
+                  f"        ClusterUUID                       : {uuid}",
+                  "        Health",
+                  f"            Bandwidth                     : {bandwidth}",
+                  "            Route Recovery in progress    : False",
+                  "    Processes                             : None"]
+    return "\n".join(parts) + "\n"
+
+
+def test_parse_fabric_sections_per_gpu():
+    from llama31_405b.parallel.fabric import parse_fabric
+    gpus = parse_fabric(_gb200_node(states=("Completed", "In Progress", "Completed", "Completed"),
+                                    cliques=("7", "N/A", "7", "7")))
+    assert [g.gpu for g in gpus] == list(BUS_IDS)
+    assert gpus[0].clique == "5f3a86f1-1b1c-4e41-9d7e-0123456789ab/7"
+    assert (gpus[1].state, gpus[1].clique, gpus[1].bandwidth) == ("In Progress", None, "Full")
+    # the Processes line after the section is not read as a fabric key
+    assert all(g.status == "Success" for g in gpus)
+    assert [g.clique for g in parse_fabric(HGX)] == [None]
+
+
+def _node(text: str, channels=("channel0",)):
+    from llama31_405b.parallel.fabric import NodeFabric, parse_fabric
+    return NodeFabric(gpus=parse_fabric(text), channels=list(channels))
+
+
+def test_mnnvl_ready_node_has_no_problems():
+    from llama31_405b.parallel.fabric import mnnvl_problems, node_clique
+    node = _node(_gb200_node())
+    assert mnnvl_problems(node) == []
+    assert node_clique(node, 3) == "5f3a86f1-1b1c-4e41-9d7e-0123456789ab/7"
+
+
+def test_mnnvl_problems_name_each_missing_piece():
+    from llama31_405b.parallel.fabric import NodeFabric, mnnvl_problems
+    no_imex = mnnvl_problems(_node(_gb200_node(), channels=()))
+    assert len(no_imex) == 1 and no_imex[0].startswith("no IMEX channel in /dev/nvidia-caps-imex-channels")
+    pending = mnnvl_problems(_node(_gb200_node(states=("Completed", "In Progress", "Completed", "Completed"),
+                                               statuses=("Success", "N/A", "Success", "Success"))))
+    assert pending == ["GPU 00000009:01:00.0: fabric state In Progress, status N/A (needs Completed, "
+                       "Success: the GPU is not registered in the NVLink fabric)"]
+    split = mnnvl_problems(_node(_gb200_node(cliques=("7", "7", "8", "8"))))
+    assert len(split) == 1 and "in 2 NVLink cliques" in split[0]
+    degraded = mnnvl_problems(_node(_gb200_node(bandwidth="Degraded")))
+    assert len(degraded) == 4 and "bandwidth Degraded" in degraded[0]
+    zero = mnnvl_problems(_node(_gb200_node(uuid="00000000-0000-0000-0000-000000000000")))
+    assert len(zero) == 4 and "without a cluster UUID" in zero[0]
+    hgx = mnnvl_problems(_node(HGX))
+    assert "fabric state N/A" in hgx[0]
+    assert "no GPU with a Fabric section" in mnnvl_problems(_node(""))[0]
+    two = mnnvl_problems(_node("\n".join(_gb200_node().splitlines()[:26])), gpus_needed=4)
+    assert two == ["2 GPU(s) visible, the node runs 4 ranks (one per GPU): request them "
+                   "(sbatch --gpus-per-node=4) where Slurm constrains devices"]
+    assert "nvidia-smi must work" in mnnvl_problems(NodeFabric(error="nvidia-smi -q: not found"))[0]
+
+
+def test_imex_channels_are_character_devices(tmp_path):
+    from llama31_405b.parallel.fabric import imex_channels
+    assert imex_channels(tmp_path / "absent") == []
+    (tmp_path / "channel1").write_text("")                 # a regular file is no channel
+    (tmp_path / "channel0").symlink_to("/dev/null")        # a character device is
+    (tmp_path / "other").symlink_to("/dev/null")
+    assert imex_channels(tmp_path) == ["channel0"]
+
+
+def _gb200_cfg():
+    return load_config(REPO / "configs/config_GB200_128x4x144xtp4pp8cp2.toml")
+
+
+def test_gb200_rank_uses_its_clique_and_fails_without_imex():
+    from llama31_405b.parallel.placement import local_placement
+    cfg = _gb200_cfg()
+    de = DistEnv(rank=5, world_size=512, local_rank=1, master_addr="x", master_port=1,
+                 hostname="gb-r01-n02", launcher="slurm")
+    env = launch_env(cfg)                        # what run_and_time.sh exports
+    p = local_placement(cfg, de, env, probe=lambda: _node(_gb200_node()))
+    assert (p.rack, p.source, p.clique) == ("5f3a86f1-1b1c-4e41-9d7e-0123456789ab/7", "fabric",
+                                            "5f3a86f1-1b1c-4e41-9d7e-0123456789ab/7")
+    with pytest.raises(PlacementError, match="no IMEX channel"):
+        local_placement(cfg, de, env, probe=lambda: _node(_gb200_node(), channels=()))
+    # CPU systems never probe the fabric
+    tiny = load_config(REPO / "configs/tiny_cpu_2racks.toml")
+    de1 = DistEnv(rank=0, world_size=4, local_rank=0, master_addr="x", master_port=1,
+                  hostname="n1", launcher="slurm")
+    assert local_placement(tiny, de1, {}, probe=lambda: 1 / 0).source == "host"
+
+
+def test_gpu_rank_needs_the_configs_launch_env():
+    """A rank started without the exports (srun by hand) or with an image's own value winning
+    over the host's would run another recipe: it fails before any fabric probe."""
+    from llama31_405b.parallel.placement import local_placement
+    cfg = _gb200_cfg()
+    de = DistEnv(rank=0, world_size=512, local_rank=0, master_addr="x", master_port=1,
+                 hostname="h", launcher="slurm")
+    env = dict(launch_env(cfg), NCCL_NVLS_ENABLE="1")
+    del env["NVTE_NVFP4_DISABLE_RHT"]
+    with pytest.raises(PlacementError) as e:
+        local_placement(cfg, de, env, probe=lambda: 1 / 0)
+    assert ("NCCL_NVLS_ENABLE=0 expected, found '1'; NVTE_NVFP4_DISABLE_RHT=1 expected, unset"
+            in str(e.value)) and "--container-env" in str(e.value)
+
+
+def test_rank_errors_are_grouped_with_the_fix():
+    from llama31_405b.parallel.placement import evaluate
+    lay = Layout(tp=4, cp=2, pp=8, dp=2)
+    msg = "no IMEX channel in /dev/nvidia-caps-imex-channels (...)"
+    gathered = [(r, f"node{r // 4:04d}", msg) for r in range(128)]
+    with pytest.raises(PlacementError) as e:
+        evaluate(lay, gathered)
+    text = str(e.value)
+    assert text.count("no IMEX channel") == 1
+    assert "[rank(s) 0-127 on node0000, node0001, node0002, node0003, ... 28 more]" in text
+    assert "nvidia-imex" in text and "switch/nvidia_imex" in text
+
+
+def test_cliques_must_agree_with_configured_racks():
+    from llama31_405b.parallel.placement import evaluate
+    lay = Layout(tp=4, cp=2, pp=8, dp=2)                  # 2 racks of 16 nodes x 4 GPUs
+    good = [Placement(rank=r, host=f"node{r // 4:04d}", rack=f"r{r // 64}", source="config",
+                      clique=f"uuid/{r // 64}") for r in range(128)]
+    assert evaluate(lay, good) == good
+    # the site's rack map says rack r0 = nodes 0-15, but node 15's GPUs are in the other clique
+    bad = [Placement(rank=p.rank, host=p.host, rack=p.rack, source="config",
+                     clique="uuid/1" if p.host == "node0015" else p.clique) for p in good]
+    with pytest.raises(PlacementError, match="NVLink clique: .* span racks") as e:
+        evaluate(lay, bad)
+    assert "node0015" in str(e.value)

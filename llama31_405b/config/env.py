@@ -31,3 +31,15 @@ def launch_env(cfg: Config) -> dict[str, str]:
         env["NVTE_DPA_FP8_RECIPE"] = "F16"   # attention stays in high precision
     env.update(cfg.env)                      # the config's [env] table wins
     return env
+
+
+def env_mismatches(cfg: Config, environ) -> list[str]:
+    """The variables of `launch_env(cfg)` that `environ` lacks or holds with another value, one
+    line each. A GPU rank started without them (srun by hand, or a container image whose own value
+    wins over the host's) would silently run another NVFP4 recipe or NCCL setting."""
+    out = []
+    for name, want in sorted(launch_env(cfg).items()):
+        have = environ.get(name)
+        if have != want:
+            out.append(f"{name}={want} expected, " + ("unset" if have is None else f"found {have!r}"))
+    return out

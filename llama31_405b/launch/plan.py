@@ -12,7 +12,8 @@ shell assignments, so the batch script holds no arithmetic of its own.
     LAUNCH_SEEDS=(1 2 3)
     LAUNCH_LOCAL_ERROR=''
 
-followed by `export NAME=value` for each variable of `config.env.launch_env`.
+followed by `export NAME=value` for each variable of `config.env.launch_env` and
+`LAUNCH_ENV_NAMES=(...)`, their names.
 """
 from __future__ import annotations
 
@@ -80,4 +81,7 @@ def shell_assignments(plan: LaunchPlan) -> str:
         if not name.isidentifier():
             raise ValueError(f"launch_env name {name!r} is not a valid environment variable name")
         lines.append(f"export {name}={q(value)}")
+    # the names again, for pyxis --container-env: without it an image's own value of a variable
+    # (NGC images set some) would silently win over the config's
+    lines.append(f"LAUNCH_ENV_NAMES=({' '.join(sorted(plan.env))})")
     return "\n".join(lines) + "\n"

@@ -10,6 +10,11 @@ Each rank learns its rack from, in order:
    the GPUs of one NVL72 rack share one clique);
 3. Slurm's `SLURM_TOPOLOGY_ADDR` (topology/tree: the leaf switch; topology/block: the block);
 4. otherwise the host itself (a single node is always one NVLink domain).
+On systems whose NVLink domain spans nodes (GB200 NVL72) every rank first checks its node's
+multi-node NVLink readiness (parallel/fabric.py: fabric state Completed/Success, one clique per
+node, an IMEX channel visible); a missing piece fails the job, because NCCL would otherwise carry
+the rack's traffic over the scale-out network without a word. There the GPU's clique is the rack
+(unless system.rack_of_host is set, in which case the groups must fit both).
 The ranks exchange (rank, host, rack) with one all_gather_object; every rank then evaluates the
 same pure function `find_violations` and raises the same `PlacementError`, so the whole job
 stops within seconds with one message naming group kind, ranks and hosts.
@@ -18,12 +23,12 @@ from __future__ import annotations
 
 import fnmatch
 import os
-import subprocess
 import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+from .fabric import MNNVL_FIX, NodeFabric, mnnvl_problems, needs_mnnvl, parse_fabric, probe_node
 from .layout import Layout
 
 MAX_LINES = 20
@@ -42,6 +47,9 @@ class Placement:
     rack: str
     source: str
     """Where the rack came from: "config", "fabric", "slurm-topology" or "host"."""
+    clique: str = ""
+    """The GPU's NVLink fabric clique (ClusterUUID/CliqueId) on multi-node NVLink systems, which
+    the placement check probes; "" elsewhere."""
 
 
 # --- where is this rank? ----------------------------------------------------------------------
@@ -62,59 +70,23 @@ def rack_from_override(host: str, rack_of_host: Mapping[str, str]) -> str | None
         "add it (or a pattern covering it) to the config, or remove the table to detect racks")
 
 
-def parse_fabric(nvidia_smi_q: str) -> list[tuple[str, str, str]]:
-    """(state, cluster_uuid, clique_id) of each GPU's "Fabric" section in `nvidia-smi -q` text."""
-    out: list[tuple[str, str, str]] = []
-    cur: dict[str, str] | None = None
-    depth = 0
-    for line in nvidia_smi_q.splitlines():
-        stripped = line.strip()
-        indent = len(line) - len(line.lstrip())
-        if stripped == "Fabric":
-            if cur is not None:
-                out.append((cur.get("State", ""), cur.get("ClusterUUID", ""),
-                            cur.get("CliqueId", "")))
-            cur, depth = {}, indent
-            continue
-        if cur is None:
-            continue
-        if stripped and indent <= depth:        # the section ended
-            out.append((cur.get("State", ""), cur.get("ClusterUUID", ""), cur.get("CliqueId", "")))
-            cur = None
-            continue
-        if ":" in stripped:
-            key, _, value = stripped.partition(":")
-            cur.setdefault(key.strip(), value.strip())
-    if cur is not None:
-        out.append((cur.get("State", ""), cur.get("ClusterUUID", ""), cur.get("CliqueId", "")))
-    return out
+def _clique_of(gpus, local_rank: int) -> str | None:
+    cliques = [g.clique for g in gpus if g.clique]
+    return cliques[local_rank % len(cliques)] if cliques else None
 
 
 def rack_from_fabric_text(nvidia_smi_q: str, local_rank: int = 0) -> str | None:
     """Rack name "<ClusterUUID>/<CliqueId>" from `nvidia-smi -q` output, or None when no GPU
     reports a completed multi-node NVLink fabric (H100/H200 HGX, GPUs without NVLink switches,
     an all-zero cluster UUID)."""
-    cliques = []
-    for state, uuid, clique in parse_fabric(nvidia_smi_q):
-        if state != "Completed" or not uuid or not clique or uuid.upper() == "N/A":
-            continue
-        if set(uuid.replace("-", "")) <= {"0"}:
-            continue
-        cliques.append(f"{uuid}/{clique}")
-    if not cliques:
-        return None
-    return cliques[local_rank % len(cliques)]
+    return _clique_of(parse_fabric(nvidia_smi_q), local_rank)
 
 
 def rack_from_fabric(local_rank: int = 0) -> str | None:
     """The GB200 NVL72 clique of this node's GPUs as reported by the driver; None without
     nvidia-smi or without a multi-node NVLink fabric."""
-    try:
-        text = subprocess.run(["nvidia-smi", "-q"], capture_output=True, text=True, timeout=30,
-                              check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return rack_from_fabric_text(text, local_rank)
+    node = probe_node()
+    return None if node.error else _clique_of(node.gpus, local_rank)
 
 
 def rack_from_slurm_topology(environ: Mapping[str, str]) -> str | None:
@@ -265,12 +237,83 @@ def layout_of(cfg) -> Layout:
     return Layout(tp=p.tp, cp=p.cp, pp=p.pp, dp=cfg.derived.dp, order=p.order)
 
 
+def local_placement(cfg, dist_env, environ: Mapping[str, str], *,
+                    probe: Callable[[], NodeFabric] = probe_node) -> Placement:
+    """This rank's placement. On GPU systems the process must carry the config's launch_env
+    (config/env.py) exactly. On multi-node NVLink systems (GB200 NVL72) it first probes the
+    node's fabric and IMEX channels and raises PlacementError naming every missing piece; the
+    GPU's clique is then the rack unless system.rack_of_host says otherwise (both are checked)."""
+    clique = ""
+    system = cfg.derived.system
+    if not system.accelerator.lower().startswith("none"):
+        from ..config.env import env_mismatches
+        wrong = env_mismatches(cfg, environ)
+        if wrong:
+            raise PlacementError(
+                "environment differs from the config's launch_env (" + "; ".join(wrong) + "): "
+                "launch through run_and_time.sh, which exports it (and passes it into the "
+                "container with pyxis --container-env)")
+    if needs_mnnvl(system):
+        node = probe()
+        problems = mnnvl_problems(node, min(system.gpus_per_node, cfg.derived.world_size))
+        if problems:
+            raise PlacementError("; ".join(problems))
+        clique = _clique_of(node.gpus, dist_env.local_rank) or ""
+    rack, source = detect_rack(dist_env.hostname, cfg.system.rack_of_host, environ,
+                               dist_env.local_rank,
+                               fabric=(lambda lr: clique or None) if clique else rack_from_fabric)
+    return Placement(rank=dist_env.rank, host=dist_env.hostname, rack=rack, source=source,
+                     clique=clique)
+
+
+def rank_errors_message(errors: list[tuple[int, str, str]]) -> str:
+    """One line per distinct problem, naming the ranks and hosts that reported it (a fabric fault
+    on 2048 nodes reads as one line, not 8192)."""
+    by_problem: dict[str, list[tuple[int, str]]] = defaultdict(list)
+    for rank, host, problem in errors:
+        by_problem[problem].append((rank, host))
+    lines = []
+    for problem, where in sorted(by_problem.items(), key=lambda kv: min(r for r, _ in kv[1])):
+        hosts = sorted({h for _, h in where})
+        lines.append(f"{problem} [rank(s) {_ranges([r for r, _ in where])} on "
+                     f"{', '.join(_short(hosts))}]")
+    shown = lines[:MAX_LINES]
+    text = "placement check failed:\n  " + "\n  ".join(shown)
+    if len(lines) > len(shown):
+        text += f"\n  ... and {len(lines) - len(shown)} more"
+    if any("IMEX" in p or "fabric" in p or "nvidia-smi" in p for p in by_problem):
+        text += "\n" + MNNVL_FIX
+    return text
+
+
+def evaluate(layout: Layout, gathered: list) -> list[Placement]:
+    """The verdict on what the ranks reported (a Placement, or (rank, host, problem) from a rank
+    that could not place itself): the placements when good, PlacementError otherwise. Pure."""
+    errors = [g for g in gathered if isinstance(g, tuple)]
+    if errors:
+        raise PlacementError(rank_errors_message(errors))
+    placements: list[Placement] = gathered
+    violations = find_violations(layout, placements)
+    if not violations and all(p.clique for p in placements) \
+            and any(p.rack != p.clique for p in placements):
+        # racks came from system.rack_of_host or Slurm: the NVLink cliques must agree with them
+        by_clique = [Placement(rank=p.rank, host=p.host, rack=p.clique, source="fabric")
+                     for p in placements]
+        violations = [f"NVLink clique: {v}" for v in find_violations(layout, by_clique)]
+    if violations:
+        raise PlacementError(error_message(violations))
+    return placements
+
+
 def check_placement(cfg, dist_env, group=None, *, environ: Mapping[str, str] | None = None,
-                    log: Callable[[str], None] | None = None) -> list[Placement]:
+                    log: Callable[[str], None] | None = None,
+                    probe: Callable[[], NodeFabric] = probe_node) -> list[Placement]:
     """Collective over `group` (default: the world): every rank calls it after
     init_process_group and before building the model. Returns all placements when good; raises
     PlacementError with the same message on every rank otherwise. Rank 0 logs the rack ->
-    DP-rank mapping once (to stderr unless `log` is given)."""
+    DP-rank mapping once (to stderr unless `log` is given). On multi-node NVLink systems each rank
+    also checks its node's fabric state and IMEX channel (`fabric.mnnvl_problems`), and every
+    model-parallel group must share one NVLink clique."""
     env = os.environ if environ is None else environ
     layout = layout_of(cfg)
     if dist_env.world_size != layout.world_size:
@@ -280,25 +323,16 @@ def check_placement(cfg, dist_env, group=None, *, environ: Mapping[str, str] | N
             f"launch {cfg.derived.nodes} node(s) x {cfg.derived.system.gpus_per_node} task(s) "
             "(run_and_time.sh does) or fix system.racks")
     try:
-        rack, source = detect_rack(dist_env.hostname, cfg.system.rack_of_host, env,
-                                   dist_env.local_rank)
-        mine: Placement | str = Placement(rank=dist_env.rank, host=dist_env.hostname, rack=rack,
-                                          source=source)
+        mine: Placement | tuple[int, str, str] = local_placement(cfg, dist_env, env, probe=probe)
     except PlacementError as e:          # still take part in the collective, then fail together
-        mine = f"rank {dist_env.rank} on {dist_env.hostname}: {e}"
+        mine = (dist_env.rank, dist_env.hostname, str(e))
     gathered: list = [None] * dist_env.world_size
     if dist_env.world_size > 1:
         import torch.distributed as dist
         dist.all_gather_object(gathered, mine, group=group)
     else:
         gathered = [mine]
-    errors = [g for g in gathered if isinstance(g, str)]
-    if errors:
-        raise PlacementError("placement check failed: " + "; ".join(errors[:MAX_LINES]))
-    placements: list[Placement] = gathered
-    violations = find_violations(layout, placements)
-    if violations:
-        raise PlacementError(error_message(violations))
+    placements = evaluate(layout, gathered)
     if dist_env.rank == 0:
         (log or (lambda s: print(s, file=sys.stderr, flush=True)))(
             format_rack_map(layout, placements))
