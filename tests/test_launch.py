@@ -196,3 +196,13 @@ def test_config_names_match_their_launch_plan():
         assert plan.world_size == nodes * gpn
         checked += 1
     assert checked >= 1
+
+
+@pytest.mark.parametrize("nodelist,first", [
+    ("node07", "node07"), ("n[1-4]", "n1"), ("n[3,5-9],m2", "n3"), ("gpu-[0012-0020,0031]", "gpu-0012"),
+    ("gb-r[01-08]-n[01-16]", "gb-r01-n01"), ("a[2-3]b[7,9],c1", "a2b7")])
+def test_first_host_of_a_slurm_hostlist_without_scontrol(nodelist, first):
+    """The rendezvous host when scontrol is missing (inside a container): what `scontrol show
+    hostnames` prints first."""
+    from llama31_405b.parallel.distributed import first_host
+    assert first_host(nodelist) == first

@@ -7,6 +7,7 @@ rank 0 of 1. This module is the one place that reads those variables.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 from dataclasses import dataclass
@@ -25,6 +26,19 @@ class DistEnv:
     """"torchrun", "slurm" or "single"."""
 
 
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm hostlist expression, as `scontrol show hostnames` would print it:
+    the first top-level item ("a[1-4,7],b2" -> "a[1-4,7]") with every bracket group replaced by
+    its first value ("gb-r[01-08]-n[01-16]" -> "gb-r01-n01")."""
+    depth, item = 0, []
+    for ch in nodelist:
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            break
+        item.append(ch)
+    return re.sub(r"\[([^\]]*)\]", lambda m: m.group(1).split(",")[0].split("-")[0], "".join(item))
+
+
 def _first_slurm_host(environ) -> str:
     nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST", "")
     if not nodelist:
@@ -34,12 +48,7 @@ def _first_slurm_host(environ) -> str:
                              text=True, timeout=30, check=True).stdout.split()
         return out[0]
     except (OSError, subprocess.SubprocessError, IndexError):
-        # compressed lists like "n[1-4]" without scontrol: take the prefix and the first number
-        head = nodelist.split(",")[0]
-        if "[" in head:
-            prefix, rest = head.split("[", 1)
-            return prefix + rest.split("-")[0].split(",")[0].rstrip("]")
-        return head
+        return first_host(nodelist)  # no scontrol (e.g. inside a container)
 
 
 def _slurm_master_port(environ) -> int:
