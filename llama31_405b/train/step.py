@@ -65,3 +65,21 @@ def global_sum(local: torch.Tensor, *, contributes: bool) -> torch.Tensor:
         vec = vec.cuda()
     dist.all_reduce(vec)
     return vec.cpu()
+
+
+def configure_num_microbatches(cfg, *, rank: int) -> int:
+    """Set Megatron's global microbatch calculator to this config (GBS, MBS, DP) and return
+    the microbatches per step (MiniBS / MBS). The project's schedule passes num_microbatches
+    explicitly; Megatron's TECudaGraphHelper (per-layer CUDA graphs) reads the calculator."""
+    from megatron.core.num_microbatches_calculator import (
+        get_num_microbatches, reconfigure_num_microbatches_calculator)
+    d = cfg.derived
+    reconfigure_num_microbatches_calculator(
+        rank=rank, global_batch_size=d.gbs, micro_batch_size=cfg.batch.micro_batch_size,
+        data_parallel_size=d.dp)
+    n = get_num_microbatches()
+    if n * cfg.batch.micro_batch_size != cfg.batch.minibs:
+        raise RuntimeError(f"{cfg.source or '<config>'}: Megatron's microbatch calculator gives "
+                           f"{n} microbatches of {cfg.batch.micro_batch_size}, expected MiniBS "
+                           f"{cfg.batch.minibs} per DP rank")
+    return n
