@@ -100,24 +100,15 @@ def test_nvfp4_fp8_attention_needs_a_dpa_recipe():
 
 
 class _FakeQuantized:
-    """Stands in for a TE quantized parameter: what is_te_quantized looks at."""
+    """Stands in for a TE quantized tensor: what is_te_quantized looks at."""
     __module__ = "transformer_engine.pytorch.tensor.nvfp4_tensor"
-
-    def __init__(self, shape):
-        self.shape, self.dtype, self.device = torch.Size(shape), torch.bfloat16, torch.device("cpu")
+    shape = torch.Size((4, 6))
 
     def dequantize(self):
-        return torch.zeros(self.shape, dtype=self.dtype)
+        return torch.zeros(self.shape)
 
 
 def test_quantized_parameters_load_checkpoint_values_as_master_weights():
-    sharded = {"model": {"w": types.SimpleNamespace(data=_FakeQuantized((4, 6))),
-                         "b": types.SimpleNamespace(data=torch.ones(3))}}
-    assert te_recipe.high_precision_load_targets(sharded) == 1
-    w = sharded["model"]["w"].data
-    assert type(w) is torch.Tensor and w.shape == (4, 6) and w.dtype == torch.bfloat16
-    assert torch.equal(sharded["model"]["b"].data, torch.ones(3))
-
     lin = torch.nn.Linear(6, 4)
     lin.weight._high_precision_init_val = torch.zeros(4, 6)   # TE keeps the random init here
     lin.weight.get_high_precision_init_val = types.MethodType(
@@ -128,6 +119,10 @@ def test_quantized_parameters_load_checkpoint_values_as_master_weights():
     assert not hasattr(lin.bias, "_high_precision_init_val")
     with pytest.raises(te_recipe.RecipeEnvError, match="shape"):
         te_recipe.keep_checkpoint_master_values(lin, {"weight": torch.zeros(2, 2)})
+    with pytest.raises(te_recipe.RecipeEnvError, match="quantized"):
+        te_recipe.keep_checkpoint_master_values(lin, {"weight": _FakeQuantized()})
+    plain = torch.nn.Linear(6, 4)                              # CPU / BF16 parameters: no-op
+    assert te_recipe.keep_checkpoint_master_values(plain, plain.state_dict()) == 0
 
 
 def test_microbatch_calculator_for_cuda_graph_capture():

@@ -77,16 +77,14 @@ def load_model_checkpoint(chunks, path: str | Path, cfg) -> dict:
     """Load model weights saved at any layout into this rank's chunks."""
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.validation import StrictHandling
-    from ..precision.te_recipe import high_precision_load_targets, keep_checkpoint_master_values
+    from ..precision.te_recipe import keep_checkpoint_master_values
     info = check_compatible(path, cfg)
-    sharded = sharded_model_state(chunks)
-    # GPU fp8/fp4 parameters (TE quantized tensors): read the checkpoint's BF16 values, quantize
-    # them into the parameters, and keep them as the optimizer's master weights
-    quantized = high_precision_load_targets(sharded)
-    loaded = dist_checkpointing.load(sharded, str(path), strict=StrictHandling.RAISE_ALL)
+    loaded = dist_checkpointing.load(sharded_model_state(chunks), str(path),
+                                     strict=StrictHandling.RAISE_ALL)
     for i, chunk in enumerate(chunks):
         key = "model" if len(chunks) == 1 else f"model{i}"
         _unwrap(chunk).load_state_dict(loaded[key], strict=True)
-        if quantized:
-            keep_checkpoint_master_values(_unwrap(chunk), loaded[key])
+        # GPU fp8/fp4 parameters: the checkpoint's BF16 values seed the FP32 master weights
+        # (no-op for plain parameters)
+        keep_checkpoint_master_values(_unwrap(chunk), loaded[key])
     return info
