@@ -49,7 +49,7 @@ def test_gb200_gpu_transformer_config_is_accepted_by_megatron(gpu_with_te, path)
                                                                        None, False)
     assert not t.first_last_layers_bf16 and not t.fp8_dot_product_attention
     assert t.cuda_graph_impl == "transformer_engine" and t.cuda_graph_modules == []
-    assert t.cuda_graph_warmup_steps == cfg.run.warmup_iters
+    assert t.cuda_graph_warmup_steps == cfg.run.warmup_iters and t.use_te_rng_tracker
     assert not t.tp_comm_overlap and t.sequence_parallel
     assert t.overlap_p2p_comm and not t.batch_p2p_comm           # interleaved (VP 8)
     assert t.apply_rope_fusion and t.bf16 and t.params_dtype == torch.bfloat16

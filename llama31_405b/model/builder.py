@@ -119,6 +119,10 @@ def transformer_config(cfg: Config):
         # the uncaptured iterations before capture (train.loop: warm-up, then capture); Megatron
         # derives TE's per-graph warm-up count from it (cuda_graphs.py num_warmup_iters)
         kw["cuda_graph_warmup_steps"] = cfg.run.warmup_iters
+    if perf.cuda_graphs != "none":
+        # TE's graph-safe RNG tracker (parallel.setup.seed_model_parallel(cuda_graphs=True)),
+        # as Megatron's arguments set --te-rng-tracker for CUDA graphs
+        kw["use_te_rng_tracker"] = True
     if gpu:
         kw["fp8_param"] = perf.fp8_param_gather
         kw["fp4_param"] = perf.fp4_param_gather

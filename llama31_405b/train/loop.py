@@ -81,7 +81,7 @@ class Run:
         cfg = self.cfg
         self.info = setup_parallel(cfg, self.dist_env, timeout_s=self.timeout_s)
         self._check_placement()
-        seed_model_parallel(self.seed)
+        seed_model_parallel(self.seed, cuda_graphs=cfg.performance.cuda_graphs != "none")
         if torch.cuda.is_available() and cfg.performance.tp_comm_overlap:
             self._init_tp_comm_overlap()
         chunks = build_model(cfg)
