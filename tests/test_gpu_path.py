@@ -147,3 +147,30 @@ def test_megatron_apis_the_gpu_loop_calls_exist():
     assert callable(TECudaGraphHelper.cuda_graph_set_manual_hooks)
     assert "param_sync" in inspect.signature(DDP.disable_forward_pre_hook).parameters
     assert callable(DDP.enable_forward_pre_hook)
+
+
+def test_context_parallel_split_uses_the_cp_group():
+    """CP > 1 only runs on GPU (TE attention); the batch split it feeds is checked here on a
+    fake 8-rank world (TP2 x CP2 x DP2, this process = rank 5): the sequence is cut in 2*CP
+    chunks and CP rank r keeps chunks r and 2*CP-1-r (megatron's load-balanced causal split),
+    tokens, labels and positions alike, and the split follows the CP group, not the world."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from llama31_405b.train.step import _to_device
+    assert not dist.is_initialized()
+    dist.init_process_group("fake", store=FakeStore(), rank=5, world_size=8)
+    try:
+        ps.initialize_model_parallel(tensor_model_parallel_size=2, context_parallel_size=2,
+                                     create_gloo_process_groups=False)
+        r = ps.get_context_parallel_rank()
+        s = torch.arange(16)[None]
+        out = _to_device({"tokens": s, "labels": s + 100, "loss_mask": torch.ones(1, 16),
+                          "position_ids": s}, cp=2)
+    finally:
+        ps.destroy_model_parallel()
+        dist.destroy_process_group()
+    want = torch.tensor([[4 * r + i for i in range(4)] + [4 * (3 - r) + i for i in range(4)]])
+    assert torch.equal(out["tokens"], want) and torch.equal(out["position_ids"], want)
+    assert torch.equal(out["labels"], want + 100) and out["loss_mask"].shape == (1, 8)

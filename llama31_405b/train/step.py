@@ -28,8 +28,13 @@ def _to_device(mb: dict, cp: int) -> dict:
     if torch.cuda.is_available():
         mb = {k: v.cuda(non_blocking=True) for k, v in mb.items()}
     if cp > 1:
+        # megatron-core 0.19.2: is_hybrid_cp is required, and without cp_group the chunking
+        # would use the size and rank of the whole world (utils.py
+        # _get_batch_on_this_cp_rank_per_sequence_balancing: get_world_size(cp_group))
+        from megatron.core import parallel_state as ps
         from megatron.core.utils import get_batch_on_this_cp_rank
-        mb = get_batch_on_this_cp_rank(mb)
+        mb = get_batch_on_this_cp_rank(mb, is_hybrid_cp=False,
+                                       cp_group=ps.get_context_parallel_group())
     return mb
 
 
