@@ -82,11 +82,13 @@ def load_model_checkpoint(chunks, path: str | Path, cfg) -> dict:
     info = check_compatible(path, cfg)
     loaded, missing, unexpected = dist_checkpointing.load(
         sharded_model_state(chunks), str(path), strict=StrictHandling.RETURN_ALL)
-    bad = sorted(k for k in unexpected if not k.endswith(_EXTRA_STATE)) + sorted(missing)
-    if bad:
+    # extra states (quantization metadata) may differ between the CPU and the TE build of the
+    # model, in either direction; every weight must match exactly
+    absent = sorted(k for k in unexpected if not k.endswith(_EXTRA_STATE))
+    extra = sorted(k for k in missing if not k.endswith(_EXTRA_STATE))
+    if absent or extra:
         raise CheckpointError(f"{path}: the checkpoint does not match the model of {cfg.source}: "
-                              f"absent from it {sorted(k for k in unexpected if not k.endswith(_EXTRA_STATE))}, "
-                              f"not in the model {sorted(missing)}")
+                              f"absent from the checkpoint {absent}, not in the model {extra}")
     for i, chunk in enumerate(chunks):
         key = "model" if len(chunks) == 1 else f"model{i}"
         module = _unwrap(chunk)
