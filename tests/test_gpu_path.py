@@ -57,6 +57,20 @@ def test_gb200_gpu_transformer_config_is_accepted_by_megatron(gpu_with_te, path)
     assert not t.gradient_accumulation_fusion and not t.masked_softmax_fusion
 
 
+def test_fp8_gpu_transformer_config_with_bf16_edges_is_accepted(gpu_with_te):
+    """fp8 compute with BF16 edge layers: current scaling (megatron refuses delayed scaling
+    with BF16 edge layers), FP8 parameters, FP8 attention."""
+    cfg = load_config(GB200_128, overrides={
+        "precision": {"compute": "fp8", "attention": "fp8", "bf16_layers_at_start": 1,
+                      "bf16_layers_at_end": 2},
+        "performance": {"fp4_param_gather": False, "fp8_param_gather": True}})
+    t = gpu_with_te.transformer_config(cfg)
+    assert (t.fp8, t.fp8_recipe, t.fp8_param, t.fp4) == ("hybrid", "tensorwise", True, None)
+    assert t.first_last_layers_bf16 and (t.num_layers_at_start_in_bf16,
+                                         t.num_layers_at_end_in_bf16) == (1, 2)
+    assert t.fp8_dot_product_attention
+
+
 def test_gpu_without_te_refuses_te_settings_and_builds_plain_bf16(gpu_with_te, monkeypatch):
     monkeypatch.setattr(gpu_with_te, "_has_module", lambda name: False)
     with pytest.raises(RuntimeError, match="Transformer Engine"):
