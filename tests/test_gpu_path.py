@@ -105,6 +105,14 @@ def test_validate_refuses_nvfp4_tp_overlap_and_unwired_full_iteration_graphs():
         validate(_cfg(performance={"cuda_graphs": "full_iteration"}))
 
 
+def test_validate_follows_megatrons_param_gather_rules():
+    with pytest.raises(ConfigError, match="overlap_grad_reduce"):
+        validate(_cfg(performance={"overlap_grad_reduce": False}))
+    with pytest.raises(ConfigError, match="fp8/fp4_param_gather needs optimizer.distributed"):
+        validate(_cfg(optimizer={"distributed": False},
+                      performance={"overlap_param_gather": False}))
+
+
 def test_nvfp4_fp8_attention_needs_a_dpa_recipe():
     with pytest.raises(te_recipe.RecipeEnvError, match="NVTE_DPA_FP8_RECIPE"):
         te_recipe.transformer_config_kwargs(_cfg(precision={"attention": "fp8"}))
