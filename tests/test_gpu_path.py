@@ -53,6 +53,8 @@ def test_gb200_gpu_transformer_config_is_accepted_by_megatron(gpu_with_te, path)
     assert not t.tp_comm_overlap and t.sequence_parallel
     assert t.overlap_p2p_comm and not t.batch_p2p_comm           # interleaved (VP 8)
     assert t.apply_rope_fusion and t.bf16 and t.params_dtype == torch.bfloat16
+    d = gpu_with_te.ddp_config(cfg)      # interleaved: the schedule dispatches the gathers
+    assert d.overlap_param_gather and d.align_param_gather and d.fp4_param_gather
     # Apex absent: no fused wgrad accumulation (the output layer would raise) nor local softmax
     assert not t.gradient_accumulation_fusion and not t.masked_softmax_fusion
 

@@ -152,6 +152,7 @@ def ddp_config(cfg: Config):
     kw = dict(grad_reduce_in_fp32=cfg.precision.grad_reduce_in_fp32,
               overlap_grad_reduce=perf.overlap_grad_reduce,
               overlap_param_gather=perf.overlap_param_gather,
+              align_param_gather=_align_param_gather(cfg),
               use_distributed_optimizer=cfg.optimizer.distributed,
               fp8_param_gather=perf.fp8_param_gather, fp4_param_gather=perf.fp4_param_gather,
               # per-token loss: gradients are summed and divided by the global token count
@@ -159,6 +160,15 @@ def ddp_config(cfg: Config):
     if perf.ddp_bucket_size is not None:
         kw["bucket_size"] = perf.ddp_bucket_size
     return DistributedDataParallelConfig(**kw)
+
+
+def _align_param_gather(cfg: Config) -> bool:
+    """Megatron's rule (megatron/training/arguments.py, training.py): with the interleaved
+    schedule the pipeline schedule dispatches each chunk's parameter all-gather
+    (config.param_sync_func) and the DDP pre-hooks only wait (align_param_gather); without
+    it the pre-hooks chain the gathers themselves and no param_sync_func is set."""
+    return (cfg.performance.overlap_param_gather and cfg.optimizer.distributed
+            and cfg.parallel.vp > 1)
 
 
 def optimizer_config(cfg: Config):
@@ -233,7 +243,7 @@ def wrap_for_training(cfg: Config, chunks):
     if cfg.performance.overlap_grad_reduce:
         tcfg.no_sync_func = one([w.no_sync for w in wrapped])
         tcfg.grad_sync_func = one([w.start_grad_sync for w in wrapped])
-    if cfg.performance.overlap_param_gather and cfg.optimizer.distributed:
+    if _align_param_gather(cfg):
         tcfg.param_sync_func = one([w.start_param_sync for w in wrapped])
     return wrapped
 
