@@ -126,13 +126,20 @@ def test_nvfp4_fp8_attention_needs_a_dpa_recipe():
 class _FakeQuantized:
     """Stands in for a TE quantized tensor: what is_te_quantized looks at."""
     __module__ = "transformer_engine.pytorch.tensor.nvfp4_tensor"
-    shape = torch.Size((4, 6))
+    shape, dtype, device = torch.Size((4, 6)), torch.bfloat16, torch.device("cpu")
 
     def dequantize(self):
         return torch.zeros(self.shape)
 
 
 def test_quantized_parameters_load_checkpoint_values_as_master_weights():
+    sharded = {"model": {"w": types.SimpleNamespace(data=_FakeQuantized()),
+                         "b": types.SimpleNamespace(data=torch.ones(3))}}
+    assert te_recipe.high_precision_load_targets(sharded) == 1
+    w = sharded["model"]["w"].data
+    assert type(w) is torch.Tensor and w.shape == (4, 6) and w.dtype == torch.bfloat16
+    assert torch.equal(sharded["model"]["b"].data, torch.ones(3))
+
     lin = torch.nn.Linear(6, 4)
     lin.weight._high_precision_init_val = torch.zeros(4, 6)   # TE keeps the random init here
     lin.weight.get_high_precision_init_val = types.MethodType(

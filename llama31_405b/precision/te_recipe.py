@@ -13,8 +13,9 @@ TransformerConfig fields and checks the recipe environment:
   `import megatron.core` / `import transformer_engine` of the training process.
 - `verify_te_recipe(cfg)`: after TE is imported, checks the recipe object Megatron will build.
 - `ub_quantization_modes(cfg)`: the TE userbuffer modes for TP communication overlap.
-- `keep_checkpoint_master_values`: with fp8/fp4 parameters (performance.fp8/fp4_param_gather)
-  the initial checkpoint's BF16 values become the FP32 master weights (see its docstring).
+- `high_precision_load_targets` / `keep_checkpoint_master_values`: with fp8/fp4 parameters
+  (performance.fp8/fp4_param_gather) the initial checkpoint is read in BF16 and its values
+  become the FP32 master weights (see their docstrings).
 
 Verified against Transformer Engine 2.20.2 and megatron-core 0.19.2 (docs/nvfp4.md lists the
 call sites and evidence).
@@ -180,6 +181,27 @@ def is_te_quantized(t: Any) -> bool:
     return type(t).__module__.startswith("transformer_engine.") and hasattr(t, "dequantize")
 
 
+def high_precision_load_targets(sharded_state_dict) -> int:
+    """Before `dist_checkpointing.load`: give every sharded tensor whose target is a TE
+    quantized parameter a plain tensor of the parameter's nominal dtype and shape to load into,
+    so the loaded state dict holds the checkpoint's BF16 values. By default megatron-core
+    0.19.2 loads straight into the quantized parameter (TorchDistLoadShardedStrategy
+    stream_ckpt_dequant=True: strategies/torch.py MCoreLoadPlanner.resolve_tensor/commit_tensor
+    quantize a per-tensor scratch back into the parameter, and serialization.py then skips
+    force_all_tensors_to_non_fp8), which loses them. Costs one BF16 copy of this rank's
+    quantized weights on the device during the load. Returns how many targets were replaced
+    (0 on CPU)."""
+    import torch
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    n = 0
+    for v in nested_values(sharded_state_dict):
+        data = getattr(v, "data", None)
+        if data is not None and is_te_quantized(data):
+            v.data = torch.empty(tuple(data.shape), dtype=data.dtype, device=data.device)
+            n += 1
+    return n
+
+
 def keep_checkpoint_master_values(module, state_dict: Mapping[str, Any]) -> int:
     """After `module.load_state_dict(state_dict)`: make the checkpoint's high-precision values
     the FP32 master weights of quantized parameters.
@@ -193,10 +215,9 @@ def keep_checkpoint_master_values(module, state_dict: Mapping[str, Any]) -> int:
     the optimizer exists, so without this the master weights, and after the first update the
     model, would be the random initialisation.
 
-    `state_dict` is what `dist_checkpointing.load` returned: it loads quantized targets into
-    high-precision tensors (megatron/core/dist_checkpointing/serialization.py
-    force_all_tensors_to_non_fp8, TE 2.x QuantizedTensor incl. NVFP4), so these are the
-    checkpoint's values before quantization. Returns the number of parameters updated."""
+    `state_dict` is what `dist_checkpointing.load` returned for a sharded state dict prepared
+    by `high_precision_load_targets`, so its values are the checkpoint's, not quantized.
+    Returns the number of parameters updated."""
     n = 0
     for name, p in module.named_parameters():
         if not hasattr(p, "get_high_precision_init_val") or name not in state_dict:
@@ -204,8 +225,8 @@ def keep_checkpoint_master_values(module, state_dict: Mapping[str, Any]) -> int:
         value = state_dict[name]
         if is_te_quantized(value):
             raise RecipeEnvError(
-                f"parameter {name}: the loaded checkpoint value is itself quantized, so it cannot "
-                "seed the FP32 master weights")
+                f"parameter {name}: the checkpoint was loaded into the quantized parameter "
+                "itself; call high_precision_load_targets() on the sharded state dict first")
         if tuple(value.shape) != tuple(p.shape):
             raise RecipeEnvError(f"parameter {name}: checkpoint shape {tuple(value.shape)} != "
                                  f"parameter shape {tuple(p.shape)}")

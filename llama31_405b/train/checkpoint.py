@@ -78,10 +78,14 @@ def load_model_checkpoint(chunks, path: str | Path, cfg) -> dict:
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.validation import StrictHandling
 
-    from ..precision.te_recipe import keep_checkpoint_master_values
+    from ..precision.te_recipe import high_precision_load_targets, keep_checkpoint_master_values
     info = check_compatible(path, cfg)
+    sharded = sharded_model_state(chunks)
+    # GPU fp8/fp4 parameters (TE quantized tensors): read the checkpoint's BF16 values instead
+    # of quantizing them straight into the parameters (no-op otherwise)
+    high_precision_load_targets(sharded)
     loaded, missing, unexpected = dist_checkpointing.load(
-        sharded_model_state(chunks), str(path), strict=StrictHandling.RETURN_ALL)
+        sharded, str(path), strict=StrictHandling.RETURN_ALL)
     # extra states (quantization metadata) may differ between the CPU and the TE build of the
     # model, in either direction; every weight must match exactly
     absent = sorted(k for k in unexpected if not k.endswith(_EXTRA_STATE))
