@@ -8,7 +8,7 @@ What runs: the layer a GPU of the published layout (TP4, CP2, MBS 1) computes: h
 8192/CP2 = 4096 tokens, BF16, Megatron's local (no Transformer Engine) layer spec.
 
 How it is built, and why that way: through the project's model builder
-(`llama31_405b.model.builder.transformer_config(cfg)` and `layer_spec(cfg)`), from the 128-rack
+(`llama31_405b.model.builder.transformer_config(cfg)` and `layer_spec(cfg, te=False)`), from the 128-rack
 config in configs/ with `model` overridden to the shard's shapes (32 heads, 2 query groups,
 FFN 13312, one layer, sequence 4096) and `parallel` to TP = PP = CP = 1. A TP4 layer proper cannot
 be built on one rank: Megatron's parallel linear layers divide by the size of an initialised TP
@@ -116,7 +116,8 @@ def main() -> int:
 
     tc = transformer_config(cfg)
     tc.gradient_accumulation_fusion = False  # no DDP wrapper here, so no weight.main_grad buffers
-    layer = build_module(layer_spec(cfg), config=tc, layer_number=1).to(device="cuda", dtype=torch.bfloat16)
+    # the local spec on purpose (te=False): what this bench measures and what runs without TE
+    layer = build_module(layer_spec(cfg, te=False), config=tc, layer_number=1).to(device="cuda", dtype=torch.bfloat16)
     sa, mlp = layer.self_attention, layer.mlp
     h = cfg.model.hidden_size
     dev, bf = "cuda", torch.bfloat16

@@ -132,8 +132,21 @@ def problems(cfg: Config) -> list[str]:
             "with nvfp4 compute use performance.fp4_param_gather")
     if perf.fp8_param_gather and perf.fp4_param_gather:
         err("performance: choose one of fp8_param_gather and fp4_param_gather")
+    if perf.tp_comm_overlap and pr.compute == "nvfp4":
+        err("performance.tp_comm_overlap with precision.compute = nvfp4: Transformer Engine "
+            "userbuffers cannot all-gather NVFP4 tensors; set tp_comm_overlap = false")
+    if perf.cuda_graphs == "full_iteration":
+        err("performance.cuda_graphs = \"full_iteration\": the training loop captures per-layer "
+            "graphs only (Megatron TECudaGraphHelper); use \"layers\" or \"none\"")
     if perf.overlap_param_gather and not cfg.optimizer.distributed:
         err("performance.overlap_param_gather needs optimizer.distributed = true")
+    if perf.overlap_param_gather and not perf.overlap_grad_reduce:
+        err("performance.overlap_param_gather needs performance.overlap_grad_reduce = true "
+            "(Megatron's rule: the parameter gather is overlapped through the gradient buckets)")
+    if (perf.fp8_param_gather or perf.fp4_param_gather) and not cfg.optimizer.distributed:
+        err("performance.fp8/fp4_param_gather needs optimizer.distributed = true (only "
+            "Megatron's distributed optimizer writes its FP32 master shards back into quantized "
+            "parameters)")
     if system.id == "cpu":
         gpu_only = [k for k, on in (("performance.cuda_graphs", perf.cuda_graphs != "none"),
                                     ("performance.tp_comm_overlap", perf.tp_comm_overlap),

@@ -21,6 +21,38 @@ def _on_gpu() -> bool:
     return torch.cuda.is_available()
 
 
+def _has_module(name: str) -> bool:
+    """Whether an optional (compiled) module is importable, without importing it."""
+    import importlib.util
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _te_path(cfg: Config) -> bool:
+    """Transformer Engine layers: on GPU when TE is installed. GPU settings that only exist
+    with TE (fp8/nvfp4 compute, per-layer CUDA graphs, TP comm overlap, CP attention,
+    sequence-parallel norms) are an error without it, before anything is built; a plain BF16
+    GPU run without TE (e.g. bench/gpu_layer.py on a bare GPU machine) uses Megatron's local
+    layers."""
+    if not _on_gpu():
+        return False
+    if _has_module("transformer_engine"):
+        return True
+    pr, perf = cfg.precision, cfg.performance
+    need = [k for k, on in (("precision.compute = " + pr.compute, pr.compute in ("fp8", "nvfp4")),
+                            ("performance.cuda_graphs", perf.cuda_graphs != "none"),
+                            ("performance.tp_comm_overlap", perf.tp_comm_overlap),
+                            ("parallel.cp > 1", cfg.parallel.cp > 1),
+                            ("parallel.sequence_parallel", cfg.parallel.sequence_parallel)) if on]
+    if need:
+        raise RuntimeError(f"{cfg.source or '<config>'}: {', '.join(need)} need(s) Transformer "
+                           "Engine on GPU, which is not installed (pip install '.[gpu]' or use "
+                           "the project's container)")
+    return False
+
+
 def _recompute_kwargs(mode: str) -> dict:
     if mode == "selective":   # recompute the attention core (softmax(QK^T)V): cheap, big savings
         return {"recompute_granularity": "selective", "recompute_modules": ["core_attn"]}
@@ -40,6 +72,7 @@ def transformer_config(cfg: Config):
 
     m, p, pr, perf = cfg.model, cfg.parallel, cfg.precision, cfg.performance
     gpu = _on_gpu()
+    te = _te_path(cfg)
     params_dtype = _DTYPE[pr.params]
     kw: dict = dict(
         # --- model shape: Llama 3.1 ---
@@ -69,14 +102,27 @@ def transformer_config(cfg: Config):
         tp_comm_overlap=perf.tp_comm_overlap,
         cuda_graph_impl=_CUDA_GRAPH_IMPL[perf.cuda_graphs],
         **_recompute_kwargs(perf.recompute),
-        # fused kernels need CUDA; CPU runs the plain PyTorch ops
-        bias_activation_fusion=gpu, masked_softmax_fusion=gpu, persist_layer_norm=gpu,
-        bias_dropout_fusion=gpu, apply_rope_fusion=gpu, gradient_accumulation_fusion=gpu,
+        # fused kernels need CUDA; CPU runs the plain PyTorch ops. RoPE fusion is TE's kernel
+        # (TransformerConfig rejects it without TE). Gradient-accumulation fusion needs Apex's
+        # fused_weight_gradient_mlp_cuda for Megatron's own linears (the output layer is one;
+        # tensor_parallel/layers.py:1070 raises without it). The masked-softmax kernels
+        # (scaled_masked_softmax_cuda, Apex) only serve the local attention.
+        bias_activation_fusion=gpu, persist_layer_norm=gpu, bias_dropout_fusion=gpu,
+        masked_softmax_fusion=gpu and _has_module("scaled_masked_softmax_cuda"),
+        apply_rope_fusion=te,
+        gradient_accumulation_fusion=gpu and _has_module("fused_weight_gradient_mlp_cuda"),
         cross_entropy_loss_fusion=gpu,
         use_cpu_initialization=not gpu,
     )
     if perf.cuda_graphs == "layers":
         kw["cuda_graph_modules"] = []   # capture whole transformer layers
+        # the uncaptured iterations before capture (train.loop: warm-up, then capture); Megatron
+        # derives TE's per-graph warm-up count from it (cuda_graphs.py num_warmup_iters)
+        kw["cuda_graph_warmup_steps"] = cfg.run.warmup_iters
+    if perf.cuda_graphs != "none":
+        # TE's graph-safe RNG tracker (parallel.setup.seed_model_parallel(cuda_graphs=True)),
+        # as Megatron's arguments set --te-rng-tracker for CUDA graphs
+        kw["use_te_rng_tracker"] = True
     if gpu:
         kw["fp8_param"] = perf.fp8_param_gather
         kw["fp4_param"] = perf.fp4_param_gather
@@ -88,11 +134,12 @@ def transformer_config(cfg: Config):
     return TransformerConfig(**kw)
 
 
-def layer_spec(cfg: Config):
-    """Transformer Engine layer spec on GPU, Megatron's local (pure PyTorch) spec on CPU."""
+def layer_spec(cfg: Config, *, te: bool | None = None):
+    """Transformer Engine layer spec on GPU (with TE installed), Megatron's local (pure PyTorch)
+    spec otherwise; `te=False` asks for the local spec on GPU too (bench/gpu_layer.py)."""
     from megatron.core.models.gpt.gpt_layer_specs import (
         get_gpt_layer_local_spec, get_gpt_layer_with_transformer_engine_spec)
-    if _on_gpu():
+    if _te_path(cfg) if te is None else te:
         return get_gpt_layer_with_transformer_engine_spec()
     return get_gpt_layer_local_spec(normalization="RMSNorm")
 
@@ -105,6 +152,7 @@ def ddp_config(cfg: Config):
     kw = dict(grad_reduce_in_fp32=cfg.precision.grad_reduce_in_fp32,
               overlap_grad_reduce=perf.overlap_grad_reduce,
               overlap_param_gather=perf.overlap_param_gather,
+              align_param_gather=_align_param_gather(cfg),
               use_distributed_optimizer=cfg.optimizer.distributed,
               fp8_param_gather=perf.fp8_param_gather, fp4_param_gather=perf.fp4_param_gather,
               # per-token loss: gradients are summed and divided by the global token count
@@ -112,6 +160,15 @@ def ddp_config(cfg: Config):
     if perf.ddp_bucket_size is not None:
         kw["bucket_size"] = perf.ddp_bucket_size
     return DistributedDataParallelConfig(**kw)
+
+
+def _align_param_gather(cfg: Config) -> bool:
+    """Megatron's rule (megatron/training/arguments.py, training.py): with the interleaved
+    schedule the pipeline schedule dispatches each chunk's parameter all-gather
+    (config.param_sync_func) and the DDP pre-hooks only wait (align_param_gather); without
+    it the pre-hooks chain the gathers themselves and no param_sync_func is set."""
+    return (cfg.performance.overlap_param_gather and cfg.optimizer.distributed
+            and cfg.parallel.vp > 1)
 
 
 def optimizer_config(cfg: Config):
@@ -186,7 +243,7 @@ def wrap_for_training(cfg: Config, chunks):
     if cfg.performance.overlap_grad_reduce:
         tcfg.no_sync_func = one([w.no_sync for w in wrapped])
         tcfg.grad_sync_func = one([w.start_grad_sync for w in wrapped])
-    if cfg.performance.overlap_param_gather and cfg.optimizer.distributed:
+    if _align_param_gather(cfg):
         tcfg.param_sync_func = one([w.start_param_sync for w in wrapped])
     return wrapped
 

@@ -86,9 +86,16 @@ def setup_parallel(cfg: Config, dist_env: DistEnv | None = None, *,
     return info
 
 
-def seed_model_parallel(seed: int) -> None:
+def seed_model_parallel(seed: int, *, cuda_graphs: bool = False) -> None:
     """Seed torch and Megatron's model-parallel RNG tracker (same weights across DP, distinct
-    dropout streams across TP)."""
+    dropout streams across TP).
+
+    `cuda_graphs` (GPU, performance.cuda_graphs != "none"): Transformer Engine's graph-safe RNG
+    tracker, as Megatron's own training sets it up for CUDA graphs (megatron/training/
+    arguments.py turns on te_rng_tracker, initialize.py passes use_cudagraphable_rng): TE's
+    make_graphed_callables registers the tracker's generator states with each graph (TE 2.20.2
+    pytorch/graph.py:485), and Megatron's plain tracker would get/set the CUDA RNG state inside
+    the capture."""
     import random
 
     import numpy as np
@@ -97,7 +104,8 @@ def seed_model_parallel(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-    model_parallel_cuda_manual_seed(seed)
+    graphs = cuda_graphs and torch.cuda.is_available()
+    model_parallel_cuda_manual_seed(seed, te_rng_tracker=graphs, use_cudagraphable_rng=graphs)
 
 
 def teardown_parallel() -> None:

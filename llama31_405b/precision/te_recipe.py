@@ -12,19 +12,35 @@ TransformerConfig fields and checks the recipe environment:
   (and megatron.core imports TE at import time when it is installed). Call it before the first
   `import megatron.core` / `import transformer_engine` of the training process.
 - `verify_te_recipe(cfg)`: after TE is imported, checks the recipe object Megatron will build.
+- `ub_quantization_modes(cfg)`: the TE userbuffer modes for TP communication overlap.
+- `high_precision_load_targets` / `keep_checkpoint_master_values`: with fp8/fp4 parameters
+  (performance.fp8/fp4_param_gather) the initial checkpoint is read in BF16 and its values
+  become the FP32 master weights (see their docstrings).
+
+Verified against Transformer Engine 2.20.2 and megatron-core 0.19.2 (docs/nvfp4.md lists the
+call sites and evidence).
 """
 from __future__ import annotations
 
 import os
 import sys
 from collections.abc import Mapping
+from typing import Any
 
 from ..config import launch_env
 from ..config.schema import Config
 
-# the recipe variables TE reads at import time; the launcher exports them (config/env.py)
+# the recipe variables TE reads at import time; the launcher exports them (config/env.py).
+# TE 2.20.2: common/recipe/__init__.py NVFP4BlockScaling class defaults (os.getenv at class
+# definition); pytorch/attention/dot_product_attention/dot_product_attention.py:403 (module level).
 TE_IMPORT_TIME_VARS = ("NVTE_NVFP4_DISABLE_RHT", "NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING",
                        "NVTE_NVFP4_DISABLE_2D_QUANTIZATION", "NVTE_DPA_FP8_RECIPE")
+
+# NVTE_DPA_FP8_RECIPE values with which TE runs FP8 attention under an NVFP4 autocast (TE 2.20.2
+# dot_product_attention.py:1183/1243/1274 build an FP8 recipe for attention from these; with the
+# variable unset the attention gets the NVFP4 recipe itself, for which utils.py:792 disables the
+# fused (cuDNN) FP8 attention backend).
+NVFP4_FP8_ATTENTION_RECIPES = ("DelayedScaling", "Float8CurrentScaling", "MXFP8BlockScaling")
 
 
 class RecipeEnvError(RuntimeError):
@@ -75,6 +91,14 @@ def transformer_config_kwargs(cfg: Config) -> dict:
         kw["fp4"] = "e2m1"
         kw["fp4_recipe"] = "nvfp4"
         kw["fp4_param"] = perf.fp4_param_gather
+        if pr.attention == "fp8":
+            dpa = launch_env(cfg).get("NVTE_DPA_FP8_RECIPE")
+            if dpa not in NVFP4_FP8_ATTENTION_RECIPES:
+                raise RecipeEnvError(
+                    f"{cfg.source or '<config>'}: precision.attention = fp8 with compute = nvfp4 "
+                    f"needs NVTE_DPA_FP8_RECIPE in {NVFP4_FP8_ATTENTION_RECIPES} (found {dpa!r}): "
+                    "Transformer Engine has no NVFP4 attention; set it in the config's [env] "
+                    "table, or keep precision.attention = bf16")
     elif pr.attention == "fp8":
         raise RecipeEnvError(f"{cfg.source or '<config>'}: precision.attention = fp8 needs "
                              "precision.compute = fp8 or nvfp4")
@@ -125,3 +149,87 @@ def verify_te_recipe(cfg: Config) -> None:
             f"{ {k: g for k, (g, _) in diff.items()} } differ from the config "
             f"{ {k: w for k, (_, w) in diff.items()} }: TE was imported before the recipe "
             "environment (launch_env) was set")
+
+
+def ub_quantization_modes(cfg: Config) -> list[str]:
+    """Names of TE `UserBufferQuantizationMode` members for `initialize_ub` (TP communication
+    overlap), as Megatron's own training (megatron/training/initialize.py
+    _initialize_tp_communicators): FP8 buffers for fp8 compute, plus high-precision buffers
+    when BF16 edge layers run outside the FP8 autocast (TE looks the communicator up by
+    (name, fp8 enabled): pytorch/module/base.py get_ub).
+
+    NVFP4 has no userbuffer path in TE 2.20.2: fill_userbuffers_buffer_for_all_gather
+    (pytorch/module/base.py:607-754) handles only unquantized, Float8 and MXFP8 tensors and
+    raises "Unsupported quantizer for Userbuffers" for an NVFP4 quantizer.
+    """
+    pr = cfg.precision
+    if pr.compute == "nvfp4":
+        raise RecipeEnvError(
+            f"{cfg.source or '<config>'}: performance.tp_comm_overlap with precision.compute = "
+            "nvfp4: Transformer Engine 2.20.2 userbuffers cannot all-gather NVFP4 tensors "
+            "(module/base.py fill_userbuffers_buffer_for_all_gather); set tp_comm_overlap = false "
+            "(as the MLPerf GB200 NVFP4 submissions do)")
+    if pr.compute == "fp8":
+        edges = pr.bf16_layers_at_start > 0 or pr.bf16_layers_at_end > 0
+        return ["FP8", "NONE"] if edges else ["FP8"]
+    return ["NONE"]
+
+
+def is_te_quantized(t: Any) -> bool:
+    """A Transformer Engine quantized tensor (Float8Tensor, NVFP4Tensor, MXFP8Tensor, ...):
+    what fp8_param/fp4_param parameters are. Checked by module so CPU code needs no TE."""
+    return type(t).__module__.startswith("transformer_engine.") and hasattr(t, "dequantize")
+
+
+def high_precision_load_targets(sharded_state_dict) -> int:
+    """Before `dist_checkpointing.load`: give every sharded tensor whose target is a TE
+    quantized parameter a plain tensor of the parameter's nominal dtype and shape to load into,
+    so the loaded state dict holds the checkpoint's BF16 values. By default megatron-core
+    0.19.2 loads straight into the quantized parameter (TorchDistLoadShardedStrategy
+    stream_ckpt_dequant=True: strategies/torch.py MCoreLoadPlanner.resolve_tensor/commit_tensor
+    quantize a per-tensor scratch back into the parameter, and serialization.py then skips
+    force_all_tensors_to_non_fp8), which loses them. Costs one BF16 copy of this rank's
+    quantized weights on the device during the load. Returns how many targets were replaced
+    (0 on CPU)."""
+    import torch
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    n = 0
+    for v in nested_values(sharded_state_dict):
+        data = getattr(v, "data", None)
+        if data is not None and is_te_quantized(data):
+            v.data = torch.empty(tuple(data.shape), dtype=data.dtype, device=data.device)
+            n += 1
+    return n
+
+
+def keep_checkpoint_master_values(module, state_dict: Mapping[str, Any]) -> int:
+    """After `module.load_state_dict(state_dict)`: make the checkpoint's high-precision values
+    the FP32 master weights of quantized parameters.
+
+    With fp8_param/fp4_param, Megatron builds the layers under TE `fp8_model_init(...,
+    preserve_high_precision_init_val=True)` (megatron/core/fp4_utils.py get_fp4_context
+    is_init=True), so each quantized parameter keeps its *random initial* BF16 value on the host
+    (TE pytorch/module/base.py:1841 `_high_precision_init_val`), and the distributed optimizer
+    builds its FP32 master shard from `get_high_precision_init_val()` (megatron/core/optimizer/
+    distrib_optimizer.py:428-439) when it is created. The initial checkpoint is loaded before
+    the optimizer exists, so without this the master weights, and after the first update the
+    model, would be the random initialisation.
+
+    `state_dict` is what `dist_checkpointing.load` returned for a sharded state dict prepared
+    by `high_precision_load_targets`, so its values are the checkpoint's, not quantized.
+    Returns the number of parameters updated."""
+    n = 0
+    for name, p in module.named_parameters():
+        if not hasattr(p, "get_high_precision_init_val") or name not in state_dict:
+            continue
+        value = state_dict[name]
+        if is_te_quantized(value):
+            raise RecipeEnvError(
+                f"parameter {name}: the checkpoint was loaded into the quantized parameter "
+                "itself; call high_precision_load_targets() on the sharded state dict first")
+        if tuple(value.shape) != tuple(p.shape):
+            raise RecipeEnvError(f"parameter {name}: checkpoint shape {tuple(value.shape)} != "
+                                 f"parameter shape {tuple(p.shape)}")
+        p._high_precision_init_val = value.detach().to("cpu", copy=True)
+        n += 1
+    return n

@@ -77,10 +77,47 @@ def load_model_checkpoint(chunks, path: str | Path, cfg) -> dict:
     """Load model weights saved at any layout into this rank's chunks."""
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.validation import StrictHandling
+
+    from ..precision.te_recipe import high_precision_load_targets, keep_checkpoint_master_values
     info = check_compatible(path, cfg)
-    loaded = dist_checkpointing.load(sharded_model_state(chunks), str(path),
-                                     strict=StrictHandling.RAISE_ALL)
+    sharded = sharded_model_state(chunks)
+    # GPU fp8/fp4 parameters (TE quantized tensors): read the checkpoint's BF16 values instead
+    # of quantizing them straight into the parameters (no-op otherwise)
+    high_precision_load_targets(sharded)
+    loaded, missing, unexpected = dist_checkpointing.load(
+        sharded, str(path), strict=StrictHandling.RETURN_ALL)
+    # extra states (quantization metadata) may differ between the CPU and the TE build of the
+    # model, in either direction; every weight must match exactly
+    absent = sorted(k for k in unexpected if not k.endswith(_EXTRA_STATE))
+    extra = sorted(k for k in missing if not k.endswith(_EXTRA_STATE))
+    if absent or extra:
+        raise CheckpointError(f"{path}: the checkpoint does not match the model of {cfg.source}: "
+                              f"absent from the checkpoint {absent}, not in the model {extra}")
     for i, chunk in enumerate(chunks):
         key = "model" if len(chunks) == 1 else f"model{i}"
-        _unwrap(chunk).load_state_dict(loaded[key], strict=True)
+        module = _unwrap(chunk)
+        state = fill_absent_extra_states(module, loaded[key])
+        module.load_state_dict(state, strict=True)
+        # GPU fp8/fp4 parameters: the checkpoint's BF16 values seed the FP32 master weights
+        # (no-op for plain parameters)
+        keep_checkpoint_master_values(module, state)
     return info
+
+
+_EXTRA_STATE = "_extra_state"
+
+
+def fill_absent_extra_states(module, state: dict) -> dict:
+    """`state` plus None for each `*._extra_state` of `module` the checkpoint does not hold.
+
+    Extra states are Transformer Engine's quantization metadata (and Megatron's empty
+    placeholders); None means "no stored state" to both (TE 2.20.2 module/base.py and
+    ops/op.py set_extra_state return on None). The GPU model asks for one the CPU-converted
+    checkpoint cannot hold: its final norm is TE's RMSNorm (megatron TransformerBlock uses
+    TENorm when TE is installed), whose extra state the PyTorch norm of the CPU build has not.
+    Every other key must match exactly (load_model_checkpoint raises otherwise)."""
+    out = dict(state)
+    for name in module.state_dict(keep_vars=True):
+        if name.endswith(_EXTRA_STATE) and name not in out:
+            out[name] = None
+    return out

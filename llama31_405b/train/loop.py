@@ -81,7 +81,7 @@ class Run:
         cfg = self.cfg
         self.info = setup_parallel(cfg, self.dist_env, timeout_s=self.timeout_s)
         self._check_placement()
-        seed_model_parallel(self.seed)
+        seed_model_parallel(self.seed, cuda_graphs=cfg.performance.cuda_graphs != "none")
         if torch.cuda.is_available() and cfg.performance.tp_comm_overlap:
             self._init_tp_comm_overlap()
         chunks = build_model(cfg)
@@ -107,21 +107,37 @@ class Run:
 
     def _init_tp_comm_overlap(self):
         """Transformer Engine userbuffers for TP communication/GEMM overlap (GPU), created
-        before the TE layers, for activations of [seq/CP x MBS, hidden] (Megatron's sizing)."""
+        before the TE layers, for activations of [seq/CP x MBS, hidden] (Megatron's sizing in
+        megatron/training/initialize.py _initialize_tp_communicators), one communicator set per
+        quantization mode (TE 2.20.2 module/base.py initialize_ub; `use_fp8` is deprecated)."""
         from transformer_engine.pytorch import module as te_module
+
+        from ..precision.te_recipe import ub_quantization_modes
         cfg = self.cfg
+        modes = [te_module.base.UserBufferQuantizationMode[m] for m in ub_quantization_modes(cfg)]
         shape = [cfg.model.seq_length * cfg.batch.micro_batch_size // cfg.parallel.cp,
                  cfg.model.hidden_size]
-        te_module.base.initialize_ub(shape=shape, tp_size=cfg.parallel.tp,
-                                     use_fp8=cfg.precision.compute in ("fp8", "nvfp4"),
-                                     bootstrap_backend="nccl")
+        te_module.base.initialize_ub(
+            shape=shape, tp_size=cfg.parallel.tp, quantization_modes=modes,
+            dtype=torch.bfloat16 if cfg.precision.params == "bf16" else torch.float32,
+            bootstrap_backend="nccl")
 
     def _capture_cuda_graphs(self, tcfg):
         """Per-layer CUDA graphs (Transformer Engine make_graphed_callables), captured once
-        before run_start, after the warm-up iterations, as Megatron's own training loop does.
-        The DDP parameter-gather pre-hooks are off during capture; the graphed layers then get
-        manual hooks."""
+        before run_start, after the warm-up iterations, as Megatron's own training loop does
+        (megatron/training/training.py, train(): capture at iteration == cuda_graph_warmup_steps).
+
+        TECudaGraphHelper reads the number of microbatches per step from Megatron's global
+        microbatch calculator (megatron/core/transformer/cuda_graphs.py
+        _get_cuda_graph_input_data and the num_warmup_iters formula), which this project's
+        schedule does not otherwise use: it is configured here from cfg (GBS, MBS, DP), so one
+        graph per layer and microbatch of the interleaved schedule is captured. The DDP
+        parameter-gather pre-hooks are off during capture (without the forced synchronous
+        gather: Megatron passes param_sync=False) and the graphed layers get manual hooks."""
         from megatron.core.transformer.cuda_graphs import TECudaGraphHelper
+
+        from .step import configure_num_microbatches
+        configure_num_microbatches(self.cfg, rank=torch.distributed.get_rank())
         helper = TECudaGraphHelper(model=self.model, config=tcfg,
                                    seq_length=self.cfg.model.seq_length,
                                    micro_batch_size=self.cfg.batch.micro_batch_size,
@@ -129,7 +145,7 @@ class Run:
         overlap_gather = self.cfg.performance.overlap_param_gather and self.cfg.optimizer.distributed
         if overlap_gather:
             for m in self.model:
-                m.disable_forward_pre_hook()
+                m.disable_forward_pre_hook(param_sync=False)
         helper.create_cudagraphs()
         if overlap_gather:
             for m in self.model:

@@ -28,8 +28,13 @@ def _to_device(mb: dict, cp: int) -> dict:
     if torch.cuda.is_available():
         mb = {k: v.cuda(non_blocking=True) for k, v in mb.items()}
     if cp > 1:
+        # megatron-core 0.19.2: is_hybrid_cp is required, and without cp_group the chunking
+        # would use the size and rank of the whole world (utils.py
+        # _get_batch_on_this_cp_rank_per_sequence_balancing: get_world_size(cp_group))
+        from megatron.core import parallel_state as ps
         from megatron.core.utils import get_batch_on_this_cp_rank
-        mb = get_batch_on_this_cp_rank(mb)
+        mb = get_batch_on_this_cp_rank(mb, is_hybrid_cp=False,
+                                       cp_group=ps.get_context_parallel_group())
     return mb
 
 
@@ -65,3 +70,21 @@ def global_sum(local: torch.Tensor, *, contributes: bool) -> torch.Tensor:
         vec = vec.cuda()
     dist.all_reduce(vec)
     return vec.cpu()
+
+
+def configure_num_microbatches(cfg, *, rank: int) -> int:
+    """Set Megatron's global microbatch calculator to this config (GBS, MBS, DP) and return
+    the microbatches per step (MiniBS / MBS). The project's schedule passes num_microbatches
+    explicitly; Megatron's TECudaGraphHelper (per-layer CUDA graphs) reads the calculator."""
+    from megatron.core.num_microbatches_calculator import (
+        get_num_microbatches, reconfigure_num_microbatches_calculator)
+    d = cfg.derived
+    reconfigure_num_microbatches_calculator(
+        rank=rank, global_batch_size=d.gbs, micro_batch_size=cfg.batch.micro_batch_size,
+        data_parallel_size=d.dp)
+    n = get_num_microbatches()
+    if n * cfg.batch.micro_batch_size != cfg.batch.minibs:
+        raise RuntimeError(f"{cfg.source or '<config>'}: Megatron's microbatch calculator gives "
+                           f"{n} microbatches of {cfg.batch.micro_batch_size}, expected MiniBS "
+                           f"{cfg.batch.minibs} per DP rank")
+    return n
