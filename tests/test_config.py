@@ -133,6 +133,11 @@ def test_launch_env_is_data_from_config(repo_root):
     assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
     assert env["NVTE_NVFP4_DISABLE_RHT"] == "1"          # vanilla recipe of the submissions
     assert env["NVTE_NVFP4_DISABLE_2D_QUANTIZATION"] == "1"
+    assert env["NVTE_DPA_FP8_RECIPE"] == "F16"              # BF16 attention
+    fp8_attn = load_config(repo_root / "configs" / "config_GB200_2048x4x8xtp4pp8cp2.toml",
+                           overrides={"precision": {"attention": "fp8"}})
+    env = launch_env(fp8_attn)
+    assert (env["NVTE_DPA_FP8_RECIPE"], env["NVTE_DPA_FP8_FORMAT"]) == ("Float8CurrentScaling", "HYBRID")
 
 
 def test_every_schema_field_has_a_docstring():

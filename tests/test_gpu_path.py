@@ -116,11 +116,17 @@ def test_validate_follows_megatrons_param_gather_rules():
 
 
 def test_nvfp4_fp8_attention_needs_a_dpa_recipe():
-    with pytest.raises(te_recipe.RecipeEnvError, match="NVTE_DPA_FP8_RECIPE"):
-        te_recipe.transformer_config_kwargs(_cfg(precision={"attention": "fp8"}))
+    """launch_env gives FP8 attention under NVFP4 a TE FP8 recipe; a config [env] that takes it
+    away (or names one TE cannot use there) is refused."""
+    kw = te_recipe.transformer_config_kwargs(_cfg(precision={"attention": "fp8"}))
+    assert kw["fp8_dot_product_attention"] and kw["fp4"] == "e2m1"
+    for bad in ("F16", ""):
+        with pytest.raises(te_recipe.RecipeEnvError, match="NVTE_DPA_FP8_RECIPE"):
+            te_recipe.transformer_config_kwargs(
+                _cfg(precision={"attention": "fp8"}, env={"NVTE_DPA_FP8_RECIPE": bad}))
     kw = te_recipe.transformer_config_kwargs(
         _cfg(precision={"attention": "fp8"}, env={"NVTE_DPA_FP8_RECIPE": "DelayedScaling"}))
-    assert kw["fp8_dot_product_attention"] and kw["fp4"] == "e2m1"
+    assert kw["fp8_dot_product_attention"]
 
 
 class _FakeQuantized:

@@ -29,6 +29,12 @@ def launch_env(cfg: Config) -> dict[str, str]:
         env["NVTE_NVFP4_DISABLE_2D_QUANTIZATION"] = _flag(not pr.nvfp4_2d_weights)
     if pr.compute in ("fp8", "nvfp4") and pr.attention != "fp8":
         env["NVTE_DPA_FP8_RECIPE"] = "F16"   # attention stays in high precision
+    elif pr.compute == "nvfp4":
+        # TE has no NVFP4 attention: FP8 attention under an NVFP4 autocast takes a current-scaling
+        # FP8 recipe (QKV, O, dO, dQKV; delayed scaling for S, dP) in the hybrid format (TE 2.20.2
+        # dot_product_attention.py, its table of linear x attention recipes)
+        env["NVTE_DPA_FP8_RECIPE"] = "Float8CurrentScaling"
+        env["NVTE_DPA_FP8_FORMAT"] = "HYBRID"
     env.update(cfg.env)                      # the config's [env] table wins
     return env
 

@@ -34,7 +34,8 @@ from ..config.schema import Config
 # TE 2.20.2: common/recipe/__init__.py NVFP4BlockScaling class defaults (os.getenv at class
 # definition); pytorch/attention/dot_product_attention/dot_product_attention.py:403 (module level).
 TE_IMPORT_TIME_VARS = ("NVTE_NVFP4_DISABLE_RHT", "NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING",
-                       "NVTE_NVFP4_DISABLE_2D_QUANTIZATION", "NVTE_DPA_FP8_RECIPE")
+                       "NVTE_NVFP4_DISABLE_2D_QUANTIZATION", "NVTE_DPA_FP8_RECIPE",
+                       "NVTE_DPA_FP8_FORMAT")
 
 # NVTE_DPA_FP8_RECIPE values with which TE runs FP8 attention under an NVFP4 autocast (TE 2.20.2
 # dot_product_attention.py:1183/1243/1274 build an FP8 recipe for attention from these; with the
