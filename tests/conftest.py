@@ -51,9 +51,15 @@ def shared_dir(tmp_path_factory) -> Path:
 
 
 def write_tiny_config(path: Path, data_dir: Path, ckpt_dir: Path, extra: str = "") -> Path:
-    path.write_text(f'base = "{REPO / "configs" / "tiny_cpu.toml"}"\n\n'
-                    f'[data]\ndata_dir = "{data_dir}"\n\n'
-                    f'[checkpoint]\nckpt_dir = "{ckpt_dir}"\n{extra}')
+    """Write the config atomically (temp file + rename): another xdist worker may be reading the
+    same shared file outside the lock, and must never see it empty or half written."""
+    text = (f'base = "{REPO / "configs" / "tiny_cpu.toml"}"\n\n'
+            f'[data]\ndata_dir = "{data_dir}"\n\n'
+            f'[checkpoint]\nckpt_dir = "{ckpt_dir}"\n{extra}')
+    if not path.is_file() or path.read_text() != text:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
     return path
 
 
