@@ -49,7 +49,7 @@ def launch_plan(cfg: Config, *, runs: int | None = None, seed_base: int | None =
     if n < 1:
         raise ValueError(f"number of runs must be >= 1, got {n}")
     base = cfg.run.seed_base if seed_base is None else seed_base
-    gpu = not d.system.accelerator.lower().startswith("none")
+    gpu = d.system.is_gpu
     tasks = min(d.system.gpus_per_node, d.world_size)
     per_rack = max(1, d.gpus_per_rack // d.system.gpus_per_node)
     local_error = ""

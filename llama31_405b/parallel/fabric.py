@@ -174,14 +174,12 @@ def mnnvl_problems(node: NodeFabric, gpus_needed: int = 1,
 
 
 def node_clique(node: NodeFabric, local_rank: int = 0) -> str | None:
-    """The clique of this process's GPU (GPUs in bus-id order, which CUDA follows on GB200)."""
-    cliques = [g.clique for g in node.gpus]
-    if not cliques:
-        return None
-    return cliques[local_rank % len(cliques)]
+    """The clique of this process's GPU among the node's registered GPUs (bus-id order, which CUDA
+    follows on GB200); None when no GPU reports a multi-node fabric."""
+    cliques = [g.clique for g in node.gpus if g.clique]
+    return cliques[local_rank % len(cliques)] if cliques else None
 
 
 def needs_mnnvl(system) -> bool:
     """True for GPU systems whose NVLink domain spans nodes (GB200/GB300 NVL72)."""
-    gpu = not system.accelerator.lower().startswith("none")
-    return gpu and system.gpus_per_nvlink_domain > system.gpus_per_node
+    return system.is_gpu and system.gpus_per_nvlink_domain > system.gpus_per_node

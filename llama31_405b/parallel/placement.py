@@ -28,7 +28,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from .fabric import MNNVL_FIX, NodeFabric, mnnvl_problems, needs_mnnvl, parse_fabric, probe_node
+from .fabric import (MNNVL_FIX, NodeFabric, mnnvl_problems, needs_mnnvl, node_clique, parse_fabric,
+                     probe_node)
 from .layout import Layout
 
 MAX_LINES = 20
@@ -70,23 +71,18 @@ def rack_from_override(host: str, rack_of_host: Mapping[str, str]) -> str | None
         "add it (or a pattern covering it) to the config, or remove the table to detect racks")
 
 
-def _clique_of(gpus, local_rank: int) -> str | None:
-    cliques = [g.clique for g in gpus if g.clique]
-    return cliques[local_rank % len(cliques)] if cliques else None
-
-
 def rack_from_fabric_text(nvidia_smi_q: str, local_rank: int = 0) -> str | None:
     """Rack name "<ClusterUUID>/<CliqueId>" from `nvidia-smi -q` output, or None when no GPU
     reports a completed multi-node NVLink fabric (H100/H200 HGX, GPUs without NVLink switches,
     an all-zero cluster UUID)."""
-    return _clique_of(parse_fabric(nvidia_smi_q), local_rank)
+    return node_clique(NodeFabric(gpus=parse_fabric(nvidia_smi_q)), local_rank)
 
 
 def rack_from_fabric(local_rank: int = 0) -> str | None:
     """The GB200 NVL72 clique of this node's GPUs as reported by the driver; None without
     nvidia-smi or without a multi-node NVLink fabric."""
     node = probe_node()
-    return None if node.error else _clique_of(node.gpus, local_rank)
+    return None if node.error else node_clique(node, local_rank)
 
 
 def rack_from_slurm_topology(environ: Mapping[str, str]) -> str | None:
@@ -245,7 +241,7 @@ def local_placement(cfg, dist_env, environ: Mapping[str, str], *,
     GPU's clique is then the rack unless system.rack_of_host says otherwise (both are checked)."""
     clique = ""
     system = cfg.derived.system
-    if not system.accelerator.lower().startswith("none"):
+    if system.is_gpu:
         from ..config.env import env_mismatches
         wrong = env_mismatches(cfg, environ)
         if wrong:
@@ -258,7 +254,7 @@ def local_placement(cfg, dist_env, environ: Mapping[str, str], *,
         problems = mnnvl_problems(node, min(system.gpus_per_node, cfg.derived.world_size))
         if problems:
             raise PlacementError("; ".join(problems))
-        clique = _clique_of(node.gpus, dist_env.local_rank) or ""
+        clique = node_clique(node, dist_env.local_rank) or ""
     rack, source = detect_rack(dist_env.hostname, cfg.system.rack_of_host, environ,
                                dist_env.local_rank,
                                fabric=(lambda lr: clique or None) if clique else rack_from_fabric)

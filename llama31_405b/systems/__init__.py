@@ -64,6 +64,11 @@ class SystemSpec:
     cooling: str
     """Cooling of the system: liquid or air (systems/<system>.json)."""
 
+    @property
+    def is_gpu(self) -> bool:
+        """Whether the system has accelerators (the CPU system's accelerator is "none (CPU)")."""
+        return not self.accelerator.lower().startswith("none")
+
     def peak_tflops(self, precision: str) -> float:
         """Dense peak for a compute precision name (fp32, bf16, fp8, nvfp4). Emulated NVFP4
         runs its GEMMs in FP32, so its MFU is measured against the FP32 peak."""

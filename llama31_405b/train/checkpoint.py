@@ -110,8 +110,8 @@ _EXTRA_STATE = "_extra_state"
 def fill_absent_extra_states(module, state: dict) -> dict:
     """`state` plus None for each `*._extra_state` of `module` the checkpoint does not hold.
 
-    Extra states are Transformer Engine's quantization metadata (and Megatron's empty
-    placeholders); None means "no stored state" to both (TE 2.20.2 module/base.py and
+    Extra states are Transformer Engine's quantization metadata (Megatron's own layers
+    keep them empty); None means "no stored state" to both (TE 2.20.2 module/base.py and
     ops/op.py set_extra_state return on None). The GPU model asks for one the CPU-converted
     checkpoint cannot hold: its final norm is TE's RMSNorm (megatron TransformerBlock uses
     TENorm when TE is installed), whose extra state the PyTorch norm of the CPU build has not.
