@@ -1,7 +1,8 @@
 """Typed configuration: schema, loading, MLPerf rules, derived values, validation."""
 from .derived import Derived, derive
 from .env import launch_env
-from .load import ConfigError, load_config
+from .errors import ConfigError
+from .load import load_config
 from .rules import BENCHMARKS, LLAMA31_405B, TINY_LLAMA31, BenchmarkRules, HParams, hparams
 from .schema import Config
 from .validate import problems, validate

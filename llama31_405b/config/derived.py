@@ -1,6 +1,8 @@
 """Numbers that follow from a config: layout sizes, batch sizes, rule-derived hyperparameters, FLOPs.
 
-Nothing here is typed by hand in a config file; `config show --json` prints all of it.
+Nothing here is typed by hand in a config file; `config show --json` prints all of it. Reached
+as `cfg.derived` (computed once per config object); this module reads the config sections by
+attribute and does not import the schema, which imports it.
 """
 from __future__ import annotations
 
@@ -9,7 +11,6 @@ from dataclasses import dataclass
 
 from ..systems import SystemSpec, load_system
 from .rules import BenchmarkRules, HParams, hparams, rules_for
-from .schema import Config, ModelConfig
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -51,12 +52,14 @@ class Derived:
     platform: str
 
 
-def padded_vocab(model: ModelConfig, tp: int) -> int:
+def padded_vocab(model, tp: int) -> int:
+    """The model vocab padded up to a multiple of make_vocab_size_divisible_by x TP (`model`: a
+    ModelConfig)."""
     mult = model.make_vocab_size_divisible_by * tp
     return math.ceil(model.vocab_size / mult) * mult
 
 
-def param_count(model: ModelConfig, vocab: int | None = None) -> int:
+def param_count(model, vocab: int | None = None) -> int:
     """Parameters of a Llama 3.1 model (untied embeddings, no biases)."""
     h, f, L = model.hidden_size, model.ffn_hidden_size, model.num_layers
     v = model.vocab_size if vocab is None else vocab
@@ -66,7 +69,7 @@ def param_count(model: ModelConfig, vocab: int | None = None) -> int:
     return L * per_layer + 2 * v * h + h
 
 
-def model_flops_per_sequence(model: ModelConfig) -> float:
+def model_flops_per_sequence(model) -> float:
     """12 s L h^2 [(1 + g/n + s/h) + 1.5 f/h + V/(2 L h)]: the convention of the MLPerf
     submissions (non-causal attention, SwiGLU, GQA), 21,508 TFLOP for 405B at s = 8192."""
     s, L, h = model.seq_length, model.num_layers, model.hidden_size
@@ -75,7 +78,7 @@ def model_flops_per_sequence(model: ModelConfig) -> float:
     return 12.0 * s * L * h * h * ((1 + g / n + s / h) + 1.5 * f / h + V / (2 * L * h))
 
 
-def effective_hparams(cfg: Config, rules: BenchmarkRules, gbs: int) -> HParams:
+def effective_hparams(cfg, rules: BenchmarkRules, gbs: int) -> HParams:
     """Rule-derived values, with the open division's overrides applied (closed: none allowed)."""
     hp = hparams(rules, gbs)
     o, e = cfg.optimizer, cfg.eval
@@ -93,7 +96,8 @@ def effective_hparams(cfg: Config, rules: BenchmarkRules, gbs: int) -> HParams:
     )
 
 
-def derive(cfg: Config) -> Derived:
+def derive(cfg) -> Derived:
+    """Every derived number of `cfg` (a Config); use `cfg.derived`, which keeps the result."""
     system = load_system(cfg.system.id)
     rules = rules_for(cfg.run.benchmark)
     p = cfg.parallel

@@ -15,11 +15,11 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from .errors import ConfigError
 from .schema import Config
+from .validate import validate as _validate
 
-
-class ConfigError(ValueError):
-    """A config file or value is invalid; the message names the file and key."""
+__all__ = ["ConfigError", "load_config"]
 
 
 _HINTS: dict[type, dict[str, Any]] = {}
@@ -174,6 +174,5 @@ def load_config(path: str | Path, *, validate: bool = True, overrides: dict | No
     cfg = _build(Config, raw, origin, "")
     cfg.source = str(path)
     if validate:
-        from .validate import validate as _validate
         _validate(cfg)
     return cfg

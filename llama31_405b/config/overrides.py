@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import tomllib
 
-from .load import ConfigError
+from .errors import ConfigError
 
 
 def parse_sets(items: list[str] | None) -> dict:

@@ -4,12 +4,15 @@ Configs are TOML files whose tables mirror these classes (`[model]`, `[parallel]
 that MLPerf fixes for a benchmark (learning rate, warmup, decay, evaluation cadence, ...) are not
 fields here: they are derived from the global batch size by `config.rules`. The optimizer and
 eval sections only carry *overrides*, which an open-division config may set and a closed one may
-not. Cross-field rules live in `config.validate`; derived numbers in `config.derived`.
+not. Cross-field rules live in `config.validate`; derived numbers in `config.derived`
+(`Config.derived`, computed once per config object).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Literal
+
+from .derived import Derived, derive
 
 Precision = Literal["fp32", "bf16", "fp8", "nvfp4"]
 
@@ -173,6 +176,9 @@ class PerformanceConfig:
     """Disable automatic Python GC and collect every manual_gc_interval steps."""
     manual_gc_interval: int = 100
     """Steps between manual garbage collections."""
+    gradient_accumulation_fusion: bool = False
+    """Accumulate weight gradients into the main-grad buffer inside the wgrad GEMM (Megatron's
+    gradient_accumulation_fusion; GPU only, needs Apex's fused_weight_gradient_mlp_cuda)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -244,8 +250,14 @@ class RunConfig:
     """Steps between progress lines."""
 
 
+class _DerivedSlot:
+    """Holds the cached `Config.derived` in a slot that is not a dataclass field, so
+    `dataclasses.asdict`, `replace`, `==` and pickling ignore it (a replaced config recomputes)."""
+    __slots__ = ("_derived",)
+
+
 @dataclass(kw_only=True, slots=True)
-class Config:
+class Config(_DerivedSlot):
     model: ModelConfig = field(default_factory=ModelConfig)
     """Model shape."""
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -274,7 +286,12 @@ class Config:
     """Path of the file this config was loaded from (set by the loader, not by files)."""
 
     @property
-    def derived(self):
-        """Numbers derived from the config and the benchmark rules (see config.derived)."""
-        from .derived import derive
-        return derive(self)
+    def derived(self) -> Derived:
+        """Numbers derived from the config and the benchmark rules (see config.derived), computed
+        on first use and kept: a config is read-only once loaded (change it with
+        `dataclasses.replace`, whose result computes its own)."""
+        try:
+            return self._derived
+        except AttributeError:
+            self._derived = derive(self)
+            return self._derived
