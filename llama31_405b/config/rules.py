@@ -11,6 +11,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+RULESET = "6.0.0"
+"""The MLPerf Training ruleset these constants mirror (mlperf-logging's `--ruleset`/`rcp_version`):
+the checkers' own default, 6.1.0, has dropped llama31_405b."""
+
 
 @dataclass(kw_only=True, frozen=True, slots=True)
 class BenchmarkRules:

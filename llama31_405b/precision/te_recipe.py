@@ -29,23 +29,27 @@ from typing import Any
 
 from ..config import launch_env
 from ..config.schema import Config
+from ..config.validate_gpu import precision_rules, userbuffer_rules
 
 # the recipe variables TE reads at import time; the launcher exports them (config/env.py).
-# TE 2.20.2: common/recipe/__init__.py NVFP4BlockScaling class defaults (os.getenv at class
-# definition); pytorch/attention/dot_product_attention/dot_product_attention.py:403 (module level).
+# TE 2.20.2: transformer_engine.common.recipe.NVFP4BlockScaling class defaults (os.getenv at class
+# definition), and the module-level reads of
+# transformer_engine.pytorch.attention.dot_product_attention.dot_product_attention.
 TE_IMPORT_TIME_VARS = ("NVTE_NVFP4_DISABLE_RHT", "NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING",
                        "NVTE_NVFP4_DISABLE_2D_QUANTIZATION", "NVTE_DPA_FP8_RECIPE",
                        "NVTE_DPA_FP8_FORMAT")
 
-# NVTE_DPA_FP8_RECIPE values with which TE runs FP8 attention under an NVFP4 autocast (TE 2.20.2
-# dot_product_attention.py:1183/1243/1274 build an FP8 recipe for attention from these; with the
-# variable unset the attention gets the NVFP4 recipe itself, for which utils.py:792 disables the
-# fused (cuDNN) FP8 attention backend).
-NVFP4_FP8_ATTENTION_RECIPES = ("DelayedScaling", "Float8CurrentScaling", "MXFP8BlockScaling")
-
 
 class RecipeEnvError(RuntimeError):
-    """The process environment does not carry the precision recipe of the config."""
+    """The process environment does not carry the precision recipe of the config, or the config
+    breaks one of the validator's precision rules (a config built without `load_config`)."""
+
+
+def _refuse(cfg: Config, found: list[str]) -> None:
+    """The validator's own messages (config.validate_gpu states each TE/Megatron constraint
+    once), for configs that reach the recipe without having been validated."""
+    if found:
+        raise RecipeEnvError(f"{cfg.source or '<config>'}: " + "; ".join(found))
 
 
 def transformer_config_kwargs(cfg: Config) -> dict:
@@ -60,6 +64,7 @@ def transformer_config_kwargs(cfg: Config) -> dict:
     """
     import torch
 
+    _refuse(cfg, precision_rules(cfg, cfg.derived))
     pr, perf = cfg.precision, cfg.performance
     edges = pr.bf16_layers_at_start > 0 or pr.bf16_layers_at_end > 0
     dtype = torch.bfloat16 if pr.params == "bf16" else torch.float32
@@ -84,25 +89,9 @@ def transformer_config_kwargs(cfg: Config) -> dict:
         kw["fp8_recipe"] = "tensorwise" if edges else "delayed"
         kw["fp8_param"] = perf.fp8_param_gather
     elif pr.compute == "nvfp4":
-        if perf.fp8_param_gather:
-            raise RecipeEnvError(
-                f"{cfg.source or '<config>'}: performance.fp8_param_gather with precision.compute "
-                "= nvfp4: megatron-core requires fp8_param together with fp8 compute; use "
-                "performance.fp4_param_gather for NVFP4 parameters")
         kw["fp4"] = "e2m1"
         kw["fp4_recipe"] = "nvfp4"
         kw["fp4_param"] = perf.fp4_param_gather
-        if pr.attention == "fp8":
-            dpa = launch_env(cfg).get("NVTE_DPA_FP8_RECIPE")
-            if dpa not in NVFP4_FP8_ATTENTION_RECIPES:
-                raise RecipeEnvError(
-                    f"{cfg.source or '<config>'}: precision.attention = fp8 with compute = nvfp4 "
-                    f"needs NVTE_DPA_FP8_RECIPE in {NVFP4_FP8_ATTENTION_RECIPES} (found {dpa!r}): "
-                    "Transformer Engine has no NVFP4 attention; set it in the config's [env] "
-                    "table, or keep precision.attention = bf16")
-    elif pr.attention == "fp8":
-        raise RecipeEnvError(f"{cfg.source or '<config>'}: precision.attention = fp8 needs "
-                             "precision.compute = fp8 or nvfp4")
     return kw
 
 
@@ -154,22 +143,18 @@ def verify_te_recipe(cfg: Config) -> None:
 
 def ub_quantization_modes(cfg: Config) -> list[str]:
     """Names of TE `UserBufferQuantizationMode` members for `initialize_ub` (TP communication
-    overlap), as Megatron's own training (megatron/training/initialize.py
-    _initialize_tp_communicators): FP8 buffers for fp8 compute, plus high-precision buffers
+    overlap), as Megatron's own training (megatron-core 0.19.2
+    megatron.training.initialize._initialize_tp_communicators): FP8 buffers for fp8 compute, plus high-precision buffers
     when BF16 edge layers run outside the FP8 autocast (TE looks the communicator up by
-    (name, fp8 enabled): pytorch/module/base.py get_ub).
-
-    NVFP4 has no userbuffer path in TE 2.20.2: fill_userbuffers_buffer_for_all_gather
-    (pytorch/module/base.py:607-754) handles only unquantized, Float8 and MXFP8 tensors and
-    raises "Unsupported quantizer for Userbuffers" for an NVFP4 quantizer.
+    (name, fp8 enabled): TE 2.20.2 transformer_engine.pytorch.module.base.get_ub). Only for a
+    config with performance.tp_comm_overlap; NVFP4 has no userbuffer path (the validator's
+    `userbuffer_rules`).
     """
     pr = cfg.precision
-    if pr.compute == "nvfp4":
-        raise RecipeEnvError(
-            f"{cfg.source or '<config>'}: performance.tp_comm_overlap with precision.compute = "
-            "nvfp4: Transformer Engine 2.20.2 userbuffers cannot all-gather NVFP4 tensors "
-            "(module/base.py fill_userbuffers_buffer_for_all_gather); set tp_comm_overlap = false "
-            "(as the MLPerf GB200 NVFP4 submissions do)")
+    if not cfg.performance.tp_comm_overlap:
+        raise RecipeEnvError(f"{cfg.source or '<config>'}: userbuffers are only set up with "
+                             "performance.tp_comm_overlap = true")
+    _refuse(cfg, userbuffer_rules(cfg, cfg.derived))
     if pr.compute == "fp8":
         edges = pr.bf16_layers_at_start > 0 or pr.bf16_layers_at_end > 0
         return ["FP8", "NONE"] if edges else ["FP8"]
@@ -208,11 +193,11 @@ def keep_checkpoint_master_values(module, state_dict: Mapping[str, Any]) -> int:
     the FP32 master weights of quantized parameters.
 
     With fp8_param/fp4_param, Megatron builds the layers under TE `fp8_model_init(...,
-    preserve_high_precision_init_val=True)` (megatron/core/fp4_utils.py get_fp4_context
-    is_init=True), so each quantized parameter keeps its *random initial* BF16 value on the host
-    (TE pytorch/module/base.py:1841 `_high_precision_init_val`), and the distributed optimizer
-    builds its FP32 master shard from `get_high_precision_init_val()` (megatron/core/optimizer/
-    distrib_optimizer.py:428-439) when it is created. The initial checkpoint is loaded before
+    preserve_high_precision_init_val=True)` (megatron-core 0.19.2 fp4_utils.get_fp4_context
+    with is_init=True), so each quantized parameter keeps its *random initial* BF16 value on the
+    host (TE 2.20.2 `_high_precision_init_val`, set in transformer_engine.pytorch.module.base),
+    and megatron-core's DistributedOptimizer builds its FP32 master shards from
+    `get_high_precision_init_val()` when it is created. The initial checkpoint is loaded before
     the optimizer exists, so without this the master weights, and after the first update the
     model, would be the random initialisation.
 

@@ -18,12 +18,11 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..config.rcp import TINY_RCP_FILE, rcp_file_for
 from ..config.rules import BENCHMARKS, TINY_LLAMA31, hparams
 from .checker import COMPLIANCE_DIR, DEFAULT_RULESET, USAGE
 from .mllog import RunLog
 
-TINY_RCP_FILE = COMPLIANCE_DIR / "tiny_llama31_rcps.json"
-PROJECT_RCPS = {TINY_LLAMA31.name: TINY_RCP_FILE}
 RUNS_PER_SUBMISSION = {TINY_LLAMA31.name: 3}
 
 
@@ -56,13 +55,6 @@ class RcpRef:
             return (f"GBS {self.gbs} is above every RCP (largest GBS {self.ref_gbs}): the RCP "
                     "checker fails it ('Missing RCP')")
         return f"no RCPs for GBS {self.gbs}"
-
-
-def rcp_file_for(benchmark: str, ruleset: str = DEFAULT_RULESET) -> Path:
-    if benchmark in PROJECT_RCPS:
-        return PROJECT_RCPS[benchmark]
-    from mlperf_logging.rcp_checker import rcp_checker as rc
-    return Path(rc.__file__).parent / f"{USAGE}_{ruleset}" / f"rcps_{benchmark}.json"
 
 
 def make_checker(benchmark: str, ruleset: str = DEFAULT_RULESET, rcp_file: str | Path | None = None):
