@@ -8,8 +8,11 @@ what the validator cannot know: memory fit (memory.py).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
+from ..config.rcp import max_steps_for
 from ..config.schema import (BatchConfig, Config, ModelConfig, ParallelConfig, PerformanceConfig,
-                             PrecisionConfig, SystemConfig)
+                             PrecisionConfig, RunConfig, SystemConfig)
 from ..config.validate import problems
 from ..systems import load_system
 
@@ -35,26 +38,33 @@ def make_config(system: str, racks: int, *, tp: int, pp: int, vp: int, cp: int, 
                 mbs: int = 1, precision: str | None = None, recompute: str = "none",
                 model: ModelConfig | None = None) -> Config:
     """The Config of a 405B run with this layout (not validated: call `layout_problems`). On the
-    'cpu' system the GPU-only settings (CUDA graphs, sequence parallelism, FP8 gather) are off."""
+    'cpu' system the GPU-only settings (CUDA graphs, sequence parallelism, FP8 gather) are off.
+    As the base: BF16 gradient reduction, NVFP4 parameters gathered in BF16, full-iteration CUDA
+    graphs, and run.max_steps by the rule of the shipped configs (config.rcp.max_steps_for)."""
     model = model or ModelConfig()
     precision = precision or default_precision(system)
     flags = pipeline_split_flags(model.num_layers, pp, vp) or (False, False)
-    gpu = system != "cpu"  # the validator's test for GPU-only settings
-    low = precision in ("fp8", "nvfp4") and gpu
-    return Config(
+    gpu = load_system(system).is_gpu
+    low = precision == "fp8" and gpu
+    cfg = Config(
         model=model,
         parallel=ParallelConfig(tp=tp, pp=pp, vp=vp, cp=cp, sequence_parallel=tp > 1 and gpu),
         batch=BatchConfig(minibs=minibs, micro_batch_size=mbs),
-        precision=PrecisionConfig(compute=precision, params="bf16", attention="bf16"),
+        precision=PrecisionConfig(compute=precision, params="bf16", attention="bf16",
+                                  grad_reduce_in_fp32=False),
         performance=PerformanceConfig(
-            cuda_graphs="layers" if gpu else "none", overlap_grad_reduce=True,
-            overlap_param_gather=True, fp8_param_gather=low and precision == "fp8",
-            fp4_param_gather=low and precision == "nvfp4", recompute=recompute,
+            # the base's full-iteration graphs where the layout allows them (not with a
+            # non-interleaved pipeline: config.validate_gpu.cuda_graph_rules); the step-time
+            # model does not depend on the graph mode
+            cuda_graphs="full_iteration" if gpu and (pp == 1 or vp > 1) else "none",
+            overlap_grad_reduce=True,
+            overlap_param_gather=True, fp8_param_gather=low, recompute=recompute,
             account_for_embedding_in_pipeline_split=flags[0],
             account_for_loss_in_pipeline_split=flags[1]),
         system=SystemConfig(id=system, racks=racks),
         source=f"<planner {system} {racks} racks tp{tp} pp{pp} vp{vp} cp{cp} minibs{minibs}>",
     )
+    return replace(cfg, run=RunConfig(max_steps=max_steps_for("llama31_405b", cfg.derived.gbs)))
 
 
 def layout_problems(cfg: Config) -> list[str]:

@@ -2,12 +2,14 @@
 
 At each scale the planner's best fitting layout and MiniBS (`sweep`) is weighed against the
 measured one: the published run's layout, TP4-PP8-VP8-CP2 (`MEASURED`), with the published
-MiniBS where FACTS.md section 1 gives one (`PUBLISHED_MINIBS`) and the planner's best MiniBS for
-that layout elsewhere. The planner's choice wins when it is predicted faster by more than the
+MiniBS where the published Azure MLPerf Training v6.0 runs give one (`PUBLISHED_MINIBS`,
+docs/planner.md) and the planner's best MiniBS for that layout elsewhere. The planner's choice wins when it is predicted faster by more than the
 model's own error (`SWITCH_MARGIN`); a smaller predicted gain cannot be told from the model's
 error, and the measured configuration stays. Each file inherits the base, sets system.racks and
-batch.minibs (and [parallel] when the layout differs from the base's), and its header says
-which rule chose it, what the planner preferred and what it predicts. Files matching
+batch.minibs (and [parallel] when the layout differs from the base's) and run.max_steps, the
+cap of its GBS (`config.rcp.max_steps_for`: the largest multiple of 50 steps within twice the RCP
+mean samples-to-converge), and its header says which rule chose it, what the planner
+preferred and what it predicts. Files matching
 config_GB200_*.toml that the writer does not produce are deleted (they would be stale), and every
 written file is loaded and validated.
 """
@@ -17,20 +19,22 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..config.rcp import MAX_STEPS_ROUNDING, RCP_MULTIPLE, max_steps_for, rcp_mean
 from .step import Prediction
 from .sweep import sweep
 
 SYSTEM = "gb200-nvl72"
 RACKS = (8, 16, 24, 32, 40, 48, 64, 80, 96, 112, 128)
 MEASURED = dict(tp=4, pp=8, vp=8, cp=2)
-"""The published run's layout (FACTS.md section 1), also configs/base/gb200_405b.toml's."""
+"""The published run's layout (docs/planner.md), also configs/base/gb200_405b.toml's."""
 PUBLISHED_MINIBS = {8: 144, 40: 24, 112: 8, 128: 8}
-"""MiniBS the published runs used at these scales (FACTS.md section 1)."""
+"""MiniBS the published runs used at these scales (docs/planner.md)."""
 SWITCH_MARGIN = 0.07
 """Predicted time-to-train gain the planner's choice needs to replace the measured configuration:
 the model's largest error on the published figures it predicts (bench/planner_vs_published.py:
 MFU at DP 8, -7.1%; time-to-train -5.7% at 128 racks, +5.9% at 40)."""
 BASE = "base/gb200_405b.toml"
+BENCHMARK = "llama31_405b"
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +119,10 @@ def render(sp: ScalePlan) -> str:
         f"{textwrap.fill(origin(sp), 98, initial_indent='# ', subsequent_indent='# ')}\n"
         f"# Predicted: step {c.step_time_s:.2f} s, {c.steps} steps, {c.time_to_train_min:.1f} min, "
         f"{c.memory_per_gpu_gb:.0f} of {c.memory['capacity_gb']:.0f} GB per GPU.\n"
-        f'base = "{BASE}"\n\n[system]\nracks = {sp.racks}\n\n[batch]\nminibs = {c.minibs}\n{parallel}')
+        f'base = "{BASE}"\n\n[system]\nracks = {sp.racks}\n\n[batch]\nminibs = {c.minibs}\n{parallel}'
+        f"\n[run]\nmax_steps = {max_steps_for(BENCHMARK, c.gbs)}  # {RCP_MULTIPLE} x RCP mean "
+        f"{rcp_mean(BENCHMARK, c.gbs).mean:,.0f} samples / GBS {c.gbs}, down to "
+        f"{MAX_STEPS_ROUNDING} steps\n")
 
 
 def plans(racks: tuple[int, ...] = RACKS) -> list[ScalePlan]:
