@@ -23,17 +23,34 @@ class Event:
     metadata: dict = field(default_factory=dict)
 
 
+def comm_precisions(cfg: Config) -> dict[str, str]:
+    """The precision of each kind of data the run communicates:
+    - gradient reduction: FP32 with precision.grad_reduce_in_fp32, else the parameter dtype
+      (megatron-core 0.19.2 DDP grad buffers: `torch.float if grad_reduce_in_fp32 else
+      param.dtype`);
+    - parameter all-gather (distributed optimizer): NVFP4/FP8 with fp4/fp8_param_gather, else the
+      parameter dtype;
+    - activations between TP/CP/PP ranks: the parameter dtype, except the TP all-gather of the
+      sequence-parallel GEMM inputs under FP8/NVFP4 compute, which Transformer Engine quantizes
+      before gathering (TE 2.20.2 transformer_engine.pytorch.module.layernorm_linear forward ->
+      distributed.gather_along_first_dim with the input quantizer)."""
+    pr, perf, p = cfg.precision, cfg.performance, cfg.parallel
+    out = {"gradient reduction": "fp32" if pr.grad_reduce_in_fp32 else pr.params,
+           "activations": pr.params}
+    if cfg.optimizer.distributed:
+        out["parameter all-gather"] = ("nvfp4" if perf.fp4_param_gather else
+                                       "fp8" if perf.fp8_param_gather else pr.params)
+    if p.tp > 1 and p.sequence_parallel and pr.compute in ("fp8", "nvfp4"):
+        out["sequence-parallel GEMM input all-gather"] = pr.compute
+    return out
+
+
 def lowest_precisions(cfg: Config) -> dict[str, str]:
-    """MLPerf 6.0 optional keys lowest_numerical_precision_in_{linear,attn,comm}."""
-    pr, perf = cfg.precision, cfg.performance
-    comm = [pr.params]
-    if not pr.grad_reduce_in_fp32:
-        comm.append(pr.params)
-    if perf.fp8_param_gather:
-        comm.append("fp8")
-    if perf.fp4_param_gather:
-        comm.append("nvfp4")
-    lowest_comm = max(comm, key=_ORDER.index)
+    """MLPerf 6.0 optional keys lowest_numerical_precision_in_{linear,attn,comm}; comm is the
+    lowest of `comm_precisions` (with BF16 parameters, BF16 gradient reduction changes nothing
+    there: the parameter gather and activations are BF16 already)."""
+    pr = cfg.precision
+    lowest_comm = max(comm_precisions(cfg).values(), key=_ORDER.index)
     return {
         "lowest_numerical_precision_in_linear": _PRECISION_NAME[pr.compute],
         "lowest_numerical_precision_in_attn": _PRECISION_NAME[pr.attention],
@@ -55,6 +72,8 @@ def header_events(cfg: Config, *, seed: int) -> list[Event]:
         ("gradient_accumulation_steps", d.gradient_accumulation_steps),
         ("max_sequence_length", cfg.model.seq_length),
         ("eval_samples", d.eval_samples),
+        # the samples the run asks the dataset for (max_steps x GBS). The published reference
+        # logs logged a constant here whose meaning is unverified (docs/compliance.md)
         ("train_samples", d.max_steps * d.gbs),
         ("init_checkpoint_step", cfg.checkpoint.init_step),
         ("opt_name", "adamw"),
@@ -68,7 +87,7 @@ def header_events(cfg: Config, *, seed: int) -> list[Event]:
         ("opt_adamw_epsilon", d.adam_eps),
         ("opt_adamw_weight_decay", d.weight_decay),
         ("opt_gradient_clip_norm", d.clip_grad),
-        ("max_steps", d.max_steps),
+        ("max_steps", d.max_steps),   # the cap (run.max_steps), else the end of the LR schedule
         ("target_accuracy", d.target),
         *lowest_precisions(cfg).items(),
         ("tensor_parallelism", cfg.parallel.tp),
