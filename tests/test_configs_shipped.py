@@ -68,3 +68,51 @@ def test_config_show_json_has_derived_fields():
                 "first_eval_step", "gradient_accumulation_steps", "model_flops_per_sequence"):
         assert key in d
     assert (d["dp"], d["gbs"], d["nodes"], d["first_eval_step"]) == (128, 1024, 2048, 270)
+
+
+# --- issue 13: what every GB200 config runs with ---------------------------------------------
+
+@pytest.mark.parametrize("path", GB200, ids=lambda p: p.name)
+def test_gb200_runs_the_proven_settings(path):
+    """As `config show --json` prints them: a capped run (<= 1000 steps, the max_steps rule of
+    config/rcp.py), BF16 parameter gather, BF16 gradient reduction, full-iteration CUDA graphs."""
+    from llama31_405b.cli.config_cmd import resolved
+    from llama31_405b.config.rcp import max_steps_for
+    data = json.loads(json.dumps(resolved(load_config(path))))
+    c, d = data["config"], data["derived"]
+    assert d["max_steps"] <= 1000 and d["max_steps"] == c["run"]["max_steps"]
+    assert d["max_steps"] == max_steps_for("llama31_405b", d["gbs"])
+    assert d["max_steps"] >= d["first_eval_step"]
+    perf, prec = c["performance"], c["precision"]
+    assert not perf["fp4_param_gather"] and not perf["fp8_param_gather"] and prec["params"] == "bf16"
+    assert not prec["grad_reduce_in_fp32"]
+    assert perf["cuda_graphs"] == "full_iteration"
+    assert perf["ddp_bucket_size"] == 134_217_728 and perf["manual_gc_interval"] == 1000
+    assert perf["gradient_accumulation_fusion"]
+
+
+def test_config_show_json_gives_the_cap():
+    r = _cli("config", "show", str(REPO / "configs/config_GB200_128x4x144xtp4pp8cp2.toml"), "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["derived"]["max_steps"] == data["config"]["run"]["max_steps"] == 500
+    assert data["derived"]["gbs"] == 1152
+
+
+def test_tiny_configs_follow_the_max_steps_rule():
+    from llama31_405b.config.rcp import max_steps_for
+    for p in CONFIGS:
+        if p.name.startswith("tiny_"):
+            cfg = load_config(p)
+            assert cfg.run.max_steps == max_steps_for(cfg.run.benchmark, cfg.derived.gbs) == 350
+
+
+BASE_REASONED = ("grad_reduce_in_fp32", "cuda_graphs", "fp4_param_gather", "ddp_bucket_size",
+                 "gradient_accumulation_fusion", "manual_gc_interval")
+
+
+def test_base_gives_a_reason_for_each_proven_setting():
+    lines = (REPO / "configs" / "base" / "gb200_405b.toml").read_text().splitlines()
+    for key in BASE_REASONED:
+        line = next(x for x in lines if x.startswith(f"{key} ="))
+        assert "#" in line and len(line.split("#", 1)[1].strip()) > 20, line

@@ -2,6 +2,7 @@
 TransformerConfig the GB200 configs produce on a GPU with Transformer Engine, the TE userbuffer
 modes, the FP8/FP4-parameter checkpoint load, the microbatch calculator the CUDA-graph capture
 reads, and the megatron APIs the training loop calls there."""
+import dataclasses
 import importlib.util
 import inspect
 import types
@@ -43,20 +44,32 @@ def gpu_with_te(monkeypatch):
 
 @pytest.mark.parametrize("path", GB200, ids=[p.stem for p in GB200])
 def test_gb200_gpu_transformer_config_is_accepted_by_megatron(gpu_with_te, path):
+    """TransformerConfig, DDP config and optimizer config of every GB200 config, built by
+    megatron-core 0.19.2 (each __post_init__ validates): NVFP4 compute with BF16 parameters
+    gathered in BF16, BF16 gradient buckets of 134,217,728 elements, per-token loss (so no
+    average_in_collective), full-iteration CUDA graphs (no per-layer scope, no NaN check in the
+    captured pass), the rule-derived AdamW."""
     cfg = load_config(path)
     t = gpu_with_te.transformer_config(cfg)      # megatron's __post_init__ validates it
-    assert (t.fp4, t.fp4_recipe, t.fp4_param, t.fp8, t.fp8_param) == ("e2m1", "nvfp4", True,
+    assert (t.fp4, t.fp4_recipe, t.fp4_param, t.fp8, t.fp8_param) == ("e2m1", "nvfp4", False,
                                                                        None, False)
     assert not t.first_last_layers_bf16 and not t.fp8_dot_product_attention
-    assert t.cuda_graph_impl == "transformer_engine" and t.cuda_graph_modules == []
-    assert t.cuda_graph_warmup_steps == cfg.run.warmup_iters and t.use_te_rng_tracker
+    assert t.cuda_graph_impl == "full_iteration" and t.cuda_graph_modules == []
+    assert t.use_te_rng_tracker and t.calculate_per_token_loss
     assert not t.tp_comm_overlap and t.sequence_parallel
     assert t.overlap_p2p_comm and not t.batch_p2p_comm           # interleaved (VP 8)
     assert t.apply_rope_fusion and t.bf16 and t.params_dtype == torch.bfloat16
     d = gpu_with_te.ddp_config(cfg)      # interleaved: the schedule dispatches the gathers
-    assert d.overlap_param_gather and d.align_param_gather and d.fp4_param_gather
-    # Apex absent: no fused wgrad accumulation (the output layer would raise) nor local softmax
-    assert not t.gradient_accumulation_fusion and not t.masked_softmax_fusion
+    assert d.overlap_param_gather and d.align_param_gather
+    assert not d.fp4_param_gather and not d.fp8_param_gather      # BF16 parameter all-gather
+    assert not d.grad_reduce_in_fp32 and d.bucket_size == 134_217_728
+    assert not d.average_in_collective and not d.check_for_nan_in_grad
+    o = gpu_with_te.optimizer_config(cfg)
+    assert (o.lr, o.min_lr, o.clip_grad) == (cfg.derived.lr, cfg.derived.end_lr, 1.0)
+    assert o.use_distributed_optimizer and o.bf16 and o.overlap_param_gather
+    # Apex absent: no local softmax fusion (gradient_accumulation_fusion: the "train" branch
+    # wires performance.gradient_accumulation_fusion and checks Apex's kernel at run time)
+    assert not t.masked_softmax_fusion
 
 
 def test_fp8_gpu_transformer_config_with_bf16_edges_is_accepted(gpu_with_te):
@@ -91,28 +104,116 @@ def _cfg(**over):
 
 
 def test_userbuffer_modes_follow_megatron_and_refuse_nvfp4():
+    on = {"tp_comm_overlap": True}
     with pytest.raises(te_recipe.RecipeEnvError, match="NVFP4"):
+        te_recipe.ub_quantization_modes(_cfg(performance=on))
+    with pytest.raises(te_recipe.RecipeEnvError, match="tp_comm_overlap = true"):
         te_recipe.ub_quantization_modes(load_config(GB200_128))
     fp8 = {"compute": "fp8", "nvfp4_rht": False}
-    assert te_recipe.ub_quantization_modes(_cfg(precision=fp8)) == ["FP8"]
+    assert te_recipe.ub_quantization_modes(_cfg(precision=fp8, performance=on)) == ["FP8"]
     assert te_recipe.ub_quantization_modes(
-        _cfg(precision={**fp8, "bf16_layers_at_end": 2})) == ["FP8", "NONE"]
-    assert te_recipe.ub_quantization_modes(_cfg(precision={"compute": "bf16"})) == ["NONE"]
+        _cfg(precision={**fp8, "bf16_layers_at_end": 2}, performance=on)) == ["FP8", "NONE"]
+    assert te_recipe.ub_quantization_modes(
+        _cfg(precision={"compute": "bf16"}, performance=on)) == ["NONE"]
 
 
-def test_validate_refuses_nvfp4_tp_overlap_and_unwired_full_iteration_graphs():
+def test_validate_refuses_nvfp4_tp_overlap_and_accepts_full_iteration_graphs():
     with pytest.raises(ConfigError, match="tp_comm_overlap"):
         validate(_cfg(performance={"tp_comm_overlap": True}))
-    with pytest.raises(ConfigError, match="full_iteration"):
-        validate(_cfg(performance={"cuda_graphs": "full_iteration"}))
+    validate(_cfg(performance={"cuda_graphs": "full_iteration"}))
+    validate(_cfg(performance={"cuda_graphs": "layers"}))
+
+
+def test_recipe_states_no_rule_of_its_own():
+    """te_recipe refuses what the validator refuses, with the validator's words (each TE or
+    Megatron constraint is stated once, in config/validate_gpu.py)."""
+    from llama31_405b.config import problems
+    for over in ({"performance": {"fp4_param_gather": True}},                 # 1D weights
+                 {"performance": {"fp8_param_gather": True}},                 # nvfp4 compute
+                 {"precision": {"attention": "fp8"}, "env": {"NVTE_DPA_FP8_RECIPE": "F16"}},
+                 {"precision": {"compute": "bf16", "attention": "fp8"}}):
+        cfg = _cfg(**over)
+        found = problems(cfg)
+        assert found, over
+        with pytest.raises(te_recipe.RecipeEnvError) as e:
+            te_recipe.transformer_config_kwargs(cfg)
+        assert any(p in str(e.value) for p in found), (over, str(e.value))
+    src = inspect.getsource(te_recipe)
+    assert "NVFP4 2D quantization" not in src and "NVFP4_FP8_ATTENTION_RECIPES" not in src
+
+
+def test_megatron_refuses_what_the_cuda_graph_rules_refuse(gpu_with_te):
+    """Per-layer graphs with full recomputation: megatron-core's TransformerConfig raises, and
+    config check refuses the config first."""
+    cfg = _cfg(performance={"cuda_graphs": "layers", "recompute": "full"})
+    with pytest.raises(ConfigError, match='recompute = "full" with cuda_graphs = "layers"'):
+        validate(cfg)
+    with pytest.raises(AssertionError, match="full recompute is only supported with full iteration"):
+        gpu_with_te.transformer_config(cfg)
+    full = _cfg(performance={"recompute": "full"})
+    validate(full)
+    assert gpu_with_te.transformer_config(full).recompute_granularity == "full"
+
+
+def test_full_iteration_constraints_as_megatron_states_them(gpu_with_te):
+    """The megatron-core 0.19.2 sources behind config/validate_gpu.py's CUDA-graph rules and the
+    builder settings a full-iteration capture needs."""
+    from megatron.core.distributed import DistributedDataParallel
+    from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
+    from megatron.training import arguments
+    # validate_args: no NaN check with full-iteration graphs; NCCL_GRAPH_REGISTER=0 with
+    # expandable segments (per-layer graphs)
+    args_src = inspect.getsource(arguments.validate_args)
+    assert "--no-check-for-nan-in-loss-and-grad should be set with --cuda-graph-impl=full_iteration" in args_src
+    assert "NCCL_GRAPH_REGISTER" in args_src and "expandable_segments:True" in args_src
+    # DDP: per-token loss refuses average_in_collective
+    assert "Cannot average in collective when calculating per-token loss!" in inspect.getsource(
+        DistributedDataParallel.__init__)
+    # batched P2P synchronises the device: the non-interleaved builder setting the rule refuses
+    comm_src = inspect.getsource(P2PCommunicator._communicate)
+    assert "config.batch_p2p_comm and config.batch_p2p_sync" in comm_src
+    assert "torch.cuda.synchronize()" in comm_src
+    vp1 = _cfg(parallel={"vp": 1})
+    with pytest.raises(ConfigError, match="PP > 1 and VP = 1"):
+        validate(vp1)
+    t = gpu_with_te.transformer_config(_with_graphs(vp1, "none"))
+    assert t.batch_p2p_comm and t.batch_p2p_sync
+    for path in GB200:
+        assert not gpu_with_te.ddp_config(load_config(path)).check_for_nan_in_grad
+
+
+def _with_graphs(cfg, mode):
+    return dataclasses.replace(cfg, performance=dataclasses.replace(cfg.performance,
+                                                                    cuda_graphs=mode))
+
+
+def test_fp4_param_gather_reaches_te_s_2d_only_cast():
+    """megatron-core 0.19.2 casts the master weights into NVFP4 parameters through TE's
+    quantize_master_weights (DistributedOptimizer._copy_main_params_to_model_params ->
+    fp4_utils.quantize_nvfp4_param_shard), whose NVFP4 branch in TE 2.20.2 refuses 1D blocks:
+    what the fp4_param_gather rule encodes."""
+    from megatron.core import fp4_utils
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+    assert "quantize_nvfp4_param_shard" in inspect.getsource(
+        DistributedOptimizer._copy_main_params_to_model_params)
+    assert "quantize_master_weights" in inspect.getsource(fp4_utils.quantize_nvfp4_param_shard)
+    te = importlib.util.find_spec("transformer_engine")
+    if te is not None and te.submodule_search_locations:     # the GPU image: TE's own source
+        src = (Path(list(te.submodule_search_locations)[0]) / "pytorch" / "tensor" / "utils.py"
+               ).read_text()
+        fn = src[src.index("def _cast_master_weights_to_nvfp4_2d"):]
+        assert 'raise ValueError("NVFP4 2D quantization must be enabled.")' in fn[:3000]
+    with pytest.raises(ConfigError, match="nvfp4_2d_weights"):
+        validate(_cfg(performance={"fp4_param_gather": True}))
+    validate(_cfg(performance={"fp4_param_gather": True}, precision={"nvfp4_2d_weights": True}))
 
 
 def test_validate_follows_megatrons_param_gather_rules():
     with pytest.raises(ConfigError, match="overlap_grad_reduce"):
         validate(_cfg(performance={"overlap_grad_reduce": False}))
     with pytest.raises(ConfigError, match="fp8/fp4_param_gather needs optimizer.distributed"):
-        validate(_cfg(optimizer={"distributed": False},
-                      performance={"overlap_param_gather": False}))
+        validate(_cfg(optimizer={"distributed": False}, precision={"nvfp4_2d_weights": True},
+                      performance={"overlap_param_gather": False, "fp4_param_gather": True}))
 
 
 def test_nvfp4_fp8_attention_needs_a_dpa_recipe():

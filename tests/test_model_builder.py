@@ -67,11 +67,12 @@ def test_gb200_128_rack_megatron_configs_carry_layout_and_performance():
     assert not t.add_bias_linear and not t.add_qkv_bias
     assert t.hidden_dropout == 0 and t.attention_dropout == 0
     assert t.bf16 and t.params_dtype == torch.bfloat16 and t.calculate_per_token_loss
-    assert t.cuda_graph_impl == "transformer_engine"
+    assert t.cuda_graph_impl == "full_iteration"
     assert cfg.parallel.order == "tp-cp-ep-pp-dp"
     d = ddp_config(cfg)
     assert d.use_distributed_optimizer and d.overlap_grad_reduce and d.overlap_param_gather
-    assert d.grad_reduce_in_fp32 and d.fp4_param_gather and not d.fp8_param_gather and not d.average_in_collective
+    assert not d.grad_reduce_in_fp32 and d.bucket_size == 134_217_728      # BF16 buckets
+    assert not d.fp4_param_gather and not d.fp8_param_gather and not d.average_in_collective
     o = optimizer_config(cfg)
     assert o.optimizer == "adam" and o.decoupled_weight_decay
     assert o.lr == cfg.derived.lr and o.lr * 1152 == cfg.derived.gbs * 8e-5

@@ -49,15 +49,15 @@ def test_transformer_config_kwargs():
         load_config(GB200, overrides=fp8_params)
     with pytest.raises(RecipeEnvError, match="fp4_param_gather"):  # and the recipe refuses it too
         transformer_config_kwargs(load_config(GB200, validate=False, overrides=fp8_params))
-    perf = {"fp8_param_gather": False, "fp4_param_gather": True}
-    cfg = load_config(GB200, overrides={"performance": perf})
+    perf = {"fp8_param_gather": False, "fp4_param_gather": True}   # NVFP4 gather: 2D weights
+    cfg = load_config(GB200, overrides={"performance": perf, "precision": {"nvfp4_2d_weights": True}})
     kw = transformer_config_kwargs(cfg)
     assert kw["fp4"] == "e2m1" and kw["fp4_recipe"] == "nvfp4" and kw["fp8"] is None
     assert kw["fp4_param"] is True and kw["fp8_param"] is False
     assert kw["first_last_layers_bf16"] is False and kw["bf16"] is True
     assert kw["params_dtype"] == torch.bfloat16 and kw["fp8_dot_product_attention"] is False
     edges = load_config(GB200, overrides={"performance": perf, "precision": {
-        "bf16_layers_at_start": 2, "bf16_layers_at_end": 8}})
+        "bf16_layers_at_start": 2, "bf16_layers_at_end": 8, "nvfp4_2d_weights": True}})
     kw = transformer_config_kwargs(edges)
     assert kw["first_last_layers_bf16"] is True
     assert (kw["num_layers_at_start_in_bf16"], kw["num_layers_at_end_in_bf16"]) == (2, 8)
