@@ -37,6 +37,6 @@ def test_uneceiled_warmup_would_fail_at_1008():
 
 def test_gbs_whose_lr_cannot_pass_the_checker():
     bad = [g for g in range(8, 4609, 8) if not lr_passes_checker(LLAMA31_405B, g)]
-    assert len(bad) == 47                       # FACTS.md section 3
+    assert len(bad) == 47                       # README, "How configs work"
     assert {248, 992, 1160, 1760, 3520} <= set(bad)
     assert lr_passes_checker(LLAMA31_405B, 1152)

@@ -37,6 +37,7 @@ RCP_MULTIPLE = 2
 MAX_STEPS_ROUNDING = 50
 
 
+@cache
 def rcp_file_for(benchmark: str, ruleset: str = RULESET) -> Path:
     """The RCP file of a benchmark: the project's for tiny_llama31, mlperf-logging's otherwise."""
     if benchmark in PROJECT_RCPS:
@@ -104,6 +105,7 @@ def pruned_points(path: Path) -> tuple[tuple[int, float], ...]:
     return tuple(pts)
 
 
+@cache
 def rcp_mean(benchmark: str, gbs: int, ruleset: str = RULESET) -> RcpMean:
     path = rcp_file_for(benchmark, ruleset)
     pts = pruned_points(path)
