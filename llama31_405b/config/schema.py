@@ -128,7 +128,7 @@ class PrecisionConfig:
     attention: Literal["bf16", "fp8", "fp32"] = "bf16"
     """Precision of the attention core (the submissions keep it in BF16)."""
     grad_reduce_in_fp32: bool = True
-    """Accumulate and reduce gradients in FP32."""
+    """Accumulate and reduce gradients in FP32 (false: in the parameter dtype, e.g. BF16)."""
     bf16_layers_at_start: int = 0
     """Transformer layers at the start kept in BF16 when compute is fp8/nvfp4."""
     bf16_layers_at_end: int = 0
@@ -147,7 +147,9 @@ class PrecisionConfig:
 @dataclass(kw_only=True, slots=True)
 class PerformanceConfig:
     cuda_graphs: Literal["none", "layers", "full_iteration"] = "none"
-    """CUDA graph capture scope (GPU only)."""
+    """CUDA graph capture (GPU only): "layers" = Transformer Engine per-layer graphs;
+    "full_iteration" = one graph per forward-backward pass, training and evaluation (Megatron's
+    FullCudaGraphWrapper; the optimizer step stays outside)."""
     overlap_grad_reduce: bool = False
     """Overlap the DP gradient reduce-scatter with the backward pass."""
     overlap_param_gather: bool = False
@@ -165,7 +167,7 @@ class PerformanceConfig:
     recompute: Literal["none", "selective", "full"] = "none"
     """Activation recomputation granularity."""
     ddp_bucket_size: int | None = None
-    """Gradient bucket size in elements (None: Megatron's default)."""
+    """Gradient bucket size in elements (None: Megatron's default, max(40 M, 1 M x DP))."""
     cuda_device_max_connections: int | None = None
     """CUDA_DEVICE_MAX_CONNECTIONS for the launcher (1 keeps comm/compute order with TP overlap)."""
     nccl_nvls_enable: bool | None = None
@@ -243,7 +245,9 @@ class RunConfig:
     num_runs: int = 3
     """Runs per submission (MLPerf: 3)."""
     max_steps: int | None = None
-    """Stop with status aborted after this many steps (default: the end of the LR schedule)."""
+    """Stop with status aborted after this many steps (default: the end of the LR schedule). Only
+    ends the run: warm-up and decay stay the rules'. Closed division: max_steps x GBS at most twice
+    the RCP mean samples-to-converge (config/rcp.py)."""
     warmup_iters: int = 0
     """Untimed warm-up iterations before run_start; weights, optimizer, RNG and data are restored."""
     log_interval: int = 1
