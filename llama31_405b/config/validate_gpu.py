@@ -128,7 +128,8 @@ def userbuffer_rules(cfg: Config, d: Derived) -> list[str]:
 
 
 def cuda_graph_rules(cfg: Config, d: Derived) -> list[str]:
-    """What megatron-core 0.19.2 requires of CUDA-graph capture (docs/training.md, "CUDA graphs").
+    """What megatron-core 0.19.2 requires of CUDA-graph capture (docs/training.md, "the rules
+    behind its GPU settings").
     Full-iteration graphs (`cuda_graph_impl="full_iteration"`, the schedule wrapped in
     `megatron.core.full_cuda_graph.FullCudaGraphWrapper`) capture the whole forward-backward pass
     of every microbatch, so nothing in it may synchronise with the host."""
