@@ -1,7 +1,7 @@
 """Compute time of one microbatch (forward + backward) on one GPU, by part of the model.
 
 FLOPs follow the project's convention (config.derived.model_flops_per_sequence: non-causal
-Megatron formula, FACTS.md section 2); `flops_by_part` splits it into QKV, attention core, output
+Megatron formula, docs/planner.md); `flops_by_part` splits it into QKV, attention core, output
 projection, FFN up/gate, FFN down and logits and sums back to it exactly. Times:
 
 * GEMMs: each of forward, data-gradient and weight-gradient GEMM of a linear layer, at the
@@ -168,11 +168,6 @@ def chunk_parts(ctx: Context, layers: int, embedding: bool, logits: bool,
                              ffn_down=layers * t["ffn_down"], logits=t["logits"] if logits else 0.0,
                              elementwise=ew * share))
     return out[0], out[1]
-
-
-def stage_times(ctx: Context, fit: Fitted) -> PartTimes:
-    """Compute of the slowest pipeline rank (it sets the pace of the steady state)."""
-    return max((stage_parts(ctx, st, fit) for st in ctx.stages), key=lambda p: p.total)
 
 
 def part_rates(ctx: Context, fit: Fitted) -> dict[str, float]:

@@ -107,9 +107,3 @@ def _peak_layer_microbatches(ctx: Context) -> int:
             group += 1
         best = max(best, total)
     return best
-
-
-def p2p_messages(ctx: Context) -> int:
-    """Pipeline sends per rank per step: one activation forward and one gradient backward per
-    microbatch and model chunk."""
-    return 0 if ctx.pp == 1 else 2 * ctx.vp * ctx.microbatches

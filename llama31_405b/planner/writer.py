@@ -2,7 +2,7 @@
 
 At each scale the planner's best fitting layout and MiniBS (`sweep`) is weighed against the
 measured one: the published run's layout, TP4-PP8-VP8-CP2 (`MEASURED`), with the published
-MiniBS where FACTS.md section 1 gives one (`PUBLISHED_MINIBS`) and the planner's best MiniBS for
+MiniBS where Azure's published runs give one (`PUBLISHED_MINIBS`) and the planner's best MiniBS for
 that layout elsewhere. The planner's choice wins when it is predicted faster by more than the
 model's own error (`SWITCH_MARGIN`); a smaller predicted gain cannot be told from the model's
 error, and the measured configuration stays. Each file inherits the base, sets system.racks and
@@ -25,9 +25,10 @@ from .sweep import Fixed, sweep
 SYSTEM = "gb200-nvl72"
 RACKS = (8, 16, 24, 32, 40, 48, 64, 80, 96, 112, 128)
 MEASURED = dict(tp=4, pp=8, vp=8, cp=2)
-"""The published run's layout (FACTS.md section 1), also configs/base/gb200_405b.toml's."""
+"""The published run's layout (Azure's MLPerf Training v6.0 write-up), also
+configs/base/gb200_405b.toml's."""
 PUBLISHED_MINIBS = {8: 144, 40: 24, 112: 8, 128: 8}
-"""MiniBS the published runs used at these scales (FACTS.md section 1)."""
+"""MiniBS the published runs used at these scales (the same write-up)."""
 SWITCH_MARGIN = 0.06
 """Predicted time-to-train gain the planner's choice needs to replace the measured configuration:
 the model's largest error on the published figures it predicts (bench/planner_vs_published.py:
