@@ -40,10 +40,12 @@ def alternatives(cfg: Config) -> list[tuple[str, Memory]]:
     m = cfg.model
     out: list[tuple[str, Config]] = []
     if perf.recompute != "full":
-        out.append(('performance.recompute = "full"', replace(cfg, performance=replace(perf, recompute="full"))))
+        full = replace(cfg, performance=replace(perf, recompute="full"))
+        out.append(('performance.recompute = "full"', full))
     if b.micro_batch_size > 1:
         mbs = b.micro_batch_size // 2
-        out.append((f"batch.micro_batch_size = {mbs}", replace(cfg, batch=replace(b, micro_batch_size=mbs))))
+        smaller = replace(cfg, batch=replace(b, micro_batch_size=mbs))
+        out.append((f"batch.micro_batch_size = {mbs}", smaller))
     tp = p.tp * 2
     if (rack % (tp * p.pp * p.cp) == 0 and m.num_attention_heads % tp == 0
             and m.num_query_groups % tp == 0):

@@ -114,12 +114,17 @@ def chunk_cost(ctx: Context, rank: int, chunk: int, fit: Fitted) -> ChunkCost:
         bwd = PartTimes(**{f.name: getattr(bwd, f.name) + getattr(fwd, f.name) for f in fields(bwd)})
         tp_b, cp_b = tp_b + tp_f, cp_b + cp_f
     params = chunk_params(ctx, layers, emb, logits)
-    first = stream_s(ctx, 2 * params * comm.OPERAND_NVFP4) if ctx.cfg.performance.fp4_param_gather else 0.0
-    buckets = max(1, math.ceil(params / comm.dp_bucket_params(ctx))) if rank == 0 and chunk == 0 else 1
+    first = 0.0
+    if ctx.cfg.performance.fp4_param_gather:  # read + write the NVFP4 data once per step
+        first = stream_s(ctx, 2 * params * comm.OPERAND_NVFP4)
+    buckets = 1
+    if rank == 0 and chunk == 0:
+        buckets = max(1, math.ceil(params / comm.dp_bucket_params(ctx)))
     return ChunkCost(fwd=fwd, bwd=bwd, tp_fwd=tp_f, tp_bwd=tp_b, cp_fwd=cp_f, cp_bwd=cp_b,
                      params=params, reduce_s=comm.dp_reduce_s(ctx, params, fit, buckets),
                      gather_s=comm.dp_gather_s(ctx, params, fit, buckets), buckets=buckets,
-                     first_fwd_s=first, work_fwd=fwd.total + tp_f + cp_f, work_bwd=bwd.total + tp_b + cp_b)
+                     first_fwd_s=first, work_fwd=fwd.total + tp_f + cp_f,
+                     work_bwd=bwd.total + tp_b + cp_b)
 
 
 _PLANS: dict[tuple, Plan] = {}
@@ -156,7 +161,8 @@ def _plan(ctx: Context, fit: Fitted) -> Plan:
         params = sum(c.params for c in chunks[r])
         t = stream_s(ctx, 2 * params * grad_b)  # grad_data *= 1/num_tokens, read + write
         t += latency(NVLINK) if ctx.tp > 1 and ctx.cfg.parallel.sequence_parallel else 0.0
-        t += (ASSUMED.p2p_latency_s if pp > 1 else 0.0) + (latency(dp_link) if ctx.dp * ctx.cp > 1 else 0.0)
+        t += ASSUMED.p2p_latency_s if pp > 1 else 0.0  # num_tokens broadcast over PP
+        t += latency(dp_link) if ctx.dp * ctx.cp > 1 else 0.0  # and all-reduce over DP x CP
         finalize.append(t)
     most = max(sum(c.params for c in row) for row in chunks)
     shard = most / (ctx.dp * ctx.cp) if dist else most

@@ -4,9 +4,8 @@ the overlapped DP collectives), its GEMM (74%) and FFN (54%) shares, and the 1.2
 
 The compute constants follow from the time each part takes at the current constants (GEMM and
 attention time are inversely proportional to their efficiency, elementwise time proportional to
-its passes); the
-NVLink efficiency closes the step (secant on 1/efficiency, which the communication time is
-proportional to). The slowdown and the critical rank depend on the constants, so the two are
+its passes); the NVLink efficiency closes the step (secant on 1/efficiency, which the
+communication time is proportional to). The slowdown and the critical rank depend on the constants, so the two are
 repeated until nothing moves (a handful of rounds, each a few simulations of the 8-microbatch
 step). This module imports the model; the model never imports it: the constants reach it as an
 argument.
@@ -18,8 +17,8 @@ from functools import cache
 
 from .calibration import CALIBRATION, INITIAL, CalibrationPoint, Fitted
 from .context import Context
-from .spec import make_config
 from .costs import plan
+from .spec import make_config
 from .step import breakdown, rank_compute
 
 
@@ -56,8 +55,9 @@ def solve(c: CalibrationPoint = CALIBRATION) -> Fitted:
         attn = c.gemm_share_of_compute * clean - ffn - other
         if attn <= 0:
             raise ValueError("calibration: the GEMM share leaves no time for attention")
-        new = replace(fit, nvfp4_gemm_peak_fraction=eta, attention_bf16_fraction=unit["attention"] / attn,
-                      elementwise_passes=((1 - c.gemm_share_of_compute) * clean - fixed) / unit["elementwise"])
+        passes = ((1 - c.gemm_share_of_compute) * clean - fixed) / unit["elementwise"]
+        new = replace(fit, nvfp4_gemm_peak_fraction=eta, elementwise_passes=passes,
+                      attention_bf16_fraction=unit["attention"] / attn)
         new = _close_step(ctx, new, c.step_s)
         done = all(abs(getattr(new, f) / getattr(fit, f) - 1) < 1e-10 for f in Fitted.__slots__)
         fit = new

@@ -242,7 +242,7 @@ def _run(plan: Plan, m: int) -> Sim:  # noqa: C901 (one event loop, kept in one 
                 p += 1
                 progress = True
             ptr[r], t[r] = p, tr
-    if any(p < len(o) for p, o in zip(ptr, orders)):  # noqa: B007
+    if any(p < len(o) for p, o in zip(ptr, orders)):
         raise RuntimeError(f"step simulation deadlocked (PP {pp}, VP {vp}, m {m})")
     fin = []
     for r in range(pp):
