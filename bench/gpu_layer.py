@@ -65,7 +65,7 @@ def shard_overrides(system: str) -> dict:
 def planner_rates(system: str) -> tuple[dict[str, float], float]:
     """Predicted TFLOP/s per part and seconds of one layer (fwd + bwd) for the shard on `system`."""
     from llama31_405b.planner import compute
-    from llama31_405b.planner.calibration import fitted
+    from llama31_405b.planner.fitting import fitted
     from llama31_405b.planner.context import Context, Stage
     from llama31_405b.planner.spec import make_config
     cfg = make_config(system, 1, tp=4, pp=1, vp=1, cp=2, minibs=1, precision="bf16")

@@ -2,6 +2,7 @@
 predicted within the issue's tolerances (predictions, not fits)."""
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -11,14 +12,14 @@ import pytest
 from llama31_405b.config.derived import model_flops_per_sequence
 from llama31_405b.config.rules import LLAMA31_405B
 from llama31_405b.config.schema import ModelConfig
-from llama31_405b.planner import calibration, compute, convergence
+from llama31_405b.planner import calibration, compute, convergence, fitted, predict
 from llama31_405b.planner.context import Context
 from llama31_405b.planner.pipeline import bubble_fraction, peak_layer_microbatches
 from llama31_405b.planner.spec import layout_problems, make_config
-from llama31_405b.planner.step import predict
 from llama31_405b.planner.sweep import Fixed, sweep
 
 REPO = Path(__file__).resolve().parents[1]
+PLANNER = REPO / "llama31_405b" / "planner"
 GB200 = "gb200-nvl72"
 
 
@@ -31,8 +32,47 @@ def test_planner_imports_no_torch():
             "import llama31_405b.cli.plan_cmd; "
             "sys.exit(1 if any(m == 'torch' or m.startswith('torch.') for m in sys.modules) else 0)")
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0
-    for path in (REPO / "llama31_405b" / "planner").glob("*.py"):
+    for path in PLANNER.glob("*.py"):
         assert "import torch" not in path.read_text(), path
+
+
+def _planner_imports() -> dict[str, set[str]]:
+    """Module -> planner modules it imports (relative imports, at any depth in the file)."""
+    names = {p.stem for p in PLANNER.glob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for path in PLANNER.glob("*.py"):
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                if node.module:
+                    deps.add(node.module.split(".")[0])
+                else:
+                    deps |= {a.name for a in node.names}
+        graph[path.stem] = deps & names - {path.stem}
+    return graph
+
+
+def test_planner_has_no_import_cycle_and_the_constants_are_passed_in():
+    """calibration.py is data; the model receives the fitted constants as an argument, and only
+    fitting.py (and the modules above it) import the solver."""
+    graph = _planner_imports()
+    assert graph["calibration"] == set()
+    for low in ("compute", "comm", "costs", "simulate", "step", "memory", "pipeline", "topology",
+                "convergence", "context"):
+        assert "fitting" not in graph[low], low
+
+    done: set[str] = set()
+
+    def visit(node, path):
+        assert node not in path, f"import cycle: {' -> '.join([*path, node])}"
+        if node in done:
+            return
+        for dep in graph.get(node, ()):
+            visit(dep, [*path, node])
+        done.add(node)
+
+    for mod in graph:
+        visit(mod, [])
 
 
 def test_flops_by_part_sum_to_the_project_convention():
@@ -40,12 +80,13 @@ def test_flops_by_part_sum_to_the_project_convention():
     parts = compute.flops_by_part(m)
     assert set(parts) == set(compute.PARTS)
     assert sum(parts.values()) == pytest.approx(model_flops_per_sequence(m), rel=1e-12)
-    assert sum(parts.values()) == pytest.approx(21_508e12, rel=5e-4)  # FACTS.md section 2
+    assert sum(parts.values()) == pytest.approx(21_508e12, rel=5e-4)  # the MLPerf convention
 
 
-def test_calibration_step_is_reproduced():
+def test_calibration_step_is_reproduced_by_the_simulation():
     c = calibration.CALIBRATION
     p = published_layout(c.racks, c.minibs)
+    assert p.simulated
     b = p.breakdown
     comp = b["compute_total_s"]
     gemm = sum(b[f"compute_{k}_s"] for k in compute.PARTS)
@@ -54,26 +95,24 @@ def test_calibration_step_is_reproduced():
     assert comp == pytest.approx(c.compute_s, rel=1e-6)
     assert gemm / comp == pytest.approx(c.gemm_share_of_compute, rel=1e-6)
     assert ffn / comp == pytest.approx(c.ffn_share_of_compute, rel=1e-6)
-    assert b["dp_s"] == pytest.approx(c.dp_exposed_s, rel=1e-6)
     parts = ("compute_total_s", "tp_s", "cp_s", "pp_s", "bubble_s", "dp_s", "optimizer_s")
     assert sum(b[k] for k in parts) == pytest.approx(p.step_time_s, rel=1e-9)
-    assert b["bubble_fraction"] == pytest.approx(7 / 64)
+    assert b["dp_slowdown_s"] > 0  # the DP collectives overlap compute and slow it
 
 
 def test_fitted_constants_are_physical():
-    f = calibration.fitted()
+    f = fitted()
     assert 0.2 < f.nvfp4_gemm_peak_fraction < 1
     assert 0.2 < f.attention_bf16_fraction < 1
-    assert 0.1 < f.tp_bus_efficiency < 1
-    assert 0 < f.dp_exposed_tail < 0.5
+    assert 0.1 < f.nvlink_bus_efficiency < 1
     assert f.elementwise_passes > 1
 
 
-def test_mfu_at_dp8_gbs1152_predicted_within_10_percent():
+def test_mfu_at_dp8_gbs1152_predicted_within_5_percent():
     p = published_layout(8, 144)
     assert (p.dp, p.gbs) == (8, 1152)
     assert p.fits
-    assert abs(p.mfu / 0.2645 - 1) < 0.10, p.mfu
+    assert abs(p.mfu / 0.2645 - 1) < 0.05, p.mfu
 
 
 def test_dp8_sweep_ranks_published_layout_first():
@@ -82,6 +121,7 @@ def test_dp8_sweep_ranks_published_layout_first():
     the allocator's fragmentation on them is counted."""
     ranked = [p for p in sweep(GB200, 8, Fixed(minibs=144)) if p.fits and p.dp == 8]
     assert len(ranked) > 5 and all(p.gbs == 1152 for p in ranked)
+    assert ranked[0].simulated
     assert (ranked[0].tp, ranked[0].pp, ranked[0].cp) == (4, 8, 2)
     pp16 = predict(make_config(GB200, 8, tp=4, pp=16, vp=8, cp=1, minibs=144))
     assert not pp16.fits and "fragmentation" in pp16.why_not
@@ -97,22 +137,35 @@ def test_memory_counts_fragmentation_on_activations_only():
 
 
 @pytest.mark.parametrize("racks,minibs,published", [(128, 8, 7.07), (40, 24, 18.79)])
-def test_time_to_train_predicted_within_10_percent(racks, minibs, published):
+def test_time_to_train_predicted_within_the_convergence_spread(racks, minibs, published):
+    """Within 10%, and the published score inside the band one standard deviation of the
+    reference runs' samples to converge spans (the convergence spread of the RCP data)."""
     p = published_layout(racks, minibs)
     assert p.fits
     assert abs(p.time_to_train_min / published - 1) < 0.10, p.time_to_train_min
+    lo, hi = p.time_to_train_range_min
+    assert lo <= p.time_to_train_min <= hi
+    assert lo <= published <= hi, (lo, hi)
+
+
+def test_time_to_train_adds_the_first_step_and_the_checker_scaling():
+    p = published_layout(40, 24)  # GBS 960: below the smallest RCP
+    a = calibration.ASSUMED
+    raw = p.steps * p.step_time_s + a.first_step_extra_s + p.evaluations * p.eval_time_s + a.run_overhead_s
+    assert p.score_scale > 1
+    assert p.time_to_train_min * 60 == pytest.approx(raw * p.score_scale)
 
 
 def test_tp2_pp8_cp2_minibs8_fits_gb300_not_gb200():
-    gb200 = published_layout(64, 8, tp=2)
-    gb300 = published_layout(64, 8, system="gb300-nvl72", tp=2)
-    assert not layout_problems(make_config("gb300-nvl72", 64, tp=2, pp=8, vp=8, cp=2, minibs=8))
+    gb200 = published_layout(128, 8, tp=2)
+    gb300 = published_layout(128, 8, system="gb300-nvl72", tp=2)
+    assert not layout_problems(make_config("gb300-nvl72", 128, tp=2, pp=8, vp=8, cp=2, minibs=8))
     assert not gb200.fits and "GB" in gb200.why_not and "grads" in gb200.why_not
     assert gb300.fits, gb300.why_not
     assert gb200.memory_per_gpu_gb == pytest.approx(gb300.memory_per_gpu_gb)
 
 
-@pytest.mark.parametrize("gbs,steps,evals", [(1152, 272, 3), (1024, 306, 3), (960, 340, 3), (2304, 160, 3)])
+@pytest.mark.parametrize("gbs,steps,evals", [(1152, 272, 3), (1024, 306, 3), (960, 320, 2), (2304, 160, 3)])
 def test_convergence_snaps_to_the_eval_schedule(gbs, steps, evals):
     s = convergence.schedule(LLAMA31_405B, gbs)
     assert (s.steps, s.evaluations) == (steps, evals)
@@ -120,11 +173,24 @@ def test_convergence_snaps_to_the_eval_schedule(gbs, steps, evals):
     assert (s.steps - s.first_eval_step) % s.eval_interval_steps == 0
 
 
-def test_samples_to_converge_follow_the_rcps():
-    assert set(convergence.RCP_SAMPLES) == set(LLAMA31_405B.rcp_gbs)
-    assert convergence.samples_to_converge(512) == 313_344
+def test_samples_to_converge_follow_the_rulesets_rcps():
+    """The RCP data are mlperf_logging's (olympic means): interpolated between RCPs, the trend
+    of the two smallest extended below 1152, where the checker scales a faster run's score up to
+    the 1152 mean; NVFP4 is a separate factor."""
+    pts = convergence.rcp_points()
+    assert {p.gbs for p in pts} == set(LLAMA31_405B.rcp_gbs)
+    assert [p.mean for p in pts] == [313_344, 368_640, 493_056]
+    assert pts[0].stdev == pytest.approx(10_642, abs=1)
     assert convergence.samples_to_converge(2304) == 368_640
     assert convergence.samples_to_converge(3456) == pytest.approx((368_640 + 493_056) / 2)
+    slope = (368_640 - 313_344) / (2304 - 1152)
+    assert convergence.samples_to_converge(960) == pytest.approx(313_344 - slope * 192)
+    assert convergence.samples_to_converge(512) < convergence.samples_to_converge(1024) < 313_344
+    s = convergence.schedule(LLAMA31_405B, 960)
+    assert s.samples == 307_200 and s.score_scale == pytest.approx(313_344 / 307_200)
+    assert convergence.schedule(LLAMA31_405B, 1152).score_scale == 1.0
+    assert convergence.samples_to_converge(1152, "nvfp4") == pytest.approx(
+        313_344 * calibration.ASSUMED.nvfp4_samples_factor)
     with pytest.raises(ValueError, match="4608"):
         convergence.samples_to_converge(4616)
 
@@ -145,8 +211,12 @@ def test_sweep_is_ranked_and_every_candidate_passes_the_validator():
     ranked = sweep(GB200, 16)
     fits = [p for p in ranked if p.fits]
     assert fits and all(p.fits for p in ranked[:len(fits)])
-    ttt = [p.time_to_train_min for p in fits]
-    assert ttt == sorted(ttt)
+    sim = [p for p in fits if p.simulated]
+    est = [p for p in fits if not p.simulated]
+    assert sim and fits[:len(sim)] == sim  # the simulated candidates lead
+    for group in (sim, est):
+        ttt = [p.time_to_train_min for p in group]
+        assert ttt == sorted(ttt)
     for p in ranked[:: max(1, len(ranked) // 25)]:
         cfg = make_config(GB200, 16, tp=p.tp, pp=p.pp, vp=p.vp, cp=p.cp, minibs=p.minibs)
         assert layout_problems(cfg) == []

@@ -33,6 +33,7 @@ def register(sub) -> None:
 
 def precheck(args) -> int:
     from ..config import ConfigError, load_config
+    from ..planner.capacity import memory_note, memory_problems
     from ..submission.precheck import cross_config_problems, precheck_config
     bad = 0
     done = []
@@ -44,6 +45,8 @@ def precheck(args) -> int:
             bad += 1
             continue
         res = precheck_config(cfg, ruleset=args.ruleset)
+        res.errors += [f"memory: {p}" for p in memory_problems(cfg)]
+        res.notes += [n for n in (memory_note(cfg),) if n]
         done.append((cfg, res))
         rules = ", ".join(res.check.rule_files) if res.check else "not run"
         if res.ok:

@@ -20,6 +20,7 @@ def register(sub) -> None:
 
 def check(args) -> int:
     from ..config import ConfigError, load_config
+    from ..planner.capacity import memory_note, memory_problems
     bad = 0
     for path in args.paths:
         try:
@@ -28,6 +29,13 @@ def check(args) -> int:
             bad += 1
             print(f"FAIL {e}", file=sys.stderr)
             continue
+        memory = memory_problems(cfg)  # the planner's memory verdict (run.accept_memory_risk)
+        if memory:
+            bad += 1
+            print(f"FAIL {path}: " + "; ".join(memory), file=sys.stderr)
+            continue
+        if memory_note(cfg):
+            print(f"note {path}: {memory_note(cfg)}")
         d = cfg.derived
         print(f"ok   {path}: {d.nodes} nodes, TP{cfg.parallel.tp}-PP{cfg.parallel.pp}-VP"
               f"{cfg.parallel.vp}-CP{cfg.parallel.cp} DP{d.dp}, GBS {d.gbs}, lr {d.lr!r}")

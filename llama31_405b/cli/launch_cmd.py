@@ -25,7 +25,8 @@ def register(sub) -> None:
     add_set_option(e)
     e.set_defaults(func=env)
 
-    f = s.add_parser("preflight", help="init the process group from the launcher's environment "
+    f = s.add_parser("preflight", help="refuse a config predicted not to fit GPU memory (exit 2), "
+                                       "init the process group from the launcher's environment "
                                        "and run the placement check (exit 0 ok, 3 misplaced)")
     f.add_argument("--config", required=True, metavar="CONFIG")
     f.add_argument("--timeout", type=float, default=120.0,
@@ -61,10 +62,18 @@ def env(args) -> int:
 def preflight(args) -> int:
     from ..parallel.distributed import dist_env_from_environ, init_process_group
     from ..parallel.placement import PlacementError, check_placement
+    from ..planner.capacity import memory_note, memory_problems
     cfg = load_or_report(args.config, args.set)
     if cfg is None:
         return EXIT_CONFIG
     de = dist_env_from_environ()
+    memory = memory_problems(cfg)  # before any process group: every rank refuses alike
+    if memory or memory_note(cfg):
+        if de.rank == 0:
+            print("\n".join(f"error: {m}" for m in memory) or f"note: {memory_note(cfg)}",
+                  file=sys.stderr if memory else sys.stdout, flush=True)
+        if memory:
+            return EXIT_CONFIG
     if de.world_size > 1:
         init_process_group(de, backend="gloo", timeout_s=args.timeout)
     try:

@@ -38,19 +38,24 @@ def register(sub) -> None:
 def _fmt_row(p) -> str:
     fit = "yes" if p.fits else "NO"
     return (f"{p.layout:<18} {p.dp:>4} {p.minibs:>6} {p.gbs:>5} {p.step_time_s:>8.3f} {p.steps:>5} "
-            f"{p.time_to_train_min:>8.2f} {p.mfu:>6.1%} {p.memory_per_gpu_gb:>6.0f} {fit:>4}")
+            f"{p.time_to_train_min:>8.2f} {p.mfu:>6.1%} {p.memory_per_gpu_gb:>6.0f} {fit:>4} "
+            f"{'sim' if p.simulated else 'est':>4}")
 
 
 HEADER = (f"{'layout':<18} {'DP':>4} {'MiniBS':>6} {'GBS':>5} {'step s':>8} {'steps':>5} "
-          f"{'TTT min':>8} {'MFU':>6} {'GB':>6} {'fits':>4}")
+          f"{'TTT min':>8} {'MFU':>6} {'GB':>6} {'fits':>4} {'step':>4}")
 
 
 def _print_prediction(p) -> None:
     print(f"{p.system}, {p.racks} racks ({p.nodes} nodes): {p.layout} DP{p.dp} MiniBS {p.minibs} "
           f"MBS {p.mbs} GBS {p.gbs}, {p.precision}, recompute {p.recompute}")
+    lo, hi = p.time_to_train_range_min
     print(f"  step {p.step_time_s:.3f} s   MFU {p.mfu:.2%}   {p.steps} steps ({p.evaluations} evaluations of "
-          f"{p.eval_time_s:.1f} s)   time-to-train {p.time_to_train_min:.2f} min   "
-          f"samples to converge {p.samples_to_converge:,.0f}")
+          f"{p.eval_time_s:.1f} s)   time-to-train {p.time_to_train_min:.2f} min "
+          f"({lo:.2f}-{hi:.2f} over the RCPs' spread)   samples to converge {p.samples_to_converge:,.0f}")
+    if p.score_scale > 1:
+        print(f"  the RCP checker scales the score by {p.score_scale:.4f} (converges faster than the "
+              "RCP mean it is compared with)")
     print(f"  memory {p.memory_per_gpu_gb:.1f} GB per GPU: " + ", ".join(
         f"{k[:-3]} {v:.1f}" for k, v in p.memory.items())
           + ("" if p.fits else f"  -> DOES NOT FIT ({p.why_not})"))
@@ -64,7 +69,8 @@ def run(args) -> int:
     from ..planner import explain as ex
     from ..planner import writer
     from ..planner.spec import layout_problems, make_config
-    from ..planner.step import predict
+    from ..planner import predict
+    from ..planner.capacity import memory_note
     from ..planner.sweep import Fixed, sweep
 
     if args.write_configs:
@@ -94,6 +100,8 @@ def run(args) -> int:
             return 1
         p = predict(cfg)
         print(json.dumps(p.as_dict(), indent=2)) if args.json else _print_prediction(p)
+        if memory_note(cfg):
+            print(f"note: {memory_note(cfg)}", file=sys.stderr if args.json else sys.stdout)
         return 0
     if args.racks is None or args.racks < 1:
         print("error: --racks N (N >= 1) is required (or --config, --write-configs, --explain)",
@@ -139,7 +147,8 @@ def run(args) -> int:
         return 0 if ranked[0].fits else 1
     n_fit = sum(p.fits for p in ranked)
     print(f"{args.system}, {args.racks} racks: {len(ranked)} candidates, {n_fit} fit in memory; "
-          f"ranked by predicted time-to-train")
+          f"ranked by predicted time-to-train (step: sim = simulated schedule, est = closed-form "
+          f"estimate of the screen)")
     print(HEADER)
     for p in shown:
         print(_fmt_row(p))

@@ -252,6 +252,10 @@ class RunConfig:
     """Untimed warm-up iterations before run_start; weights, optimizer, RNG and data are restored."""
     log_interval: int = 1
     """Steps between progress lines."""
+    accept_memory_risk: bool = False
+    """Launch a GPU config the planner predicts does not fit in GPU memory (experiments only):
+    `config check`, `compliance precheck` and the launch pre-flight then print the risk instead
+    of refusing the config."""
 
 
 class _DerivedSlot:

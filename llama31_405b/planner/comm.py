@@ -1,25 +1,25 @@
-"""Communication time per step on one GPU: TP (sequence parallel), CP, PP and DP.
+"""Communication of one GPU: TP (sequence parallel), CP, pipeline sends and DP, each on the link
+`topology` assigns it.
 
-Volumes follow FACTS.md section 6. TP: per layer and microbatch 2 all-gathers + 2 reduce-scatters
+Per layer and microbatch with sequence parallelism, TP runs 2 all-gathers + 2 reduce-scatters
 forward and about 6 backward (mirrors + input re-gathers for the weight gradients), each moving
 (t-1)/t of the activation b*(s/c)*h*2 bytes; all on the critical path unless TE's TP overlap is
 on. CP: a ring over CP ranks exchanging K and V (forward) and K, V plus their gradients
 (backward), hidden behind the attention kernel except a per-step overhead. PP: one send per
 microbatch and model chunk in each direction. DP: the distributed optimizer's gradient
-reduce-scatter and parameter all-gather over the DP x CP ranks, hierarchical (NVLink inside a
-rack, then scale-out on 1/(ranks in the rack) of the data).
+reduce-scatter and parameter all-gather over the DP x CP ranks, hierarchical across racks.
 """
 from __future__ import annotations
 
 from .calibration import ASSUMED, Fitted
-from .context import Context, Stage
-from .pipeline import p2p_messages
+from .context import Context
+from .topology import (NVLINK, bandwidth, collective_s, cp_span, dp_cp_span, group_link, latency,
+                       p2p_link, tp_span)
 
 ACT_BYTES = 2.0  # BF16 activations on the wire
-
-
-def nvlink_bytes_per_s(ctx: Context) -> float:
-    return ctx.system.nvlink_gbs * 1e9
+TP_FORWARD = 4
+"""TP collectives of one layer's forward (sequence parallel: 2 all-gathers + 2 reduce-scatters;
+without it 2 all-reduces, each counted as two)."""
 
 
 def tp_collectives_per_layer(ctx: Context) -> int:
@@ -30,91 +30,126 @@ def tp_collectives_per_layer(ctx: Context) -> int:
 
 
 def tp_bytes(ctx: Context) -> float:
-    """Bytes each GPU moves in one TP collective."""
-    return (ctx.tp - 1) / ctx.tp * ctx.tokens * ctx.model.hidden_size * ACT_BYTES
+    """Bytes each GPU gathers or scatters in one TP collective (the full activation)."""
+    return ctx.tokens * ctx.model.hidden_size * ACT_BYTES
 
 
-def tp_terms(ctx: Context, st: Stage) -> tuple[float, float]:
-    """(bandwidth seconds at full NVLink speed, latency seconds) of one microbatch on rank `st`.
-    The output layer adds its gather and reduce-scatter on the last rank."""
-    n = tp_collectives_per_layer(ctx) * st.layers + (2 if st.logits and ctx.tp > 1 else 0)
-    return n * tp_bytes(ctx) / nvlink_bytes_per_s(ctx), n * ASSUMED.nvlink_latency_s
-
-
-def tp_time(ctx: Context, st: Stage, fit: Fitted) -> float:
-    """Exposed TP communication of one microbatch on rank `st`, seconds."""
-    bw, lat = tp_terms(ctx, st)
-    t = bw / fit.tp_bus_efficiency + lat
+def tp_collective_s(ctx: Context, fit: Fitted) -> float:
+    """One TP collective, exposed (after TE's overlap when it is on)."""
+    if ctx.tp == 1:
+        return 0.0
+    t = collective_s(ctx, tp_bytes(ctx), tp_span(ctx), fit.nvlink_bus_efficiency)
     return t * (1 - ASSUMED.tp_overlap_hidden) if ctx.cfg.performance.tp_comm_overlap else t
 
 
-def cp_time(ctx: Context, st: Stage, attention_per_layer_s: float, fit: Fitted) -> float:
-    """Exposed CP communication of one microbatch on rank `st` (forward + backward), seconds."""
+def tp_counts(ctx: Context, layers: int, embedding: bool, logits: bool) -> tuple[int, int]:
+    """(forward, backward) TP collectives of one microbatch through a chunk. The embedding's
+    vocabulary-parallel lookup adds a reduce-scatter forward and an all-gather backward; the
+    output layer an all-gather forward and a reduce-scatter backward."""
+    n = tp_collectives_per_layer(ctx)
+    if not n:
+        return 0, 0
+    extra = int(embedding) + int(logits)
+    return TP_FORWARD * layers + extra, (n - TP_FORWARD) * layers + extra
+
+
+def cp_layer_s(ctx: Context, attention_s: float, fit: Fitted) -> tuple[float, float]:
+    """Exposed CP communication of one layer and microbatch, (forward, backward): CP-1 ring steps
+    each way, the KV transfer hidden behind that step's share of the attention kernel."""
     if ctx.cp == 1:
-        return 0.0
+        return 0.0, 0.0
     m = ctx.model
     kv_heads = max(m.num_query_groups // ctx.tp, 1)
     kv = ctx.tokens * 2 * kv_heads * m.kv_channels * ACT_BYTES
-    bw = nvlink_bytes_per_s(ctx) * fit.tp_bus_efficiency
+    sp = cp_span(ctx)
+    bw = bandwidth(ctx, group_link(sp), fit.nvlink_bus_efficiency)
     steps = ctx.cp - 1
-    fwd_step = attention_per_layer_s / 3 / ctx.cp
-    bwd_step = 2 * attention_per_layer_s / 3 / ctx.cp
-    per_layer = steps * (2 * ASSUMED.cp_step_overhead_s + max(0.0, kv / bw - fwd_step)
-                         + max(0.0, 2 * kv / bw - bwd_step))
-    return st.layers * per_layer
+    fwd_step, bwd_step = attention_s / 3 / ctx.cp, 2 * attention_s / 3 / ctx.cp
+    fwd = steps * (ASSUMED.cp_step_overhead_s + max(0.0, kv / bw - fwd_step))
+    bwd = steps * (ASSUMED.cp_step_overhead_s + max(0.0, 2 * kv / bw - bwd_step))
+    return fwd, bwd
 
 
-def pp_time(ctx: Context) -> float:
-    """Pipeline sends per step on one GPU (with sequence parallelism each TP rank sends its
-    1/TP shard), seconds."""
-    n = p2p_messages(ctx)
-    if not n:
-        return 0.0
+def p2p_bytes(ctx: Context) -> float:
+    """One pipeline send (with sequence parallelism each TP rank sends its 1/TP shard)."""
     shard = ctx.tp if ctx.cfg.parallel.sequence_parallel else 1
-    size = ctx.tokens * ctx.model.hidden_size * ACT_BYTES / shard
-    return n * (ASSUMED.p2p_latency_s + size / nvlink_bytes_per_s(ctx))
+    return ctx.tokens * ctx.model.hidden_size * ACT_BYTES / shard
 
 
-def _hierarchical(ctx: Context, nbytes: float) -> float:
-    """Reduce-scatter or all-gather of `nbytes` per GPU over the DP x CP group."""
-    inside = ctx.cp * min(ctx.replicas_per_rack, ctx.dp)
-    across = ctx.dp // min(ctx.replicas_per_rack, ctx.dp)
-    t = 0.0
-    if inside > 1:
-        t += nbytes * (inside - 1) / inside / nvlink_bytes_per_s(ctx) + ASSUMED.nvlink_latency_s
-    if across > 1:
-        t += (nbytes / inside * (across - 1) / across
-              / (ctx.system.scaleout_gbs * 1e9 * ASSUMED.scaleout_bus_efficiency)
-              + ASSUMED.scaleout_latency_s)
-    return t
+def p2p_s(ctx: Context, rank: int, fit: Fitted) -> float:
+    """One pipeline send from pipeline rank `rank` to the next (the last rank: to rank 0)."""
+    if ctx.pp == 1:
+        return 0.0
+    link = p2p_link(ctx, rank)
+    eff = fit.nvlink_bus_efficiency if link == NVLINK else 1.0
+    return ASSUMED.p2p_latency_s + p2p_bytes(ctx) / bandwidth(ctx, link, eff)
+
+
+OPERAND_NVFP4 = 0.5625
+"""Bytes per element of NVFP4 data: 4 bits plus an E4M3 scale per 16 elements."""
 
 
 def param_gather_bytes_per_param(ctx: Context) -> float:
     perf = ctx.cfg.performance
     if perf.fp4_param_gather:
-        return 0.5625
+        return OPERAND_NVFP4
     if perf.fp8_param_gather:
         return 1.0
     return 2.0
 
 
-def dp_time(ctx: Context) -> float:
-    """Gradient reduce-scatter + parameter all-gather per step (all-reduce without the
-    distributed optimizer), seconds, before any overlap."""
-    params = ctx.params_per_gpu
-    grad = 4.0 if ctx.cfg.precision.grad_reduce_in_fp32 else 2.0
+def grad_bytes_per_param(ctx: Context) -> float:
+    return 4.0 if ctx.cfg.precision.grad_reduce_in_fp32 else 2.0
+
+
+def dp_bucket_params(ctx: Context) -> float:
+    """Megatron DDP's bucket size in parameters (its default: max(40M, 1M x DP size))."""
+    return ctx.cfg.performance.ddp_bucket_size or max(40e6, 1e6 * ctx.dp * ctx.cp)
+
+
+def dp_reduce_s(ctx: Context, params: float, fit: Fitted, buckets: int = 1) -> float:
+    """Gradient reduce-scatter of `params` parameters over the DP x CP group (an all-reduce,
+    twice the traffic, without the distributed optimizer), seconds."""
+    if ctx.dp * ctx.cp == 1 or params <= 0:
+        return 0.0
+    sp = dp_cp_span(ctx)
+    t = collective_s(ctx, params * grad_bytes_per_param(ctx), sp, fit.nvlink_bus_efficiency)
+    t += (buckets - 1) * latency(group_link(sp))
+    return t if ctx.cfg.optimizer.distributed else 2 * t
+
+
+def dp_gather_s(ctx: Context, params: float, fit: Fitted, buckets: int = 1) -> float:
+    """Parameter all-gather of `params` parameters over DP x CP (distributed optimizer only)."""
+    if ctx.dp * ctx.cp == 1 or params <= 0 or not ctx.cfg.optimizer.distributed:
+        return 0.0
+    sp = dp_cp_span(ctx)
+    t = collective_s(ctx, params * param_gather_bytes_per_param(ctx), sp, fit.nvlink_bus_efficiency)
+    return t + (buckets - 1) * latency(group_link(sp))
+
+
+def dp_hbm_share(ctx: Context) -> float:
+    """Share of HBM bandwidth a running DP collective takes from memory-bound kernels."""
+    sp = dp_cp_span(ctx)
     if ctx.dp * ctx.cp == 1:
         return 0.0
-    if ctx.cfg.optimizer.distributed:
-        return (_hierarchical(ctx, params * grad)
-                + _hierarchical(ctx, params * param_gather_bytes_per_param(ctx)))
-    return 2 * _hierarchical(ctx, params * grad)
+    wire = bandwidth(ctx, group_link(sp), 1.0)
+    return min(0.5, ASSUMED.nccl_hbm_bytes_per_wire_byte * wire / (ctx.system.hbm_tbs * 1e12))
 
 
-def dp_exposed(ctx: Context, dp_s: float, window_s: float, fit: Fitted) -> float:
-    """DP time left on the critical path: the fitted tail, or what does not fit the window of
-    compute it overlaps with."""
-    perf = ctx.cfg.performance
-    if not (perf.overlap_grad_reduce and (perf.overlap_param_gather or not ctx.cfg.optimizer.distributed)):
-        return dp_s
-    return max(fit.dp_exposed_tail * dp_s, dp_s - window_s)
+def dp_sm_share(ctx: Context) -> float:
+    """Share of the SMs a running DP collective takes from compute-bound kernels."""
+    if ctx.dp * ctx.cp == 1:
+        return 0.0
+    return min(0.5, ASSUMED.nccl_dp_ctas / ctx.system.sm_count)
+
+
+def dp_nvlink_share(ctx: Context, fit: Fitted) -> float:
+    """Share of NVLink bandwidth a running DP reduce-scatter takes: its in-rack phase's bytes
+    over the collective's duration, against the raw NVLink bandwidth."""
+    sp = dp_cp_span(ctx)
+    if ctx.dp * ctx.cp == 1 or sp.inside == 1:
+        return 0.0
+    nbytes = 1e9  # any size: the share is a ratio
+    dur = collective_s(ctx, nbytes, sp, fit.nvlink_bus_efficiency)
+    on_nvlink = nbytes * (sp.inside - 1) / sp.inside
+    return min(0.5, on_nvlink / dur / (ctx.system.nvlink_gbs * 1e9))

@@ -1,7 +1,7 @@
 """Compute time of one microbatch (forward + backward) on one GPU, by part of the model.
 
 FLOPs follow the project's convention (config.derived.model_flops_per_sequence: non-causal
-Megatron formula, FACTS.md section 2); `flops_by_part` splits it into QKV, attention core, output
+Megatron formula, docs/planner.md); `flops_by_part` splits it into QKV, attention core, output
 projection, FFN up/gate, FFN down and logits and sums back to it exactly. Times:
 
 * GEMMs: each of forward, data-gradient and weight-gradient GEMM of a linear layer, at the
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from functools import cache
 
 from ..config.schema import ModelConfig
 from .calibration import ASSUMED, Fitted
@@ -67,17 +68,29 @@ def gemm_peak_fraction(precision: str, fit: Fitted) -> float:
     return dict(ASSUMED.gemm_peak_fraction)[precision]
 
 
+def gemm_passes(ctx: Context, M: int, N: int, K: int, fit: Fitted) -> tuple[float, float, float]:
+    """Seconds of the forward, data-gradient and weight-gradient GEMMs of a (M, N, K) linear
+    layer: compute at the achievable peak and wave efficiency, or the HBM time of the operands if
+    longer."""
+    sysm, prec = ctx.system, ctx.precision
+    return _gemm_passes(sysm.peak_tflops(prec) * 1e12 * gemm_peak_fraction(prec, fit),
+                        OPERAND_BYTES[prec], sysm.hbm_tbs * 1e12, sysm.sm_count, M, N, K)
+
+
+@cache
+def _gemm_passes(peak: float, b_in: float, hbm: float, sms: int, M: int, N: int,
+                 K: int) -> tuple[float, float, float]:
+    out = []
+    for m_, n_, k_ in ((M, N, K), (M, K, N), (N, K, M)):  # fwd, dgrad, wgrad
+        t_compute = 2.0 * m_ * n_ * k_ / (peak * wave_efficiency(m_, n_, sms))
+        t_memory = ((m_ * k_ + k_ * n_) * b_in + m_ * n_ * 2.0) / hbm
+        out.append(max(t_compute, t_memory))
+    return out[0], out[1], out[2]
+
+
 def gemm_time(ctx: Context, M: int, N: int, K: int, fit: Fitted) -> float:
     """Forward + data-gradient + weight-gradient GEMMs of a (M, N, K) linear layer, seconds."""
-    sysm, prec = ctx.system, ctx.precision
-    peak = sysm.peak_tflops(prec) * 1e12 * gemm_peak_fraction(prec, fit)
-    b_in = OPERAND_BYTES[prec]
-    total = 0.0
-    for m_, n_, k_ in ((M, N, K), (M, K, N), (N, K, M)):  # fwd, dgrad, wgrad
-        t_compute = 2.0 * m_ * n_ * k_ / (peak * wave_efficiency(m_, n_, sysm.sm_count))
-        t_memory = ((m_ * k_ + k_ * n_) * b_in + m_ * n_ * 2.0) / (sysm.hbm_tbs * 1e12)
-        total += max(t_compute, t_memory)
-    return total
+    return sum(gemm_passes(ctx, M, N, K, fit))
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +110,8 @@ class PartTimes:
 
     @property
     def total(self) -> float:
-        return sum(getattr(self, f.name) for f in fields(self))
+        return (self.qkv + self.attention + self.proj + self.ffn_up + self.ffn_down + self.logits
+                + self.elementwise)
 
     def scaled(self, k: float) -> "PartTimes":
         return PartTimes(**{f.name: getattr(self, f.name) * k for f in fields(self)})
@@ -133,9 +147,27 @@ def stage_parts(ctx: Context, st: Stage, fit: Fitted) -> PartTimes:
                      logits=g["logits"] if st.logits else 0.0, elementwise=ew)
 
 
-def stage_times(ctx: Context, fit: Fitted) -> PartTimes:
-    """Compute of the slowest pipeline rank (it sets the pace of the steady state)."""
-    return max((stage_parts(ctx, st, fit) for st in ctx.stages), key=lambda p: p.total)
+def chunk_parts(ctx: Context, layers: int, embedding: bool, logits: bool,
+                fit: Fitted) -> tuple[PartTimes, PartTimes]:
+    """(forward, backward) compute of one microbatch through a model chunk of `layers` layers on
+    one GPU, with the embedding and/or the output layer and loss when the chunk holds them. The
+    backward holds the data- and weight-gradient GEMMs, 2/3 of the attention and of the
+    elementwise work (the convention's 3 x forward)."""
+    shapes = gemm_shapes(ctx)
+    g = {k: gemm_passes(ctx, *shape, fit) for k, shape in shapes.items()}
+    att = attention_time(ctx, fit)
+    layer_w, loss_w = elementwise_width(ctx, logits)
+    emb_w = ctx.model.hidden_size if embedding else 0.0  # lookup and its gradient, unsharded rows
+    ew = (fit.elementwise_passes * ctx.tokens * 2.0 * (layers * layer_w + loss_w + emb_w)
+          / (ctx.system.hbm_tbs * 1e12))
+    out = []
+    for lo, hi, share in ((0, 1, 1 / 3), (1, 3, 2 / 3)):
+        t = {k: sum(g[k][lo:hi]) for k in g}
+        out.append(PartTimes(qkv=layers * t["qkv"], attention=layers * att * share,
+                             proj=layers * t["proj"], ffn_up=layers * t["ffn_up"],
+                             ffn_down=layers * t["ffn_down"], logits=t["logits"] if logits else 0.0,
+                             elementwise=ew * share))
+    return out[0], out[1]
 
 
 def part_rates(ctx: Context, fit: Fitted) -> dict[str, float]:

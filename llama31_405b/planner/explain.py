@@ -8,7 +8,7 @@ from pathlib import Path
 from .writer import RACKS, SWITCH_MARGIN, ScalePlan, plans
 
 REFERENCE_RACKS = 40
-# The published scores (FACTS.md section 1), drawn as reference points on the plot only.
+# The published scores (Azure's MLPerf Training v6.0 runs), drawn as reference points on the plot only.
 PUBLISHED_MIN = {40: 18.79, 128: 7.07}
 
 BREAKDOWN_KEYS = (("compute_total_s", "compute"), ("tp_s", "TP"), ("cp_s", "CP"), ("pp_s", "PP send/recv"),
@@ -58,7 +58,7 @@ def plot(data: list[dict], path: Path) -> Path:
     racks = [r["racks"] for r in data]
     fig, (a, b) = plt.subplots(1, 2, figsize=(13, 5))
     a.plot(racks, [r["time_to_train_min"] for r in data], "o-", label="planner (configs/)")
-    a.plot(list(PUBLISHED_MIN), list(PUBLISHED_MIN.values()), "r*", ms=12, label="published (FACTS.md)")
+    a.plot(list(PUBLISHED_MIN), list(PUBLISHED_MIN.values()), "r*", ms=12, label="published (MLPerf v6.0)")
     for r in data:
         a.annotate(f"{r['minibs']}", (r["racks"], r["time_to_train_min"]), textcoords="offset points",
                    xytext=(4, 4), fontsize=7)

@@ -48,6 +48,12 @@ class Memory:
     def fits(self) -> bool:
         return self.total_gb <= self.capacity_gb
 
+    def as_dict(self) -> dict[str, float]:
+        return {"weights_gb": self.weights_gb, "grads_gb": self.grads_gb,
+                "optimizer_gb": self.optimizer_gb, "activations_gb": self.activations_gb,
+                "fragmentation_gb": self.fragmentation_gb, "reserved_gb": self.reserved_gb,
+                "capacity_gb": self.capacity_gb}
+
     def why_not(self) -> str:
         return (f"needs {self.total_gb:.0f} GB of {self.capacity_gb:.0f} GB: weights "
                 f"{self.weights_gb:.0f}, grads {self.grads_gb:.0f}, optimizer {self.optimizer_gb:.0f}, "

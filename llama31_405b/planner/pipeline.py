@@ -1,7 +1,54 @@
-"""The interleaved 1F1B pipeline: bubble and microbatches in flight (FACTS.md section 6)."""
+"""The pipeline schedule Megatron runs: the order of forward and backward passes on each pipeline
+rank (megatron-core 0.19.2, `pipeline_parallel.schedules`: `get_schedule_table`,
+`get_pp_rank_microbatches` and the loops of `forward_backward_pipelining_with_interleaving` and
+`..._without_interleaving`), the closed-form bubble, and the activations in flight.
+"""
 from __future__ import annotations
 
+from functools import cache
+
 from .context import Context
+
+Op = tuple[bool, int, int]
+"""(forward?, microbatch, model chunk)."""
+
+
+@cache
+def schedule_table(m: int, vp: int, group: int) -> tuple[tuple[int, int], ...]:
+    """(microbatch, chunk) of each virtual microbatch id: groups of `group` microbatches (the
+    last group takes the remainder) run through every chunk before the next group starts."""
+    out: list[tuple[int, int]] = []
+    for lo in range(0, m, group):
+        hi = m if lo + group >= m else lo + group
+        out.extend((mb, c) for c in range(vp) for mb in range(lo, hi))
+    return tuple(out)
+
+
+def warmup_count(pp: int, vp: int, m: int, rank: int, group: int) -> int:
+    """Forward passes before the first backward (Megatron's num_warmup_microbatches)."""
+    total = m * vp
+    if pp == 1:
+        return 0
+    if vp == 1:
+        return min(m, pp - rank - 1)
+    return min(total, (pp - rank - 1) * 2 + (vp - 1) * group)
+
+
+@cache
+def rank_order(pp: int, vp: int, m: int, rank: int, group: int | None = None) -> tuple[Op, ...]:
+    """The passes pipeline rank `rank` runs in one step, in Megatron's order: warm-up forwards,
+    then one forward and one backward per iteration (1F1B), then the cool-down backwards. The
+    backward of virtual id k runs chunk VP-1-c of the table's (microbatch, c)."""
+    group = group or pp
+    table = schedule_table(m, vp, group)
+    w = warmup_count(pp, vp, m, rank, group)
+    fwd = [(True, mb, c) for mb, c in table]
+    bwd = [(False, mb, vp - 1 - c) for mb, c in table]
+    order: list[Op] = fwd[:w]
+    for k in range(len(table) - w):
+        order += [fwd[k + w], bwd[k]]
+    order += bwd[len(table) - w:]
+    return tuple(order)
 
 
 def bubble_fraction(ctx: Context) -> float:
@@ -60,9 +107,3 @@ def _peak_layer_microbatches(ctx: Context) -> int:
             group += 1
         best = max(best, total)
     return best
-
-
-def p2p_messages(ctx: Context) -> int:
-    """Pipeline sends per rank per step: one activation forward and one gradient backward per
-    microbatch and model chunk."""
-    return 0 if ctx.pp == 1 else 2 * ctx.vp * ctx.microbatches

@@ -1,9 +1,11 @@
 """One training step, evaluations and time-to-train: the planner's prediction for a Config.
 
-step = (1 + bubble) x busy + exposed DP + optimizer, where busy = microbatches x (compute +
-exposed TP + exposed CP of the slowest pipeline rank) + pipeline sends, and compute includes the
-slowdown of kernels that share SMs with the overlapped DP collectives. Time-to-train = steps x
-step + evaluations x evaluation + run overhead (calibration.ASSUMED.run_overhead_s).
+The step comes from the simulation of Megatron's schedule (simulate.py); `estimate` is a closed
+form of the same costs that the sweep uses to pick the candidates it simulates:
+step ~ (1 + (PP-1)/(VP x m)) x busy + exposed DP + contention + end-of-step work.
+Time-to-train = (steps x step + the first step's extra cost + evaluations x evaluation + run
+overhead) x the checker's score scaling (convergence.py). The fitted constants are an argument
+(`fitting.fitted()` solves them); nothing here imports them back.
 """
 from __future__ import annotations
 
@@ -13,33 +15,40 @@ from dataclasses import asdict, dataclass, field
 from ..config.derived import model_flops_per_sequence
 from ..config.rules import rules_for
 from ..config.schema import Config
-from . import comm, compute
-from .calibration import ASSUMED, Fitted, fitted
+from . import compute, simulate
+from .calibration import ASSUMED, Fitted
 from .context import Context
-from .convergence import schedule
+from .convergence import Schedule, convergence, schedule
+from .costs import plan
 from .memory import memory
 from .pipeline import bubble_fraction
 
-__all__ = ["Context", "Breakdown", "Prediction", "breakdown", "predict", "predict_context", "critical"]
+__all__ = ["Context", "Breakdown", "Prediction", "breakdown", "estimate_step_s", "predict",
+           "predict_context"]
 
 
 @dataclass(frozen=True, slots=True)
 class Breakdown:
-    """Seconds of one step on the slowest GPU."""
+    """Seconds of one step on the critical GPU (the one the others wait for); they sum to it."""
     compute_s: dict[str, float]
     """Compute by part (qkv, attention, proj, ffn_up, ffn_down, logits, elementwise), each
     including its share of the DP slowdown (as a profiler would measure the kernels)."""
     dp_slowdown_s: float
-    """Compute lost to the SMs the overlapped DP collectives occupy (already in compute_s)."""
+    """Compute lost to the SMs and HBM bandwidth the overlapped DP collectives take (already in
+    compute_s)."""
     tp_s: float
     cp_s: float
     pp_s: float
+    """Waiting for a pipeline send."""
     bubble_s: float
+    """Other waiting for input (pipeline fill and drain)."""
     dp_exposed_s: float
+    """Waiting for parameter gathers and for the last reduce-scatters."""
     optimizer_s: float
-    bubble_fraction: float
+    """End-of-step work: scaling the gradients, the optimizer, zeroing the gradient buffer, host."""
     dp_total_s: float
     """DP collective time before overlap (not a step component)."""
+    critical_rank: int
     recompute_s: float = 0.0
     """Forward recomputation (full recompute), included in compute_s parts."""
 
@@ -52,89 +61,90 @@ class Breakdown:
         return (self.compute_total_s + self.tp_s + self.cp_s + self.pp_s + self.bubble_s
                 + self.dp_exposed_s + self.optimizer_s)
 
+    @property
+    def bubble_fraction(self) -> float:
+        busy = self.compute_total_s + self.tp_s + self.cp_s
+        return (self.bubble_s + self.pp_s) / busy if busy else 0.0
+
     def as_dict(self) -> dict:
         out = {f"compute_{k}_s": v for k, v in self.compute_s.items()}
         out.update(compute_total_s=self.compute_total_s, dp_slowdown_s=self.dp_slowdown_s,
                    tp_s=self.tp_s, cp_s=self.cp_s, pp_s=self.pp_s, bubble_s=self.bubble_s,
                    dp_s=self.dp_exposed_s, optimizer_s=self.optimizer_s,
-                   bubble_fraction=self.bubble_fraction, dp_unoverlapped_s=self.dp_total_s)
+                   bubble_fraction=self.bubble_fraction, dp_unoverlapped_s=self.dp_total_s,
+                   critical_rank=self.critical_rank)
         return out
 
 
-def dp_comm_s(ctx: Context) -> float:
-    return comm.dp_time(ctx)
+def rank_compute(ctx: Context, fit: Fitted, rank: int) -> dict[str, float]:
+    """Compute by part of one step on pipeline rank `rank`, without contention: every
+    microbatch through every chunk, forward + backward; the elementwise part includes the
+    per-step transposes of gathered NVFP4 weights."""
+    key = (ctx.key, fit, rank)
+    if key not in _PER_MB:
+        if len(_PER_MB) > 5000:
+            _PER_MB.clear()
+        per: dict[str, float] = {}
+        chunks = plan(ctx, fit).chunks[rank]
+        for c in chunks:
+            for pt in (c.fwd, c.bwd):
+                for k in (*compute.PARTS, "elementwise"):
+                    per[k] = per.get(k, 0.0) + getattr(pt, k)
+        _PER_MB[key] = (per, sum(c.first_fwd_s for c in chunks))
+    per, first = _PER_MB[key]
+    out = {k: v * ctx.microbatches for k, v in per.items()}
+    out["elementwise"] += first
+    return out
 
 
-def tp_comm_parts(ctx: Context, fit: Fitted) -> tuple[float, float]:
-    """TP (bandwidth seconds at full NVLink speed, latency seconds) per step on the slowest rank
-    (used by the fit)."""
-    st = critical(ctx, fit)[0]
-    bw, lat = comm.tp_terms(ctx, st)
-    return bw * ctx.microbatches, lat * ctx.microbatches
+_PER_MB: dict[tuple, tuple[dict[str, float], float]] = {}
 
 
-_CRITICAL: dict[tuple, tuple] = {}
+_SIMS: dict[tuple, dict[int, simulate.Sim]] = {}
 
 
-def critical(ctx: Context, fit: Fitted):
-    """(stage, compute parts, TP, CP) per microbatch of the slowest pipeline rank (cached: the
-    sweep evaluates many batch sizes of one layout)."""
-    key = (ctx.key, fit)
-    if key not in _CRITICAL:
-        if len(_CRITICAL) > 20000:
-            _CRITICAL.clear()
-        _CRITICAL[key] = _critical(ctx, fit)
-    return _CRITICAL[key]
-
-
-def _critical(ctx: Context, fit: Fitted):
-    best = None
-    for st in ctx.stages:
-        parts = compute.stage_parts(ctx, st, fit)
-        if ctx.cfg.performance.recompute == "full":
-            parts = parts.scaled(4 / 3)
-        tp = comm.tp_time(ctx, st, fit)
-        if ctx.cfg.performance.recompute == "full":
-            tp *= 1.4  # the recomputed forward repeats its 4 of the 10 collectives
-        cp = comm.cp_time(ctx, st, compute.attention_time(ctx, fit), fit)
-        total = parts.total + tp + cp
-        if best is None or total > best[-1]:
-            best = (st, parts, tp, cp, total)
-    return best[:4]
-
-
-def breakdown(ctx: Context, fit: Fitted | None = None) -> Breakdown:
-    fit = fit or fitted()
-    st, parts, tp, cp = critical(ctx, fit)
+def breakdown(ctx: Context, fit: Fitted) -> Breakdown:
+    """The simulated step of this layout at ctx.microbatches."""
     m = ctx.microbatches
-    comp = {k: getattr(parts, k) * m for k in (*compute.PARTS, "elementwise")}
-    pp = comm.pp_time(ctx)
-    busy_nodp = sum(comp.values()) + (tp + cp) * m + pp
-    dp_s = comm.dp_time(ctx)
-    dp_exp = comm.dp_exposed(ctx, dp_s, busy_nodp, fit)
-    slowdown = ASSUMED.nccl_dp_ctas / ctx.system.sm_count * (dp_s - dp_exp)
-    bf = bubble_fraction(ctx)
-    busy = busy_nodp + slowdown
-    base = sum(comp.values())
-    comp = {k: v * (1 + slowdown / base) for k, v in comp.items()}
-    shard = ctx.params_per_gpu / (ctx.dp * ctx.cp if ctx.cfg.optimizer.distributed else 1)
-    opt = (shard * ASSUMED.optimizer_bytes_per_param / (ctx.system.hbm_tbs * 1e12)
-           + ASSUMED.optimizer_fixed_s)
-    return Breakdown(compute_s=comp, dp_slowdown_s=slowdown, tp_s=tp * m, cp_s=cp * m, pp_s=pp,
-                     bubble_s=bf * busy, dp_exposed_s=dp_exp, optimizer_s=opt, bubble_fraction=bf,
-                     dp_total_s=dp_s,
-                     recompute_s=base / 4 if ctx.cfg.performance.recompute == "full" else 0.0)
+    key = (ctx.key, fit)
+    if key not in _SIMS:
+        if len(_SIMS) > 2000:
+            _SIMS.clear()
+        _SIMS[key] = {}
+    s = simulate.run(plan(ctx, fit), m, _SIMS[key])
+    parts = rank_compute(ctx, fit, s.critical_rank)
+    scale = 1 + s.slowdown_s / s.compute_s if s.compute_s else 1.0
+    recompute = 0.0
+    if ctx.cfg.performance.recompute == "full":
+        recompute = m * sum(c.fwd.total for c in plan(ctx, fit).chunks[s.critical_rank])
+    return Breakdown(compute_s={k: v * scale for k, v in parts.items()}, dp_slowdown_s=s.slowdown_s,
+                     tp_s=s.tp_s, cp_s=s.cp_s, pp_s=s.pp_s, bubble_s=s.bubble_s,
+                     dp_exposed_s=s.dp_wait_s + s.dp_drain_s,
+                     optimizer_s=s.finalize_s + s.optimizer_s, dp_total_s=s.dp_total_s,
+                     critical_rank=s.critical_rank, recompute_s=recompute)
 
 
-def eval_time_s(ctx: Context, b: Breakdown, samples: int) -> float:
-    """One evaluation: forward passes of `samples` sequences over the DP replicas (forward =
-    1/3 of the compute and 4 of the 10 TP collectives), plus the pipeline fill."""
+def estimate_step_s(ctx: Context, fit: Fitted) -> float:
+    """Closed-form step time (the sweep's fast estimate; predictions use the simulation): the
+    busiest rank's passes, the interleaved bubble, the last chunk's reduce-scatter and the first
+    chunk's gather exposed, the rest of DP slowing compute, and the end-of-step work."""
+    p = plan(ctx, fit)
+    busy = ctx.microbatches * p.busy_mb_s
+    first = p.chunks[0][0]
+    c = p.chunks[0][-1]
+    dp_total = sum(ch.reduce_s + ch.gather_s for ch in p.chunks[0])
+    exposed = first.reduce_s + first.gather_s / first.buckets
+    slowdown = max(0.0, dp_total - exposed) * p.inflation(c.bwd, c.work_bwd)
+    return ((1 + bubble_fraction(ctx)) * busy + exposed + slowdown
+            + max(p.finalize_s) + p.optimizer_s + p.zero_s + p.host_s)
+
+
+def eval_time_s(ctx: Context, fit: Fitted, samples: int) -> float:
+    """One evaluation: forward passes of `samples` sequences over the DP replicas on the busiest
+    rank (compute and TP/CP of the forward), plus the pipeline fill."""
     per_replica = math.ceil(samples / ctx.dp)
     n_mb = math.ceil(per_replica / ASSUMED.eval_micro_batch_size)
-    m = ctx.microbatches
-    scale = ASSUMED.eval_micro_batch_size / ctx.mbs
-    base = b.compute_total_s - b.dp_slowdown_s - b.recompute_s
-    fwd = (base / 3 + b.tp_s * 0.4 + b.cp_s / 3) / m * scale
+    fwd = plan(ctx, fit).fwd_mb_s * ASSUMED.eval_micro_batch_size / ctx.mbs
     fill = (ctx.pp - 1) / ctx.vp if ctx.pp > 1 else 0.0
     return (n_mb + fill) * fwd
 
@@ -165,6 +175,14 @@ class Prediction:
     eval_time_s: float
     breakdown: dict
     memory: dict
+    first_step_extra_s: float = 0.0
+    score_scale: float = 1.0
+    """The RCP checker's scaling of a run faster than the RCP mean (GBS below 1152)."""
+    time_to_train_range_min: tuple[float, float] = (0.0, 0.0)
+    """Time-to-train if the run needs one standard deviation of the reference runs fewer or
+    more samples (the convergence spread of the RCP data)."""
+    simulated: bool = True
+    """Step from the schedule simulation (False: the sweep's closed-form estimate)."""
     why_not: str = ""
     problems: list[str] = field(default_factory=list)
 
@@ -178,32 +196,46 @@ class Prediction:
         return d
 
 
-def predict(cfg: Config, fit: Fitted | None = None) -> Prediction:
+def predict(cfg: Config, fit: Fitted) -> Prediction:
     """The planner's prediction for a (layout-valid) config."""
     return predict_context(Context.of(cfg), fit)
 
 
-def predict_context(ctx: Context, fit: Fitted | None = None) -> Prediction:
-    """Prediction for a resolved layout (the sweep varies `ctx.microbatches` of one layout)."""
+def time_to_train_s(step_s: float, ev_s: float, sch: Schedule) -> float:
+    return (sch.steps * step_s + ASSUMED.first_step_extra_s + sch.evaluations * ev_s
+            + ASSUMED.run_overhead_s) * sch.score_scale
+
+
+def predict_context(ctx: Context, fit: Fitted, *, simulated: bool = True) -> Prediction:
+    """Prediction for a resolved layout (the sweep varies `ctx.microbatches` of one layout);
+    `simulated=False` takes the closed-form step (no breakdown)."""
     cfg = ctx.cfg
     minibs = ctx.microbatches * ctx.mbs
-    b = breakdown(ctx, fit)
+    rules = rules_for(cfg.run.benchmark)
+    if simulated:
+        b = breakdown(ctx, fit)
+        step_s, bd = b.step_s, b.as_dict()
+    else:
+        step_s, bd = estimate_step_s(ctx, fit), {}
     mem = memory(ctx)
-    sch = schedule(rules_for(cfg.run.benchmark), minibs * ctx.dp)
-    ev = eval_time_s(ctx, b, rules_for(cfg.run.benchmark).eval_samples)
-    ttt = sch.steps * b.step_s + sch.evaluations * ev + ASSUMED.run_overhead_s
+    gbs = minibs * ctx.dp
+    sch = schedule(rules, gbs, ctx.precision)
+    ev = eval_time_s(ctx, fit, rules.eval_samples)
+    ttt = time_to_train_s(step_s, ev, sch)
+    band = []
+    conv = convergence(gbs, ctx.precision, rules.name)
+    for sign in (-1, 1):
+        band.append(time_to_train_s(step_s, ev, schedule(rules, gbs, ctx.precision,
+                                                         conv.samples + sign * conv.stdev)) / 60)
     per_gpu_flops = model_flops_per_sequence(cfg.model) * minibs / (ctx.tp * ctx.pp * ctx.cp)
-    mfu = per_gpu_flops / b.step_s / (ctx.system.peak_tflops(ctx.precision) * 1e12)
+    mfu = per_gpu_flops / step_s / (ctx.system.peak_tflops(ctx.precision) * 1e12)
     nodes = math.ceil(ctx.dp * ctx.tp * ctx.pp * ctx.cp / ctx.system.gpus_per_node)
-    memd = {"weights_gb": mem.weights_gb, "grads_gb": mem.grads_gb, "optimizer_gb": mem.optimizer_gb,
-            "activations_gb": mem.activations_gb, "fragmentation_gb": mem.fragmentation_gb,
-            "reserved_gb": mem.reserved_gb,
-            "capacity_gb": mem.capacity_gb}
     return Prediction(
         system=cfg.system.id, racks=cfg.system.racks, nodes=nodes, tp=ctx.tp, pp=ctx.pp, vp=ctx.vp,
-        cp=ctx.cp, dp=ctx.dp, minibs=minibs, mbs=ctx.mbs, gbs=sch.gbs,
-        precision=ctx.precision, recompute=cfg.performance.recompute, step_time_s=b.step_s,
+        cp=ctx.cp, dp=ctx.dp, minibs=minibs, mbs=ctx.mbs, gbs=gbs,
+        precision=ctx.precision, recompute=cfg.performance.recompute, step_time_s=step_s,
         time_to_train_min=ttt / 60, mfu=mfu, memory_per_gpu_gb=mem.total_gb, fits=mem.fits,
         samples_to_converge=sch.samples_to_converge, steps=sch.steps, evaluations=sch.evaluations,
-        eval_time_s=ev, breakdown=b.as_dict(), memory=memd,
+        eval_time_s=ev, breakdown=bd, memory=mem.as_dict(), first_step_extra_s=ASSUMED.first_step_extra_s,
+        score_scale=sch.score_scale, time_to_train_range_min=(band[0], band[1]), simulated=simulated,
         why_not="" if mem.fits else mem.why_not())

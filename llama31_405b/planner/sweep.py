@@ -2,7 +2,10 @@
 
 Candidates: TP x PP x CP dividing the GPUs used per rack, every VP and MiniBS (a multiple of PP)
 the config validator accepts (pipeline split, microbatches vs PP, the LR rule, GBS <= the largest
-RCP), predicted by step.predict and checked for memory. Fixed values (`tp=4`, ...) narrow it.
+RCP), checked for memory. Every candidate is first estimated with the closed form
+(`step.estimate_step_s`); the layouts of the best `SIMULATED_LAYOUTS` fitting candidates are then
+predicted by the schedule simulation at every batch size, and those lead the ranking by their
+simulated time-to-train. Fixed values (`tp=4`, ...) narrow the sweep.
 """
 from __future__ import annotations
 
@@ -11,9 +14,13 @@ from itertools import product
 
 from ..config.rules import lr_passes_checker, rules_for
 from ..systems import load_system
-from .calibration import fitted
+from .calibration import Fitted
+from .fitting import fitted
 from .spec import layout_problems, make_config
 from .step import Context, Prediction, predict_context
+
+SIMULATED_LAYOUTS = 6
+"""Layouts (all their batch sizes) re-predicted by the simulation after the closed-form screen."""
 
 
 def divisors(n: int) -> list[int]:
@@ -67,20 +74,32 @@ def layouts(system: str, racks: int, fixed: Fixed = Fixed(), benchmark: str = "l
                 yield first, ok
 
 
-def sweep(system: str, racks: int, fixed: Fixed = Fixed(),
-          benchmark: str = "llama31_405b") -> list[Prediction]:
-    """Predictions of every valid candidate: those that fit first, by time-to-train. A layout
-    that does not fit at a batch size is not tried at larger ones (memory grows with MiniBS)."""
-    fit = fitted()
-    preds = []
+def sweep(system: str, racks: int, fixed: Fixed = Fixed(), benchmark: str = "llama31_405b",
+          fit: Fitted | None = None, simulated_layouts: int = SIMULATED_LAYOUTS) -> list[Prediction]:
+    """Predictions of every valid candidate: those that fit first; among them the simulated
+    ones (the best layouts of the closed-form screen) by simulated time-to-train, then the rest
+    by their estimate. A layout that does not fit at a batch size is not tried at larger ones
+    (memory grows with MiniBS)."""
+    fit = fit or fitted()
+    screened: list[tuple[Prediction, Context]] = []
     for cfg, minibs_opts in layouts(system, racks, fixed, benchmark):
         ctx0 = Context.of(cfg)
         for mb in minibs_opts:
-            pred = predict_context(replace(ctx0, microbatches=mb // fixed.mbs), fit)
-            preds.append(pred)
+            ctx = replace(ctx0, microbatches=mb // fixed.mbs)
+            pred = predict_context(ctx, fit, simulated=False)
+            screened.append((pred, ctx))
             if not pred.fits:  # memory only grows with MiniBS: one line says why not
                 break
-    return sorted(preds, key=lambda p: (not p.fits, p.time_to_train_min))
+    screened.sort(key=lambda pc: (not pc[0].fits, pc[0].time_to_train_min))
+    chosen: list[tuple] = []
+    for pred, ctx in screened:
+        if not pred.fits or len(chosen) >= simulated_layouts:
+            break
+        if ctx.key not in chosen:
+            chosen.append(ctx.key)
+    top = [predict_context(ctx, fit) for pred, ctx in screened if pred.fits and ctx.key in chosen]
+    rest = [pred for pred, ctx in screened if not (pred.fits and ctx.key in chosen)]
+    return sorted(top, key=lambda p: p.time_to_train_min) + rest
 
 
 def best(system: str, racks: int, fixed: Fixed = Fixed()) -> Prediction:

@@ -1,0 +1,180 @@
+"""The costs the step simulation schedules, for one layout and one set of fitted constants.
+
+Per pipeline rank and model chunk: the compute of one microbatch's forward and backward (by
+part), the TP and CP communication on the compute stream, the contention factor while a DP
+collective runs, the chunk's gradient reduce-scatter and parameter all-gather. Per rank: the
+pipeline send to the next rank and the end-of-step work (scaling the gradient buffer, the small
+all-reduces of `finalize_model_grads`). Per step: the optimizer, zeroing the gradient buffer and
+the host's share. Everything here is a closed formula; the order and overlap are the
+simulation's (simulate.py).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from . import comm, compute
+from .calibration import ASSUMED, Fitted
+from .compute import PartTimes
+from .context import Context
+from .pipeline import chunk_layers
+from .topology import NVLINK, dp_cp_span, group_link, latency
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkCost:
+    """One microbatch through one model chunk on one GPU (seconds, without contention)."""
+    fwd: PartTimes
+    bwd: PartTimes
+    tp_fwd: float
+    tp_bwd: float
+    cp_fwd: float
+    cp_bwd: float
+    params: float
+    """Parameters of the chunk on this GPU."""
+    reduce_s: float
+    """Its gradient reduce-scatter (all-reduce without the distributed optimizer)."""
+    gather_s: float
+    """Its parameter all-gather (distributed optimizer)."""
+    buckets: int
+    """DDP buckets: Megatron buckets only the first chunk of pipeline rank 0."""
+    first_fwd_s: float
+    """Extra work of the chunk's first forward in a step: with NVFP4 parameters gathered, TE
+    derives the transposed (column-wise) copy of each gathered weight (`_create_columnwise`)."""
+    work_fwd: float
+    """Forward compute + TP + CP."""
+    work_bwd: float
+    """Backward compute + TP + CP."""
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    pp: int
+    vp: int
+    chunks: tuple[tuple[ChunkCost, ...], ...]
+    """[pipeline rank][chunk]."""
+    p2p: tuple[float, ...]
+    """Send from rank r to the next (the last rank: to rank 0)."""
+    sm_share: float
+    """SMs a running DP collective takes (compute-bound kernels slow by 1/(1-share))."""
+    hbm_share: float
+    """HBM bandwidth a running DP collective takes (memory-bound kernels)."""
+    nvlink_share: float
+    """NVLink bandwidth a running DP collective takes (its in-rack phase): TP, CP and the pipeline
+    sends slow down by it meanwhile."""
+    overlap_grad: bool
+    overlap_param: bool
+    distributed: bool
+    finalize_s: tuple[float, ...]
+    """Per rank after its last backward and its DP traffic: scaling the gradient buffer by the
+    token count and the small all-reduces of finalize_model_grads."""
+    optimizer_s: float
+    """After the all-rank synchronisation: gradient-norm all-reduce, Adam on the largest shard,
+    the parameter all-gather when it is not overlapped."""
+    zero_s: float
+    """Zeroing the largest gradient buffer at the next step's start."""
+    host_s: float
+    busy_mb_s: float
+    """Most work of one microbatch (all chunks, forward and backward) on any rank."""
+    fwd_mb_s: float
+    """Most forward work of one microbatch on any rank."""
+
+    def inflation(self, parts: PartTimes, work: float) -> float:
+        """Extra time per unit of work while a DP collective runs: compute-bound parts lose
+        the SMs NCCL occupies, memory-bound parts its share of HBM bandwidth."""
+        if work <= 0:
+            return 0.0
+        a, b, c = self.sm_share, self.hbm_share, self.nvlink_share
+        bound = parts.total - parts.elementwise
+        comm_s = work - parts.total
+        return (bound * a / (1 - a) + parts.elementwise * b / (1 - b) + comm_s * c / (1 - c)) / work
+
+
+def stream_s(ctx: Context, nbytes: float) -> float:
+    """A streaming kernel over `nbytes` of HBM traffic."""
+    return nbytes / (ctx.system.hbm_tbs * 1e12 * ASSUMED.hbm_stream_efficiency)
+
+
+def chunk_params(ctx: Context, layers: int, embedding: bool, logits: bool) -> float:
+    h = ctx.model.hidden_size
+    return ((layers * ctx.layer_params + (embedding + logits) * ctx.vocab * h) / ctx.tp
+            + (h if logits else 0))
+
+
+def chunk_cost(ctx: Context, rank: int, chunk: int, fit: Fitted) -> ChunkCost:
+    layers = chunk_layers(ctx, rank, chunk) if ctx.pp > 1 else ctx.model.num_layers
+    emb = rank == 0 and chunk == 0
+    logits = rank == ctx.pp - 1 and chunk == ctx.vp - 1
+    fwd, bwd = compute.chunk_parts(ctx, layers, emb, logits, fit)
+    one = comm.tp_collective_s(ctx, fit)
+    nf, nb = comm.tp_counts(ctx, layers, emb, logits)
+    cf, cb = comm.cp_layer_s(ctx, compute.attention_time(ctx, fit), fit)
+    tp_f, tp_b, cp_f, cp_b = nf * one, nb * one, layers * cf, layers * cb
+    if ctx.cfg.performance.recompute == "full":  # the backward reruns the forward first
+        bwd = PartTimes(**{f.name: getattr(bwd, f.name) + getattr(fwd, f.name) for f in fields(bwd)})
+        tp_b, cp_b = tp_b + tp_f, cp_b + cp_f
+    params = chunk_params(ctx, layers, emb, logits)
+    first = 0.0
+    if ctx.cfg.performance.fp4_param_gather:  # read + write the NVFP4 data once per step
+        first = stream_s(ctx, 2 * params * comm.OPERAND_NVFP4)
+    buckets = 1
+    if rank == 0 and chunk == 0:
+        buckets = max(1, math.ceil(params / comm.dp_bucket_params(ctx)))
+    return ChunkCost(fwd=fwd, bwd=bwd, tp_fwd=tp_f, tp_bwd=tp_b, cp_fwd=cp_f, cp_bwd=cp_b,
+                     params=params, reduce_s=comm.dp_reduce_s(ctx, params, fit, buckets),
+                     gather_s=comm.dp_gather_s(ctx, params, fit, buckets), buckets=buckets,
+                     first_fwd_s=first, work_fwd=fwd.total + tp_f + cp_f,
+                     work_bwd=bwd.total + tp_b + cp_b)
+
+
+_PLANS: dict[tuple, Plan] = {}
+
+
+def plan(ctx: Context, fit: Fitted) -> Plan:
+    """The costs of a layout (cached: they do not depend on the number of microbatches)."""
+    key = (ctx.key, fit)
+    if key not in _PLANS:
+        if len(_PLANS) > 5000:
+            _PLANS.clear()
+        _PLANS[key] = _plan(ctx, fit)
+    return _PLANS[key]
+
+
+def _plan(ctx: Context, fit: Fitted) -> Plan:
+    pp, vp = ctx.pp, ctx.vp
+    made: dict[tuple, ChunkCost] = {}
+
+    def cost(r: int, c: int) -> ChunkCost:
+        layers = chunk_layers(ctx, r, c) if pp > 1 else ctx.model.num_layers
+        key = (layers, r == 0 and c == 0, r == pp - 1 and c == vp - 1)
+        if key not in made:
+            made[key] = chunk_cost(ctx, r, c, fit)
+        return made[key]
+
+    chunks = tuple(tuple(cost(r, c) for c in range(vp)) for r in range(pp))
+    perf, dist = ctx.cfg.performance, ctx.cfg.optimizer.distributed
+    grad_b = comm.grad_bytes_per_param(ctx)
+    dp_link = group_link(dp_cp_span(ctx))
+    world_link = NVLINK if ctx.racks == 1 else dp_link
+    finalize = []
+    for r in range(pp):
+        params = sum(c.params for c in chunks[r])
+        t = stream_s(ctx, 2 * params * grad_b)  # grad_data *= 1/num_tokens, read + write
+        t += latency(NVLINK) if ctx.tp > 1 and ctx.cfg.parallel.sequence_parallel else 0.0
+        t += ASSUMED.p2p_latency_s if pp > 1 else 0.0  # num_tokens broadcast over PP
+        t += latency(dp_link) if ctx.dp * ctx.cp > 1 else 0.0  # and all-reduce over DP x CP
+        finalize.append(t)
+    most = max(sum(c.params for c in row) for row in chunks)
+    shard = most / (ctx.dp * ctx.cp) if dist else most
+    opt = 2 * latency(world_link) + stream_s(ctx, shard * ASSUMED.optimizer_bytes_per_param)
+    if dist and not perf.overlap_param_gather:
+        opt += max(sum(c.gather_s for c in row) for row in chunks)
+    return Plan(pp=pp, vp=vp, chunks=chunks, p2p=tuple(comm.p2p_s(ctx, r, fit) for r in range(pp)),
+                sm_share=comm.dp_sm_share(ctx), hbm_share=comm.dp_hbm_share(ctx),
+                nvlink_share=comm.dp_nvlink_share(ctx, fit),
+                overlap_grad=perf.overlap_grad_reduce,
+                overlap_param=perf.overlap_param_gather and dist, distributed=dist,
+                finalize_s=tuple(finalize), optimizer_s=opt, zero_s=stream_s(ctx, most * grad_b),
+                host_s=ASSUMED.host_step_overhead_s,
+                busy_mb_s=max(sum(c.work_fwd + c.work_bwd for c in row) for row in chunks),
+                fwd_mb_s=max(sum(c.work_fwd for c in row) for row in chunks))

@@ -1,0 +1,261 @@
+"""A discrete-event simulation of one training step as Megatron runs it.
+
+One pipeline (its PP ranks) is simulated; TP, CP and DP peers do the same work at the same time,
+so a DP collective finishes for all of its members when it finishes for one. Each rank runs its
+passes in Megatron's order (pipeline.rank_order) on one compute stream; a pass starts when the
+rank is free and its input has arrived (the previous rank's pass plus the send, which is
+asynchronous: overlap_p2p_comm), and lasts its compute plus its TP and CP communication (costs.py).
+
+DP runs on a second stream per rank, one collective at a time in launch order:
+* gradient reduce-scatter of a chunk when Megatron's grad_sync_func fires (the backward whose
+  virtual id minus the pipeline rank is the chunk's last microbatch; chunks left at the end are
+  launched after the last backward); without interleaving, pipeline rank 0 starts its buckets
+  during the last backward, the others after it;
+* parameter all-gather of chunks 0 and 1 at the step's start and of chunk c+1 before the forward
+  whose virtual id plus the pipeline rank is chunk c's first microbatch (param_sync_func,
+  align_param_gather); the first forward of a chunk waits for its gather (the first bucket, for
+  Megatron's one bucketed chunk).
+While a DP collective runs, the pass in progress slows down (NCCL's SMs and HBM traffic: the
+Plan's contention factors). The step ends when the last rank has drained its DP stream and scaled
+its gradients, then all ranks run the optimizer together (its gradient-norm all-reduce
+synchronises them).
+
+Time of the critical rank (the one the others wait for) splits into compute (with the slowdown),
+TP, CP, pipeline waits (the send of the awaited input), bubble (other waits for input), exposed
+DP (waiting for a gather, draining the reduce-scatters) and the end-of-step work; they sum to the
+step. Once the pipeline's steady state is reached the step is periodic in groups of PP
+microbatches, so a long step is extrapolated linearly from the first two groups that add the
+same time (tests check this against a full run).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from .costs import Plan
+from .pipeline import rank_order, schedule_table
+
+
+@dataclass(frozen=True, slots=True)
+class Sim:
+    step_s: float
+    critical_rank: int
+    compute_s: float
+    """Compute of the critical rank without contention."""
+    slowdown_s: float
+    """Extra compute time while DP collectives ran."""
+    tp_s: float
+    cp_s: float
+    pp_s: float
+    """Waits for input covered by the send of that input."""
+    bubble_s: float
+    """Other waits for input: pipeline fill and drain, unequal ranks."""
+    dp_wait_s: float
+    """Waits for parameter gathers before a chunk's first forward."""
+    dp_drain_s: float
+    """After the last backward, waiting for the reduce-scatters."""
+    finalize_s: float
+    optimizer_s: float
+    dp_total_s: float
+    """DP collective time of the critical rank, overlapped or not."""
+
+    def scaled(self, other: "Sim", k: float) -> "Sim":
+        """self + k x (self - other), field by field (linear extrapolation)."""
+        vals = {}
+        for f in fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            vals[f.name] = a if f.name == "critical_rank" else a + k * (a - b)
+        return Sim(**vals)
+
+
+def _finish(start: float, work: float, infl: float, busy: list[tuple[float, float]], lo: int) -> float:
+    """End of a pass of `work` seconds starting at `start`, slowed by 1 + infl while the DP
+    stream is busy (`busy[lo:]`: the intervals that may still overlap it)."""
+    t, w = start, work
+    if infl > 0:
+        for i in range(lo, len(busy)):
+            s, e = busy[i]
+            if e <= t:
+                continue
+            if s > t:
+                if t + w <= s:
+                    return t + w
+                w -= s - t
+                t = s
+            cap = (e - t) / (1 + infl)
+            if w <= cap:
+                return t + w * (1 + infl)
+            w -= cap
+            t = e
+    return t + w
+
+
+def run(plan: Plan, m: int, cache: dict[int, Sim] | None = None) -> Sim:
+    """The step with m microbatches per DP rank. Beyond 4 x PP microbatches, once two
+    consecutive groups of PP microbatches add the same time, the step is periodic and the rest
+    is extrapolated from the last two groups. `cache` keeps the runs of this plan by number of
+    microbatches."""
+    cache = {} if cache is None else cache
+
+    def one(k: int) -> Sim:
+        if k not in cache:
+            cache[k] = _run(plan, k)
+        return cache[k]
+
+    p = max(plan.pp, 1)
+    k = 3
+    while m % p == 0 and (k + 1) * p < m:
+        a, b, c = one((k - 1) * p), one(k * p), one((k + 1) * p)
+        if abs((c.step_s - b.step_s) - (b.step_s - a.step_s)) <= 1e-7 * c.step_s:
+            return c.scaled(b, (m - (k + 1) * p) / p)
+        k += 1
+    return one(m)
+
+
+def _run(plan: Plan, m: int) -> Sim:  # noqa: C901 (one event loop, kept in one place)
+    pp, vp = plan.pp, plan.vp
+    total = m * vp
+    inter = vp > 1
+    table = schedule_table(m, vp, pp) if inter else None
+    orders = [rank_order(pp, vp, m, r) for r in range(pp)]
+    ch = plan.chunks
+    infl = [[(plan.inflation(c.fwd, c.work_fwd), plan.inflation(c.bwd, c.work_bwd))
+             for c in row] for row in ch]
+    n = pp * vp * m
+    ptr, t = [0] * pp, [0.0] * pp
+    busy: list[list[tuple[float, float]]] = [[] for _ in range(pp)]
+    free = [0.0] * pp
+    gather_first, gather_end = [[0.0] * vp for _ in range(pp)], [[0.0] * vp for _ in range(pp)]
+    reduced = [[False] * vp for _ in range(pp)]
+    slow, wait_pp, wait_bub, wait_dp = [0.0] * pp, [0.0] * pp, [0.0] * pp, [0.0] * pp
+
+    def launch(r: int, at: float, dur: float) -> tuple[float, float]:
+        if dur <= 0:
+            return at, at
+        s = max(at, free[r])
+        free[r] = s + dur
+        busy[r].append((s, s + dur))
+        return s, s + dur
+
+    def gather(r: int, c: int, at: float) -> None:
+        cc = ch[r][c]
+        s, e = launch(r, at, cc.gather_s)
+        gather_first[r][c], gather_end[r][c] = s + (e - s) / cc.buckets, e
+
+    def reduce(r: int, c: int, at: float) -> None:
+        if not reduced[r][c]:
+            reduced[r][c] = True
+            launch(r, at, ch[r][c].reduce_s)
+
+    if plan.overlap_param:
+        for r in range(pp):
+            for c in range(min(2, vp) if inter else 1):
+                gather(r, c, 0.0)
+
+    # per rank, per pass: (own slot, input slot or -1, send seconds, work, contention factor,
+    # gather to launch before it, chunk whose first forward waits for its gather, reduce after)
+    recs = []
+    for r in range(pp):
+        rec = []
+        kf = kb = 0
+        for fwd, mb, c in orders[r]:
+            cc = ch[r][c]
+            own = (r * vp + c) * m + mb
+            if fwd:
+                if r > 0:
+                    dep, hop = ((r - 1) * vp + c) * m + mb, plan.p2p[r - 1]
+                elif c > 0:
+                    dep, hop = ((pp - 1) * vp + c - 1) * m + mb, plan.p2p[pp - 1]
+                else:
+                    dep, hop = -1, 0.0
+                g = -1
+                if inter and plan.overlap_param:
+                    j = kf + r
+                    if j < total and table[j][0] == 0 and 1 < table[j][1] + 1 < vp:
+                        g = table[j][1] + 1
+                kf += 1
+                wait = c if plan.overlap_param and mb == 0 and cc.gather_s > 0 else -1
+                work = cc.work_fwd + (cc.first_fwd_s if mb == 0 else 0.0)
+                rec.append((own, dep, hop, work, infl[r][c][0], g, wait, -1, False))
+            else:
+                if r < pp - 1:
+                    dep, hop = n + ((r + 1) * vp + c) * m + mb, plan.p2p[r]
+                elif c < vp - 1:
+                    dep, hop = n + c * m + mb + m, plan.p2p[pp - 1]  # rank 0, chunk c+1
+                else:
+                    dep, hop = own, 0.0
+                red = -1
+                if inter and plan.overlap_grad:
+                    j = kb - r
+                    if 0 <= j < total and table[j][0] == m - 1:
+                        red = vp - 1 - table[j][1]
+                kb += 1
+                early = not inter and plan.overlap_grad and mb == m - 1 and r == 0
+                rec.append((n + own, dep, hop, cc.work_bwd, infl[r][c][1], -1, -1, red, early))
+        recs.append(rec)
+    ends = [-1.0] * (2 * n)
+    lo = [0] * pp
+    progress = True
+    while progress:
+        progress = False
+        for r in range(pp):
+            rec, p = recs[r], ptr[r]
+            tr, br = t[r], busy[r]
+            while p < len(rec):
+                own, dep, hop, work, inf, g, wait, red, early = rec[p]
+                if dep >= 0:
+                    d = ends[dep]
+                    if d < 0:
+                        break
+                    ready = d + hop
+                else:
+                    ready = 0.0
+                start = tr
+                if ready > tr:
+                    w = ready - tr
+                    part = hop if hop < w else w
+                    wait_pp[r] += part
+                    wait_bub[r] += w - part
+                    start = ready
+                if g >= 0:
+                    gather(r, g, start)
+                tail = 0.0
+                if wait >= 0:
+                    g0 = gather_first[r][wait]
+                    if g0 > start:
+                        wait_dp[r] += g0 - start
+                        start = g0
+                    tail = gather_end[r][wait] + work / ch[r][wait].buckets
+                if early:
+                    cc = ch[r][0]
+                    launch(r, start + work / cc.buckets, cc.reduce_s)
+                    reduced[r][0] = True
+                while lo[r] < len(br) and br[lo[r]][1] <= start:
+                    lo[r] += 1
+                done = _finish(start, work, inf, br, lo[r]) if lo[r] < len(br) else start + work
+                end = done if done >= tail else tail
+                wait_dp[r] += end - done
+                slow[r] += done - start - work
+                ends[own] = end
+                if red >= 0:
+                    reduce(r, red, end)
+                tr = end
+                p += 1
+                progress = True
+            ptr[r], t[r] = p, tr
+    if any(p < len(o) for p, o in zip(ptr, orders)):
+        raise RuntimeError(f"step simulation deadlocked (PP {pp}, VP {vp}, m {m})")
+    fin = []
+    for r in range(pp):
+        for c in range(vp):
+            reduce(r, c, t[r])
+        fin.append(max(t[r], free[r]) + plan.finalize_s[r])
+    crit = max(range(pp), key=lambda r: fin[r])
+    row = ch[crit]
+    comp = m * sum(c.fwd.total + c.bwd.total for c in row) + sum(c.first_fwd_s for c in row)
+    tail = plan.optimizer_s + plan.zero_s + plan.host_s
+    return Sim(step_s=fin[crit] + tail, critical_rank=crit, compute_s=comp, slowdown_s=slow[crit],
+               tp_s=m * sum(c.tp_fwd + c.tp_bwd for c in row),
+               cp_s=m * sum(c.cp_fwd + c.cp_bwd for c in row), pp_s=wait_pp[crit],
+               bubble_s=wait_bub[crit], dp_wait_s=wait_dp[crit],
+               dp_drain_s=max(0.0, free[crit] - t[crit]), finalize_s=plan.finalize_s[crit],
+               optimizer_s=tail, dp_total_s=sum(e - s for s, e in busy[crit]))
