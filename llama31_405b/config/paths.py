@@ -17,9 +17,12 @@ CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
 def shipped_file(value: str, *, key: str) -> Path:
     """The file `value` names (absolute, or relative to configs/); ConfigError naming `key`."""
     path = Path(value)
-    candidates = [path] if path.is_absolute() else [CONFIGS_DIR / path, Path.cwd() / "configs" / path]
+    if path.is_absolute():
+        candidates = [path]
+    else:
+        candidates = list(dict.fromkeys([CONFIGS_DIR / path, Path.cwd() / "configs" / path]))
     for c in candidates:
         if c.is_file():
             return c.resolve()
-    raise ConfigError(f"{key} = {value!r}: no such file ({', '.join(map(str, dict.fromkeys(candidates)))}); "
+    raise ConfigError(f"{key} = {value!r}: no such file ({', '.join(map(str, candidates))}); "
                       "a relative path is resolved against the repository's configs/ directory")

@@ -22,6 +22,7 @@ import shlex
 from dataclasses import dataclass
 
 from ..config.env import launch_env
+from ..config.paths import shipped_file
 from ..config.schema import Config
 from ..config.seeds import run_seeds
 
@@ -47,6 +48,9 @@ class LaunchPlan:
 
 def launch_plan(cfg: Config, *, runs: int | None = None, seed_base: int | None = None) -> LaunchPlan:
     d = cfg.derived
+    if cfg.performance.nccl_communicator_config:   # a missing file fails here, not at init
+        shipped_file(cfg.performance.nccl_communicator_config,
+                     key="performance.nccl_communicator_config")
     n = cfg.run.num_runs if runs is None else runs
     seeds = run_seeds(cfg.run.seed_base if seed_base is None else seed_base, n)
     gpu = d.system.is_gpu
