@@ -223,9 +223,9 @@ if [ "$IN_SLURM" = 1 ] && [ "${PREFLIGHT:-1}" = 1 ]; then
   fi
 fi
 
-# --- data verification: once per job, before the timed runs. It reads the .bin files (sizes,
-# end tokens, checksums) and records the verdict in the data's manifest; `train` then reads only
-# that record, so no run touches the dataset before its run_start ------------------------------
+# --- data verification: once per job, before the timed runs. It reads the .bin files against the
+# data's manifest (docs/data.md); the runs rely on its verdict instead of reading the dataset
+# themselves, so no run touches the dataset before its run_start ------------------------------
 if [ "${VERIFY_DATA:-1}" = 1 ]; then
   say "verifying the data of $CONFIG against its manifest (once for all runs)"
   rc=0
