@@ -11,21 +11,26 @@
 #   CONFIG        config file (relative to the repository root, or to the image's WORKDIR with CONT)
 #   LOGDIR        where result_<i>.txt go (default runs/<config>-<job id or timestamp>)
 #   NEXP          number of runs (default run.num_runs)
-#   SEED_BASE     run i uses seed SEED_BASE + i (default run.seed_base)
-#   CONT          container image; steps then run through pyxis (--container-image) with
-#                 DATADIR:/data, CKPTDIR:/ckpt and LOGDIR:/logs mounted, the home directory not
-#                 mounted, and the config's launch_env forced over the image's (--container-env)
+#   SEED_BASE     run i uses seed SEED_BASE + i (default run.seed_base; a config without one,
+#                 like the GB200 configs, draws each run's seed from the system's entropy)
+#   CONT          container image; steps then run through pyxis (--container-image) in a writable
+#                 container (--container-writable --container-remap-root) with DATADIR:/data,
+#                 CKPTDIR:/ckpt and LOGDIR:/logs mounted, the home directory not mounted, and the
+#                 config's launch_env forced over the image's (--container-env)
 #   DATADIR       dataset root (overrides data.data_dir)
 #   CKPTDIR       checkpoint root (overrides checkpoint.ckpt_dir)
 #   CLEAR_CACHES  auto (default: drop the page cache where permitted), 1 (required), 0 (never)
 #   PYTHON        interpreter outside a container (default .venv/bin/python, else python3)
 #   PREFLIGHT=0   skip the pre-flight step (Slurm; on by default): placement of every rank and,
 #                 on GB200, the multi-node NVLink fabric and IMEX channel of every node
+#   VERIFY_DATA=0 skip the data verification step (on by default: once per job, before the runs,
+#                 `python -m llama31_405b data verify CONFIG` checks the data against its manifest)
 #   DRY_RUN=1     print the commands instead of running them
 #
 # Exit status: 0 when every run ended with run_stop status success and its log passed the
-# compliance check; 1 otherwise; 2 bad config or variables; 3 the pre-flight check failed
-# (placement, environment or, on GB200, multi-node NVLink: retrying the same nodes is pointless).
+# compliance check; 1 otherwise (also: the data verification failed, no run started); 2 bad config
+# or variables; 3 the pre-flight check failed (placement, environment or, on GB200, multi-node
+# NVLink: retrying the same nodes is pointless).
 #
 #SBATCH --job-name=llama31_405b
 #SBATCH --exclusive
@@ -74,16 +79,35 @@ if [ -n "$CONT" ]; then
   if [ -n "${CKPTDIR:-}" ]; then mounts="$CKPTDIR:/ckpt,$mounts"; SETS+=(--set checkpoint.ckpt_dir=/ckpt); fi
   # one named container per job: created by the first step on each node, reused by every later
   # step (all NEXP runs use the same container); no home mount, so no ~/.local site-packages
-  # or shell rc files of the submitting user leak into the runs
+  # or shell rc files of the submitting user leak into the runs. Writable (as root inside, mapped
+  # to the submitting user outside): Triton/TorchInductor (Megatron's jit_fuser is torch.compile),
+  # CUDA's kernel cache and matplotlib write files at run time; the config's run.cache_dir points
+  # them at one directory of that container (config/env.py)
   CONT_ARGS=(--container-image="$CONT" --container-name=llama31_405b
              --container-mounts="$mounts" --container-workdir="$CONT_WORKDIR"
-             --no-container-mount-home)
+             --container-writable --container-remap-root --no-container-mount-home)
   STEP_PY=python; STEP_LOGDIR=/logs
 else
   [ -z "${DATADIR:-}" ] || SETS+=(--set "data.data_dir=$DATADIR")
   [ -z "${CKPTDIR:-}" ] || SETS+=(--set "checkpoint.ckpt_dir=$CKPTDIR")
   STEP_PY=$PYTHON; STEP_LOGDIR=$LOGDIR
 fi
+
+py_step() {      # py_step ARGS...: `python -m llama31_405b ARGS` as one task of the job (in the
+                 # container with CONT); printed instead under DRY_RUN=1
+  if [ -n "$CONT" ]; then run srun --nodes=1 --ntasks=1 "${CONT_ARGS[@]}" python -m llama31_405b "$@"
+  else run "$PYTHON" -m llama31_405b "$@"; fi
+}
+
+hostnames() {    # hostnames NODELIST: one host per line; without Slurm's scontrol (a machine or
+                 # container without Slurm's tools) the project's own expansion of the expression
+  if command -v scontrol >/dev/null 2>&1; then scontrol show hostnames "$1"
+  else "$PYTHON" -m llama31_405b launch hostnames "$1"; fi
+}
+hostlist() {     # hostlist HOST,...: the hostlist expression of these hosts
+  if command -v scontrol >/dev/null 2>&1; then scontrol show hostlist "$1"
+  else "$PYTHON" -m llama31_405b launch hostlist "$1"; fi
+}
 
 py() {           # py ARGS...: `python -m llama31_405b ARGS` where the training code lives
   if [ -n "$CONT" ] && [ "$DRY" != 1 ]; then
@@ -116,15 +140,17 @@ STEP_NODES=()    # every multi-node step: --nodelist, when the job has spare nod
 RANK_CPUS=()     # the steps with one task per GPU: --cpus-per-task
 if [ "$IN_SLURM" = 1 ]; then
   [ -n "${SLURM_JOB_NODELIST:-}" ] || die "SLURM_JOB_NODELIST is not set: run under sbatch/salloc"
-  mapfile -t hosts < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+  expanded=$(hostnames "$SLURM_JOB_NODELIST") \
+    || die "cannot expand SLURM_JOB_NODELIST=$SLURM_JOB_NODELIST (message above)"
+  mapfile -t hosts <<< "$expanded"
   [ "${#hosts[@]}" -ge "$LAUNCH_NODES" ] \
-    || die "scontrol show hostnames $SLURM_JOB_NODELIST gave ${#hosts[@]} host(s), need $LAUNCH_NODES"
+    || die "SLURM_JOB_NODELIST=$SLURM_JOB_NODELIST has ${#hosts[@]} host(s), need $LAUNCH_NODES"
   hosts=("${hosts[@]:0:$LAUNCH_NODES}")
   # rank 0 runs on the first node of every step; the tasks (in the container, where scontrol
   # usually is not) take the rendezvous host from here. The port stays per step (distributed.py).
   export MASTER_ADDR=${hosts[0]}
   if [ "$have" -gt "$LAUNCH_NODES" ]; then
-    STEP_NODES=(--nodelist="$(scontrol show hostlist "$(IFS=,; echo "${hosts[*]}")")")
+    STEP_NODES=(--nodelist="$(hostlist "$(IFS=,; echo "${hosts[*]}")")")
   fi
   # Slurm gives each task 1 CPU unless told otherwise (srun does not inherit sbatch's
   # --cpus-per-task since 22.05): give each rank its share of the node, so task i is bound to
@@ -193,6 +219,21 @@ if [ "$IN_SLURM" = 1 ] && [ "${PREFLIGHT:-1}" = 1 ]; then
   if [ "$rc" != 0 ]; then
     say "FAILED: pre-flight check exited $rc; no run was started"
     [ "$rc" = 3 ] && exit 3
+    exit 1
+  fi
+fi
+
+# --- data verification: once per job, before the timed runs. It reads the .bin files against the
+# data's manifest (docs/data.md); the runs rely on its verdict instead of reading the dataset
+# themselves, so no run touches the dataset before its run_start ------------------------------
+if [ "${VERIFY_DATA:-1}" = 1 ]; then
+  say "verifying the data of $CONFIG against its manifest (once for all runs)"
+  rc=0
+  py_step data verify "$CONFIG" "${SETS[@]}" || rc=$?
+  if [ "$rc" != 0 ]; then
+    say "FAILED: data verification exited $rc (message above); no run was started." \
+        "Check DATADIR / data.data_dir, then rebuild or re-verify the data" \
+        "(python -m llama31_405b data prepare / data verify CONFIG; see docs/data.md)"
     exit 1
   fi
 fi

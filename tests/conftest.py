@@ -2,8 +2,9 @@
 
 - `tiny_env`: tiny data (ensure_tiny_data) and the tiny initial checkpoint, in a directory shared
   by all workers, plus a config file `tiny.toml` pointing at them;
-- `tiny_runs`: MLPerf logs of 3 completed tiny runs with distinct seeds (seed_base + i), run
-  through the real command `python -m llama31_405b train`.
+- `tiny_runs`: MLPerf logs of 3 completed tiny runs with seeds drawn from the system's entropy
+  (as `launch env` draws them for a config without run.seed_base), run through the real command
+  `python -m llama31_405b train`.
 """
 from __future__ import annotations
 
@@ -89,9 +90,10 @@ def run_train(config: Path, seed: int, log: Path, *, timeout: float = 900,
 
 @pytest.fixture(scope="session")
 def tiny_runs(tiny_env, shared_dir) -> list[Path]:
-    """MLPerf logs of NUM_TINY_RUNS completed tiny runs (seeds seed_base + i)."""
-    from llama31_405b.config import load_config
-    cfg = load_config(tiny_env["config"])
+    """MLPerf logs of NUM_TINY_RUNS completed tiny runs, each with a seed drawn from the
+    system's entropy (recorded as "seed" in result_<i>.json beside the log)."""
+    from llama31_405b.config.seeds import run_seeds
+    seeds = run_seeds(None, NUM_TINY_RUNS)
     logdir = shared_dir / "tiny_runs"
     with _locked(shared_dir / "tiny_runs.lock"):
         logdir.mkdir(exist_ok=True)
@@ -101,8 +103,9 @@ def tiny_runs(tiny_env, shared_dir) -> list[Path]:
             done = logdir / f"result_{i}.json"
             if not done.exists():
                 log.unlink(missing_ok=True)
-                r = run_train(tiny_env["config"], cfg.run.seed_base + i, log)
-                done.write_text(json.dumps({"rc": r.returncode, "stderr": r.stderr[-4000:]}))
+                r = run_train(tiny_env["config"], seeds[i], log)
+                done.write_text(json.dumps({"rc": r.returncode, "seed": seeds[i],
+                                            "stderr": r.stderr[-4000:]}))
             logs.append(log)
     return logs
 

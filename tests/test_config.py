@@ -242,11 +242,14 @@ def test_cuda_graph_rules_follow_megatron(gb200):
     with pytest.raises(ConfigError, match=r"PP > 1 and VP = 1"):
         load_config(gb200(extra="[parallel]\nvp = 1\n"))
     # expandable segments need NCCL_GRAPH_REGISTER=0 with CUDA graphs (validate_args)
+    # (set by hand in [env], without performance.expandable_segments, which adds the register
+    # switch itself)
     env = '[env]\nPYTORCH_CUDA_ALLOC_CONF = "expandable_segments:True"\n'
+    manual = '[performance]\nexpandable_segments = false\n'
     with pytest.raises(ConfigError, match="NCCL_GRAPH_REGISTER=0"):
-        load_config(gb200(extra=env))
-    assert load_config(gb200(extra=env + 'NCCL_GRAPH_REGISTER = "0"\n')).env
-    none = load_config(gb200(extra='[performance]\ncuda_graphs = "none"\n' + env))
+        load_config(gb200(extra=manual + env))
+    assert load_config(gb200(extra=manual + env + 'NCCL_GRAPH_REGISTER = "0"\n')).env
+    none = load_config(gb200(extra=manual + 'cuda_graphs = "none"\n' + env))
     assert none.performance.cuda_graphs == "none"
 
 

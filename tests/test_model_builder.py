@@ -89,9 +89,11 @@ from llama31_405b import cpu_compat
 cpu_compat.apply()
 from llama31_405b.config import load_config
 # the CPU (local) layer spec has no sequence-parallel norm, and NVFP4 on CPU swaps in emulated
-# linears; neither changes parameter counts
+# linears; neither changes parameter counts. The fake process group takes no NCCL options.
 cfg = load_config(sys.argv[1], overrides={"parallel": {"sequence_parallel": False},
-                                          "precision": {"compute": "bf16"}}, validate=False)
+                                          "precision": {"compute": "bf16"},
+                                          "performance": {"nccl_communicator_config": None}},
+                  validate=False)
 d = cfg.derived
 world = d.model_parallel_size          # one model replica: TP4 x PP8 x CP2 = 64 ranks
 dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)

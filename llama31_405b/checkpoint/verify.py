@@ -153,7 +153,7 @@ def verify(cfg: Config, hf_dir: str | Path, megatron_dir: str | Path, *, sequenc
 
     from ..model.builder import build_model
     from ..parallel.setup import seed_model_parallel
-    seed_model_parallel(cfg.run.seed_base)   # the build initialises weights before the load
+    seed_model_parallel(seed)   # the build initialises weights before the load
     chunks = build_model(cfg)
     load_weights(chunks, megatron_dir)
     if cfg.parallel.vp > 1:

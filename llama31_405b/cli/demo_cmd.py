@@ -22,7 +22,8 @@ CONFIG = "configs/tiny_cpu.toml"
 def register(sub) -> None:
     p = sub.add_parser("demo", help="the tiny benchmark end to end (make demo)")
     p.add_argument("--config", default=CONFIG, help=f"tiny config (default {CONFIG})")
-    p.add_argument("--seed", type=int, default=None, help="run seed (default: run.seed_base)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="run seed (default: run.seed_base, else one from the system's entropy)")
     p.add_argument("--logdir", default=None, help="where result_0.txt goes "
                    "(default: <data_dir>/../logs)")
     p.set_defaults(func=run)
@@ -74,7 +75,8 @@ def run(args) -> int:
     logdir.mkdir(parents=True, exist_ok=True)
     log = logdir / "result_0.txt"
     log.unlink(missing_ok=True)
-    seed = cfg.run.seed_base if args.seed is None else args.seed
+    from ..config.seeds import run_seeds
+    seed = run_seeds(cfg.run.seed_base, 1)[0] if args.seed is None else args.seed
     _say(f"timed run: {args.config}, seed {seed}, MLPerf log {log}")
     rc = _py("train", "--config", args.config, "--seed", str(seed), "--log", str(log),
              quiet_stdout=True)

@@ -1,5 +1,7 @@
 """`launch env CONFIG`, `launch preflight --config CONFIG`, `launch check-log --config CONFIG LOG...`:
-the pieces of run_and_time.sh that need the config.
+the pieces of run_and_time.sh that need the config; `launch hostnames NODELIST` and
+`launch hostlist HOST...`: Slurm hostlist expressions expanded and made, where `scontrol` is
+missing (a machine or container without Slurm's tools).
 
 Exit codes (shared with `train`): 0 ok, 1 failure, 2 bad config or arguments, 3 placement check
 failed (the layout of the job cannot work; retrying the same allocation is pointless).
@@ -21,7 +23,9 @@ def register(sub) -> None:
     e = s.add_parser("env", help="print the launch plan of a config as shell assignments")
     e.add_argument("config", metavar="CONFIG")
     e.add_argument("--runs", type=int, default=None, help="runs (default: run.num_runs)")
-    e.add_argument("--seed-base", type=int, default=None, help="default: run.seed_base")
+    e.add_argument("--seed-base", type=int, default=None,
+                   help="run i uses seed SEED_BASE + i (default: run.seed_base; without one, "
+                        "each run's seed is drawn from the system's entropy)")
     add_set_option(e)
     e.set_defaults(func=env)
 
@@ -33,6 +37,16 @@ def register(sub) -> None:
                    help="seconds to wait for all ranks to join (default 120)")
     add_set_option(f)
     f.set_defaults(func=preflight)
+
+    h = s.add_parser("hostnames", help="one host per line of a Slurm hostlist expression "
+                                       "(like `scontrol show hostnames`)")
+    h.add_argument("nodelist", metavar="NODELIST", help='e.g. "gb-r[001-128]-n[01-16]"')
+    h.set_defaults(func=hostnames)
+
+    hl = s.add_parser("hostlist", help="a Slurm hostlist expression for hosts (like "
+                                       "`scontrol show hostlist`)")
+    hl.add_argument("hosts", nargs="+", metavar="HOST", help="hosts, or comma-separated lists")
+    hl.set_defaults(func=hostlist)
 
     c = s.add_parser("check-log", help="compliance checker + run_stop status of result logs")
     c.add_argument("--config", required=True, metavar="CONFIG",
@@ -56,6 +70,24 @@ def env(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_CONFIG
     sys.stdout.write(shell_assignments(plan))
+    return EXIT_OK
+
+
+def hostnames(args) -> int:
+    from ..parallel.distributed import expand_hostlist
+    try:
+        hosts = expand_hostlist(args.nodelist)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    sys.stdout.write("".join(h + "\n" for h in hosts))
+    return EXIT_OK
+
+
+def hostlist(args) -> int:
+    from ..parallel.distributed import compress_hostlist
+    hosts = [h for arg in args.hosts for h in arg.split(",") if h]
+    print(compress_hostlist(hosts))
     return EXIT_OK
 
 

@@ -16,7 +16,8 @@ def register(sub) -> None:
     p = sub.add_parser("train", help="train a config (one MLPerf run)")
     p.add_argument("--config", required=True, help="config TOML (configs/...)")
     p.add_argument("--seed", type=int, default=None,
-                   help="run seed (default: the config's run.seed_base)")
+                   help="run seed (default: the config's run.seed_base; without one, a seed "
+                        "drawn from the system's entropy)")
     p.add_argument("--log", "--mlperf-log", dest="log", default=None,
                    help="append the MLPerf log to this file (rank 0). Under torchrun write "
                    "--mlperf-log: torchrun's own parser rejects --log as an ambiguous prefix")
@@ -63,9 +64,30 @@ def run(args) -> int:
     cfg = _load(args)
     if cfg is None:
         return 2
-    seed = cfg.run.seed_base if args.seed is None else args.seed
+    seed = run_seed(cfg, args.seed)
+    if seed is None:
+        return 2
     return train(cfg, seed=seed, log_file=args.log, init_checkpoint=args.init_checkpoint,
                  timeout_s=args.timeout_s, cache_cleared=args.cache_cleared)
+
+
+def run_seed(cfg, given: int | None, environ=None) -> int | None:
+    """The seed of this run: --seed, else run.seed_base, else one drawn from the system's entropy.
+    A drawn seed would differ on every rank, so several ranks need --seed (run_and_time.sh draws
+    one per run and passes it); None after printing why."""
+    from ..config.seeds import run_seeds
+    from ..parallel.distributed import dist_env_from_environ
+    if given is not None:
+        return given
+    if cfg.run.seed_base is None:
+        de = dist_env_from_environ(environ)
+        if de.world_size > 1:
+            if de.rank == 0:
+                print(f"error: {cfg.source}: run.seed_base is not set, so the seed is drawn from "
+                      f"the system's entropy, which would differ on each of the {de.world_size} "
+                      "ranks: pass --seed N (run_and_time.sh draws one per run)", file=sys.stderr)
+            return None
+    return run_seeds(cfg.run.seed_base, 1)[0]
 
 
 def train(cfg, *, seed: int, log_file: str | None = None, init_checkpoint: str | None = None,

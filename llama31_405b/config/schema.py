@@ -174,6 +174,16 @@ class PerformanceConfig:
     """NCCL_NVLS_ENABLE (NVLink SHARP) for the launcher; None leaves NCCL's default."""
     nccl_min_ctas: int | None = None
     """NCCL_MIN_CTAS for the launcher; None leaves NCCL's default."""
+    nccl_max_ctas: int | None = None
+    """NCCL_MAX_CTAS for the launcher; None leaves NCCL's default."""
+    expandable_segments: bool = False
+    """PyTorch's CUDA caching allocator grows expandable segments instead of fixed blocks
+    (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, GPU only); with CUDA graphs the launcher
+    then turns NCCL's buffer registration off (config.env)."""
+    nccl_communicator_config: str | None = None
+    """YAML of per-communicator NCCL options (min/max CTAs, CGA cluster size) for Megatron's
+    initialize_model_parallel(nccl_communicator_config_path=...); a relative path is resolved
+    against the repository's configs/ directory (e.g. "nccl/gb200_communicators.yaml")."""
     manual_gc: bool = False
     """Disable automatic Python GC and collect every manual_gc_interval steps."""
     manual_gc_interval: int = 100
@@ -240,8 +250,9 @@ class RunConfig:
     """submission_platform (default: derived from system and node count)."""
     status: Literal["available", "preview", "research", "onprem", "cloud"] = "cloud"
     """submission_status."""
-    seed_base: int = 1234
-    """Run i uses seed seed_base + i."""
+    seed_base: int | None = None
+    """Run i uses seed seed_base + i; None (MLPerf closed division): each run's seed is drawn from
+    the system's entropy (config.seeds)."""
     num_runs: int = 3
     """Runs per submission (MLPerf: 3)."""
     max_steps: int | None = None
@@ -256,6 +267,10 @@ class RunConfig:
     """Launch a GPU config the planner predicts does not fit in GPU memory (experiments only):
     `config check`, `compliance precheck` and the launch pre-flight then print the risk instead
     of refusing the config."""
+    cache_dir: str | None = None
+    """Writable directory (inside the container) for JIT and compiler caches: Triton, TorchInductor,
+    CUDA's kernel cache, torch extensions, matplotlib (config.env); None leaves every
+    tool's default, which may lie in a read-only image."""
 
 
 class _DerivedSlot:

@@ -13,7 +13,8 @@ shell assignments, so the batch script holds no arithmetic of its own.
     LAUNCH_LOCAL_ERROR=''
 
 followed by `export NAME=value` for each variable of `config.env.launch_env` and
-`LAUNCH_ENV_NAMES=(...)`, their names.
+`LAUNCH_ENV_NAMES=(...)`, their names. The tiny config fixes `run.seed_base = 1`; a config
+without it (the GB200 configs) gets fresh seeds from the system's entropy at every call.
 """
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ import shlex
 from dataclasses import dataclass
 
 from ..config.env import launch_env
+from ..config.paths import shipped_file
 from ..config.schema import Config
+from ..config.seeds import run_seeds
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +40,7 @@ class LaunchPlan:
     device: str
     """"gpu" or "cpu"."""
     seeds: tuple[int, ...]
-    """Seed of run i = seed_base + i."""
+    """Seed of run i = seed_base + i, or drawn from the system's entropy (config.seeds)."""
     local_error: str
     """Why the config cannot run on this one machine without Slurm ("" when it can)."""
     env: dict[str, str]
@@ -45,10 +48,11 @@ class LaunchPlan:
 
 def launch_plan(cfg: Config, *, runs: int | None = None, seed_base: int | None = None) -> LaunchPlan:
     d = cfg.derived
+    if cfg.performance.nccl_communicator_config:   # a missing file fails here, not at init
+        shipped_file(cfg.performance.nccl_communicator_config,
+                     key="performance.nccl_communicator_config")
     n = cfg.run.num_runs if runs is None else runs
-    if n < 1:
-        raise ValueError(f"number of runs must be >= 1, got {n}")
-    base = cfg.run.seed_base if seed_base is None else seed_base
+    seeds = run_seeds(cfg.run.seed_base if seed_base is None else seed_base, n)
     gpu = d.system.is_gpu
     tasks = min(d.system.gpus_per_node, d.world_size)
     per_rack = max(1, d.gpus_per_rack // d.system.gpus_per_node)
@@ -59,7 +63,7 @@ def launch_plan(cfg: Config, *, runs: int | None = None, seed_base: int | None =
                        f"(Slurm >= 23.11 with topology/block: add --segment {per_rack})")
     return LaunchPlan(config=cfg.source, benchmark=cfg.run.benchmark, world_size=d.world_size,
                       nodes=d.nodes, tasks_per_node=tasks, nodes_per_rack=per_rack, device="gpu" if gpu else "cpu",
-                      seeds=tuple(base + i for i in range(n)), local_error=local_error,
+                      seeds=seeds, local_error=local_error,
                       env=launch_env(cfg))
 
 

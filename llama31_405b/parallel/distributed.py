@@ -26,17 +26,93 @@ class DistEnv:
     """"torchrun", "slurm" or "single"."""
 
 
-def first_host(nodelist: str) -> str:
-    """The first host of a Slurm hostlist expression, as `scontrol show hostnames` would print it:
-    the first top-level item ("a[1-4,7],b2" -> "a[1-4,7]") with every bracket group replaced by
-    its first value ("gb-r[01-08]-n[01-16]" -> "gb-r01-n01")."""
-    depth, item = 0, []
+def _top_level_items(nodelist: str) -> list[str]:
+    """"a[1-4,7],b2" -> ["a[1-4,7]", "b2"]: the commas outside brackets separate items."""
+    items, depth, cur = [], 0, []
     for ch in nodelist:
         depth += (ch == "[") - (ch == "]")
         if ch == "," and depth == 0:
-            break
-        item.append(ch)
-    return re.sub(r"\[([^\]]*)\]", lambda m: m.group(1).split(",")[0].split("-")[0], "".join(item))
+            items.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    items.append("".join(cur))
+    if depth != 0:
+        raise ValueError(f"hostlist {nodelist!r}: unbalanced brackets")
+    return [i.strip() for i in items if i.strip()]
+
+
+def _bracket_values(spec: str, item: str) -> list[str]:
+    """"01-03,7" -> ["01", "02", "03", "7"]: a range keeps the width of its lower bound."""
+    out = []
+    for part in spec.split(","):
+        lo, sep, hi = part.partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ValueError(f"hostlist item {item!r}: bad range {part!r}")
+        if not sep:
+            out.append(lo)
+            continue
+        if int(hi) < int(lo):
+            raise ValueError(f"hostlist item {item!r}: range {part!r} runs backwards")
+        out += [f"{v:0{len(lo)}d}" for v in range(int(lo), int(hi) + 1)]
+    return out
+
+
+def _expand_item(item: str) -> list[str]:
+    """"gb-r[1-2]-n[01-02]" -> gb-r1-n01, gb-r1-n02, gb-r2-n01, gb-r2-n02 (last group fastest)."""
+    hosts = [""]
+    for text, spec in re.findall(r"([^\[]*)(?:\[([^\]]*)\])?", item):
+        values = _bracket_values(spec, item) if spec else [""]
+        hosts = [h + text + v for h in hosts for v in values]
+    return hosts
+
+
+def expand_hostlist(nodelist: str) -> list[str]:
+    """Every host of a Slurm hostlist expression, in the order `scontrol show hostnames` prints
+    them: "n[1-3],m2" -> n1, n2, n3, m2. For places without Slurm's tools (containers, machines
+    where Slurm is not installed); run_and_time.sh reaches it through `launch hostnames`."""
+    return [h for item in _top_level_items(nodelist) for h in _expand_item(item)]
+
+
+def compress_hostlist(hosts: list[str]) -> str:
+    """A hostlist expression for `hosts` (as `scontrol show hostlist` makes one): hosts that
+    differ only in their last number, of the same width, share brackets: n1,n2,n3,n7 -> n[1-3,7].
+    Groups keep the order of their first host; numbers within a group are sorted."""
+    parsed = [re.fullmatch(r"(.*?)(\d+)(\D*)", h) for h in hosts]
+    padded = {(m[1], m[3], len(m[2])) for m in parsed if m and len(m[2]) > 1 and m[2][0] == "0"}
+    groups: dict[tuple[str, int, str], list[int]] = {}
+    for h, m in zip(hosts, parsed):
+        if not m:
+            groups.setdefault((h, -1, ""), [])
+            continue
+        prefix, num, suffix = m.groups()
+        # zero-padded numbers keep their width; "10" joins a group of "01".."09" of width 2
+        width = len(num) if (prefix, suffix, len(num)) in padded else 0
+        groups.setdefault((prefix, width, suffix), []).append(int(num))
+    out = []
+    for (prefix, width, suffix), nums in groups.items():
+        if width < 0:
+            out.append(prefix)
+            continue
+        nums = sorted(set(nums))
+        fmt = (lambda v: f"{v:0{width}d}") if width else str
+        if len(nums) == 1:
+            out.append(f"{prefix}{fmt(nums[0])}{suffix}")
+            continue
+        runs, start = [], nums[0]
+        for a, b in zip(nums, nums[1:] + [None]):
+            if b != a + 1:
+                runs.append(fmt(start) if start == a else f"{fmt(start)}-{fmt(a)}")
+                start = b
+        out.append(f"{prefix}[{','.join(runs)}]{suffix}")
+    return ",".join(out)
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm hostlist expression, as `scontrol show hostnames` would print it:
+    the first value of every bracket group of the first item ("gb-r[01-08]-n[01-16]" ->
+    "gb-r01-n01")."""
+    return _expand_item(_top_level_items(nodelist)[0])[0]
 
 
 def _first_slurm_host(environ) -> str:

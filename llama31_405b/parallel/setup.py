@@ -36,12 +36,22 @@ def megatron_parallel_kwargs(cfg: Config) -> dict:
     Llama is dense, but Megatron still builds expert groups and asserts, for orders that do not
     end in "pp", that the expert DP size equals the DP size. Expert DP is world/(ETP x EP x PP),
     which counts the CP ranks; an expert TP of TP x CP keeps it equal to DP (and the expert
-    pipeline groups equal to the dense ones). No expert layer exists, so nothing runs on them."""
+    pipeline groups equal to the dense ones). No expert layer exists, so nothing runs on them.
+
+    performance.nccl_communicator_config (a YAML shipped in configs/) becomes
+    nccl_communicator_config_path: Megatron reads it and gives each named NCCL group its options
+    (megatron-core 0.19.2 parallel_state.get_nccl_options)."""
+    from ..config.paths import shipped_file
     p = cfg.parallel
-    return dict(tensor_model_parallel_size=p.tp, pipeline_model_parallel_size=p.pp,
-                virtual_pipeline_model_parallel_size=p.vp if p.vp > 1 else None,
-                context_parallel_size=p.cp, expert_model_parallel_size=1,
-                expert_tensor_parallel_size=p.tp * p.cp, order=p.order)
+    kw = dict(tensor_model_parallel_size=p.tp, pipeline_model_parallel_size=p.pp,
+              virtual_pipeline_model_parallel_size=p.vp if p.vp > 1 else None,
+              context_parallel_size=p.cp, expert_model_parallel_size=1,
+              expert_tensor_parallel_size=p.tp * p.cp, order=p.order)
+    comm = cfg.performance.nccl_communicator_config
+    if comm:
+        kw["nccl_communicator_config_path"] = str(
+            shipped_file(comm, key="performance.nccl_communicator_config"))
+    return kw
 
 
 def setup_parallel(cfg: Config, dist_env: DistEnv | None = None, *,

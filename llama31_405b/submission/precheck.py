@@ -15,8 +15,8 @@ Every other rule (all hyperparameters, GBS, eval_samples, max_sequence_length, t
 keys, submission_*) is evaluated on the header values exactly as logged.
 
 Beyond the checker: the GBS must be covered by the reference convergence points (`rcp.reference`),
-the configured runs need distinct seeds (seed_base + i, one (file, line, value) each for the seed
-checker) and the number of runs the package checker wants, and the rank layout must keep every
+the configured runs need distinct seeds (seed_base + i, or drawn from the system's entropy; one
+(file, line, value) each for the seed checker) and the number of runs the package checker wants, and the rank layout must keep every
 model-parallel group inside a rack (`config.validate.problems`).
 """
 from __future__ import annotations
@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config.schema import Config
+from ..config.seeds import run_seeds, seed_is_drawn
 from ..mlperf.header import Event, header_events
 from .checker import DEFAULT_RULESET, CheckResult, config_for, run_checker
 from .mllog import format_line
@@ -106,7 +107,10 @@ def precheck_config(cfg: Config, *, ruleset: str = DEFAULT_RULESET) -> PrecheckR
         out.errors += [f"config: {p}" for p in layout]
         return out
     d = cfg.derived
-    out.seeds = [cfg.run.seed_base + i for i in range(cfg.run.num_runs)]
+    out.seeds = list(run_seeds(cfg.run.seed_base, cfg.run.num_runs))
+    if seed_is_drawn(cfg):
+        out.notes.append("seeds: drawn per run from the system's entropy (run.seed_base unset); "
+                         "checked here with one such draw")
     headers = [header_events(cfg, seed=s) for s in out.seeds]
     logged = [next(e.value for e in h if e.key == "seed") for h in headers]
     if len(set(logged)) != len(logged):
