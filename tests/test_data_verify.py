@@ -327,3 +327,36 @@ def test_verify_cli_exit_codes(prepared, tmp_path, capsys):
     assert cli_main(["data", "verify", str(REPO / "configs" / "tiny_cpu.toml"),
                      "--set", "data.no_such_key=1"]) == 2
     assert "no_such_key" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_tiny_training_run_reads_mlcommons_style_reference_files(tiny_env, tmp_path):
+    """The tiny corpus written the reference's way (transformers' tokenizer, no EOD) in the
+    layout of MLCommons' download, recorded by `data verify --write-manifest`, then read by a
+    real tiny training run (40 steps, one evaluation: about a minute)."""
+    import gzip
+
+    from conftest import run_train
+    src = tiny_env["data_dir"]
+    root = tmp_path / "mlcommons"
+    hf = hf_fast_tokenizer(src / "tokenizer" / "tiny_sp.model")
+    (root / "tokenizer").mkdir(parents=True)
+    shutil.copy(src / "tokenizer" / "tiny_sp.model", root / "tokenizer" / "tokenizer.model")
+    raw = {"c4-train.en_6_text_document": "c4-train.00000-of-00002.json.gz",
+           "c4-train.en_7_text_document": "c4-train.00001-of-00002.json.gz",
+           f"{MLCOMMONS_VALID_PREFIX}/c4-validationn-91205-samples.en_text_document":
+               "c4-validation.00000-of-00001.json.gz"}
+    for name, shard in raw.items():
+        with gzip.open(src / "raw" / shard, "rt") as f:
+            docs = [json.loads(line)["text"] for line in f]
+        write_reference_dataset(root / name, [reference_ids(hf, t) for t in docs], 4000)
+    cfg = tmp_path / "mlcommons.toml"
+    cfg.write_text(f'base = "{tiny_env["config"]}"\n\n[data]\ndata_dir = "{root}"\n'
+                   f'tokenizer = "tokenizer/tokenizer.model"\n'
+                   f'valid_prefix = "{MLCOMMONS_VALID_PREFIX}"\npretrain_prefix = ""\n')
+    assert cli_main(["data", "verify", str(cfg), "--write-manifest"]) == 0
+    log = tmp_path / "result.txt"
+    r = run_train(cfg, 1, log, extra_args=("--set", "run.max_steps=40"))
+    text = log.read_text()
+    assert '"key": "run_start"' in text and '"key": "eval_accuracy"' in text, r.stderr[-3000:]
+    assert "DataError" not in r.stderr and '"step": 40' in text
