@@ -94,3 +94,28 @@ def test_whole_tiny_corpus_matches(which, tmp_path_factory):
     ref = [e.ids for e in fast._tokenizer.encode_batch(docs, add_special_tokens=False)]
     assert [i for i in range(len(docs)) if ours[i] != ref[i]] == []
     assert all(reference_ids(fast, docs[i]) == ours[i] for i in range(0, len(docs), 97))
+
+
+def test_prepare_compares_with_the_folders_tokenizer_json(models, tmp_path, capsys):
+    """MLCommons' tokenizer folder ships a tokenizer.json: prepare checks its own ids against it
+    and stops before any work when they differ (here: transformers 5's own LlamaTokenizer, whose
+    Metaspace pre-tokenizer drops the dummy prefix before a leading space)."""
+    import shutil
+
+    from transformers import LlamaTokenizer
+
+    from data_helpers import write_shard
+    from llama31_405b.data import DataError
+    from llama31_405b.data.prepare import Output, prepare
+    folder = tmp_path / "tokenizer"
+    folder.mkdir()
+    model = shutil.copy(models[0], folder / "tokenizer.model")
+    shard = write_shard(tmp_path / "c4.json.gz", texts(20))
+    out = Output(prefix=tmp_path / "ds" / "x_text_document", inputs=(shard,))
+    hf_fast_tokenizer(model).backend_tokenizer.save(str(folder / "tokenizer.json"))
+    prepare([out], model, data_dir=tmp_path / "ds", workers=1, progress=True)
+    assert "tokenizer: ids equal to tokenizer.json's on 29 texts" in capsys.readouterr().err
+    LlamaTokenizer.from_pretrained(str(folder)).backend_tokenizer.save(
+        str(folder / "tokenizer.json"))
+    with pytest.raises(DataError, match=r"tokenizer\.json tokenize ' leading space' differently"):
+        prepare([out], model, data_dir=tmp_path / "ds", workers=1, progress=False, force=True)

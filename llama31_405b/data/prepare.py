@@ -33,6 +33,7 @@ import numpy as np
 from . import manifest as mf
 from .errors import DataError
 from .indexed import read_index, token_dtype
+from .parity import check_tokenizer_json, sample_texts
 from .progress import Progress
 from .reader import ShardReader, SkipCounts
 from .tokenizer import TOKENIZATION, SentencePieceTokenizer
@@ -330,6 +331,11 @@ def prepare(outputs: list[Output], tokenizer: str | Path, *, data_dir: str | Pat
                 todo.append(u)
     todo.sort(key=lambda u: -u.size())
     if todo:
+        texts = (sample_texts(todo[0].inputs[0], skip_bad=skip_bad)
+                 if (tok.path.parent / "tokenizer.json").is_file() else [])
+        note = check_tokenizer_json(tok, texts)
+        if progress:
+            print(f"tokenizer: {note}", file=sys.stderr)
         _run(todo, recs, workers, progress, tok)
     for i, out in pending:
         us = units[i]
