@@ -22,6 +22,7 @@ from llama31_405b.data.datasets import build_datasets
 from llama31_405b.data.indexed import read_index, token_stream
 from llama31_405b.data.manifest import load_manifest, manifest_path
 from llama31_405b.data.prepare import Output, prepare
+from llama31_405b.data.tokenizer import load_tokenizer
 from llama31_405b.data.layout import MLCOMMONS_VALID_PREFIX
 from llama31_405b.data.verify import require_verified, verify_data
 
@@ -277,7 +278,7 @@ def test_mlcommons_files_as_published_are_accepted_and_read(prepared, tmp_path, 
     cfg = load_with_sets(str(cfg_file), [f'data.data_dir="{root}"'])
     assert require_verified(cfg)["eod"] == "none"
     train, valid = build_datasets(cfg, seed=5, train_samples=16)
-    tok = load_tokenizer_for(root)
+    tok = load_tokenizer(root / "tokenizer" / "tokenizer.model")
     stream = [i for t in docs[200:240] for i in tok.tokenize(t)]
     assert valid[0]["tokens"].tolist() == stream[:256] and len(train) >= 16
     # `data prepare` on the same text writes the same tokens as the reference-style files
@@ -289,16 +290,12 @@ def test_mlcommons_files_as_published_are_accepted_and_read(prepared, tmp_path, 
         assert Path(f"{prefix}{ext}").read_bytes() == (root / f"{prefix.name}{ext}").read_bytes()
 
 
-def load_tokenizer_for(root: Path):
-    from llama31_405b.data.tokenizer import load_tokenizer
-    return load_tokenizer(root / "tokenizer" / "tokenizer.model")
-
-
 def test_validation_file_of_the_benchmark_must_hold_91205_documents(copy):
     cfg = load_config(REPO / "configs" / "config_GB200_2048x4x8xtp4pp8cp2.toml")
     cfg.data.data_dir, cfg.data.tokenizer = str(copy), "tokenizer/tok.model"
     for ext in (".bin", ".idx"):
-        shutil.copy(copy / f"c4-validation.en_text_document{ext}", copy / f"{MLCOMMONS_VALID_PREFIX}{ext}")
+        shutil.copy(copy / f"c4-validation.en_text_document{ext}",
+                    copy / f"{MLCOMMONS_VALID_PREFIX}{ext}")
     for check in (verify_data, require_verified):
         with pytest.raises(DataError, match=r"91205-samples\.en_text_document\.idx: 40 documents, "
                                             r"MLCommons' validation file has 91205"):

@@ -11,7 +11,8 @@ the .idx metadata may be read). megatron-core 0.19.2's `IndexedDataset` maps its
 constructor when `GPTDatasetConfig.mmap_bin_files` is true (`_MMapBinReader`), and opens it at
 every read when false (`_FileBinReader`); so the blend is built with mmap_bin_files=False and each
 IndexedDataset then gets a `LazyMMapBinReader`, which maps the .bin at its first read, once per
-process. The validation set maps its .bin at its first item too.
+process (a pickled copy, e.g. in a DataLoader worker, gets megatron's `_FileBinReader` back from
+`IndexedDataset.__setstate__`: lazy too). The validation set maps its .bin at its first item.
 
 Validation: the validation file's documents concatenated in order and cut
 into exactly `eval_samples` sequences: sample i is tokens [i*S, (i+1)*S) with labels shifted by

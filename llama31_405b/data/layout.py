@@ -54,7 +54,7 @@ def resolve_prefix(prefix: Path) -> Path:
     Anything else comes back unchanged, so that read_index names the missing file."""
     if _has_pair(prefix):
         return prefix
-    folders = [Path(f"{prefix}{ext}") for ext in (".bin", ".idx") if Path(f"{prefix}{ext}").is_dir()]
+    folders = [f for f in (Path(f"{prefix}.bin"), Path(f"{prefix}.idx")) if f.is_dir()]
     if folders:
         inside = [str(f) for d in folders for f in sorted(d.iterdir())][:4]
         raise DataError(f"{folders[0]}: a folder, where a file was expected (it holds "
