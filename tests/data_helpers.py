@@ -1,5 +1,8 @@
 """Small real fixtures for the data tests: documents of the shipped corpus, a small sentencepiece
-model trained on them, C4-format shards (good and deliberately broken)."""
+model trained on them, C4-format shards (good and deliberately broken); the reference's tokenizer
+path (transformers' tokenizers built from a sentencepiece model, NeMo's text_to_ids) and
+reference-style indexed datasets; Mistral's 32,000-piece model from mistral-common; and
+FileAccessWatch, which records the files a block of code opens or memory-maps."""
 from __future__ import annotations
 
 import gzip
