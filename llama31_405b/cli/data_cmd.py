@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .options import add_set_option, load_or_report
+from .options import add_set_option, load_or_report, load_with_sets
 
 
 def register(sub) -> None:
@@ -41,6 +41,7 @@ def register(sub) -> None:
                     "does not; recorded in the manifest)")
     pr.add_argument("--force", action="store_true", help="rebuild even if up to date")
     pr.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    add_set_option(pr)
     pr.set_defaults(func=prepare)
 
     v = s.add_parser("verify", help="check the data's contents and record a passing verification "
@@ -66,7 +67,7 @@ def _fail(msg: str) -> int:
 
 
 def prepare(args) -> int:
-    from ..config import ConfigError, load_config
+    from ..config import ConfigError
     from ..data import DataError
     from ..data.prepare import Output, describe
     from ..data.prepare import prepare as run
@@ -77,7 +78,7 @@ def prepare(args) -> int:
             if not args.raw_dir:
                 return _fail("--config needs --raw-dir (the folder of the raw C4 json.gz shards)")
             from ..data.layout import benchmark_outputs, data_paths
-            cfg = load_config(args.config)
+            cfg = load_with_sets(args.config, args.set)
             if cfg.run.benchmark != "llama31_405b":
                 return _fail(f"{args.config}: the {cfg.run.benchmark} data is built by "
                              "`python -m llama31_405b data tiny`, not from raw C4")
@@ -85,6 +86,8 @@ def prepare(args) -> int:
             paths = data_paths(cfg)
             tokenizer, data_dir = paths.tokenizer, paths.data_dir
         else:
+            if args.set:
+                return _fail("--set overrides a config: use it with --config")
             if not (args.input and args.output_prefix and args.tokenizer):
                 return _fail("give --config CFG --raw-dir DIR, or --input FILE... "
                              "--output-prefix PREFIX --tokenizer MODEL")
