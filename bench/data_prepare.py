@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
 """Throughput of `data prepare` against the bare tokenizer on the same text and the same cores.
 
-Baseline: W processes, each encoding the texts of one shard with sentencepiece (`encode` on the
-same batches of 256 documents, one thread), texts already in memory: the upper bound for tokenization alone.
-Measured: `prepare()` with W workers on the same shards as C4 json.gz files: gzip, JSON, encode,
-EOD, .bin/.idx writing through megatron-core's builder, merge, manifest checksums.
+Baseline: W processes, each encoding the texts of one shard with bare sentencepiece (`encode` on
+the same batches of 256 documents, one thread), texts already in memory: the upper bound for
+tokenization alone. Measured: `prepare()` with W workers on the same shards as C4 json.gz files:
+gzip, JSON, the reference's tokenizer path (sentencepiece plus the special-token split,
+llama31_405b/data/tokenizer.py), .bin/.idx writing through megatron-core's builder, merge,
+manifest checksums; no EOD, as the reference prepares its data.
 Ratio = prepare tokens/s / baseline tokens/s (goal >= 0.9). Each side runs `--repeat` times,
 interleaved, best time kept (the machine is shared). Text: the shipped tiny corpus, `--copies`
-times over, split into W shards. Tokenizer: the tiny one (trained here) or `--tokenizer MODEL`.
+times over, split into W shards. Tokenizer: `--tokenizer MODEL`, by default Mistral's v1 model
+(32,000 pieces, the Mixtral family) from the `mistral-common` package (dev extra), else the tiny
+one trained here; loaded by prepare through the production code (`load_tokenizer`).
 
 usage: PYTHONPATH=. python bench/data_prepare.py [--workers W] [--copies N] [--tokenizer MODEL]
 """
@@ -40,6 +44,15 @@ def _encode(i: int) -> int:
     return n
 
 
+def _mistral_v1() -> Path | None:
+    import importlib.util
+    spec = importlib.util.find_spec("mistral_common")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "data" / "tokenizer.model.v1"
+    return path if path.is_file() else None
+
+
 def _write_shards(folder: Path, texts: list[str], n: int) -> list[Path]:
     import gzip
     import json
@@ -66,15 +79,16 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--copies", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--tokenizer", help="sentencepiece model (default: train the tiny one)")
+    ap.add_argument("--tokenizer", help="sentencepiece model (default: mistral-common's "
+                    "tokenizer.model.v1, else the tiny one trained here)")
     args = ap.parse_args()
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder  # noqa: F401
     texts = [d["text"] for d in corpus_documents()] * args.copies
     w = args.workers
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        _MODEL = str(args.tokenizer or train_tokenizer(texts[:4000], tmp / "tok.model",
-                                                      vocab_size=VOCAB_SIZE))
+        _MODEL = str(args.tokenizer or _mistral_v1() or train_tokenizer(
+            texts[:4000], tmp / "tok.model", vocab_size=VOCAB_SIZE))
         paths = _write_shards(tmp / "raw", texts, w)
         _SHARDS[:] = [texts[i::w] for i in range(w)]
         out = Output(prefix=tmp / "ds" / "bench_text_document", inputs=tuple(paths))
@@ -91,8 +105,11 @@ def main() -> None:
         tb, ntok = min(base)
         tp, ptok = min(prep)
         mb = sum(p.stat().st_size for p in paths) / 1e6
-        print(f"text: {len(texts)} documents, {ntok} tokens ({ptok} with EOD), {mb:.1f} MB json.gz "
-              f"in {w} shards; {w} worker processes; tokenizer {Path(_MODEL).name}")
+        from llama31_405b.data.tokenizer import load_tokenizer
+        vocab = load_tokenizer(_MODEL).vocab_size
+        print(f"text: {len(texts)} documents, {ntok} tokens (prepare: {ptok}), {mb:.1f} MB "
+              f"json.gz in {w} shards; {w} worker processes; tokenizer {Path(_MODEL).name} "
+              f"({vocab} pieces)")
         print(f"bare tokenizer : {tb:7.3f} s  {ntok / tb / 1e6:6.3f} M tok/s  (best of {args.repeat})")
         print(f"data prepare   : {tp:7.3f} s  {ntok / tp / 1e6:6.3f} M tok/s  (best of {args.repeat})")
         print(f"ratio prepare / bare tokenizer throughput: {tb / tp:.3f} (goal >= 0.9)")

@@ -58,13 +58,14 @@ def test_roundtrip_order_and_idempotent(env, tmp_path):
     out = Output(prefix=tmp_path / "ds" / "train_text_document", inputs=tuple(shards))
     [res] = prepare([out], tok_path, data_dir=tmp_path / "ds", workers=2, progress=False)
     assert res.status == "prepared" and res.documents == len(docs)
-    # documents in shard then line order, each = direct tokenization + EOD, no BOS
-    assert _documents(out.prefix) == [tok.tokenize(t) + [tok.eod] for t in docs]
+    # documents in shard then line order, each = its tokenization, no BOS, no EOD (reference)
+    assert _documents(out.prefix) == [tok.tokenize(t) for t in docs]
     info = read_index(out.prefix)
     assert info.dtype == np.uint16 and info.tokens == res.tokens
     m = load_manifest(tmp_path / "ds")
     rec = m["datasets"]["train_text_document"]
     assert rec["tokenizer_sha256"] == tok.sha256 and rec["bos_prepended"] is False
+    assert rec["append_eod"] is False
     assert m["files"]["train_text_document.bin"]["size"] == info.bin_size
     assert not Path(f"{out.prefix}.parts").exists()
     before = Path(f"{out.prefix}.bin").stat().st_mtime_ns
@@ -136,7 +137,7 @@ def test_max_docs_and_min_tokens(env, tmp_path):
     shards = _shards(tmp_path / "raw", docs[:90])
     out = Output(prefix=tmp_path / "v_text_document", inputs=tuple(shards), max_docs=45)
     [res] = prepare([out], tok_path, data_dir=tmp_path, workers=2, progress=False)
-    assert _documents(out.prefix) == [tok.tokenize(t) + [tok.eod] for t in docs[:45]]
+    assert _documents(out.prefix) == [tok.tokenize(t) for t in docs[:45]]
     too_many = Output(prefix=tmp_path / "w", inputs=tuple(shards), max_docs=91)
     with pytest.raises(DataError, match="only 90 documents, 91 requested"):
         prepare([too_many], tok_path, data_dir=tmp_path, workers=1, progress=False)
@@ -197,3 +198,18 @@ def test_benchmark_layout(tmp_path):
     (raw / "c4-train.00900-of-01024.json.gz").unlink()
     with pytest.raises(DataError, match=r"1 raw C4 shards missing, e\.g\. .*00900-of-01024"):
         benchmark_outputs(cfg, raw)
+
+
+def test_append_eod_is_an_explicit_option(env, tmp_path, capsys):
+    _, docs, tok_path = env
+    tok = load_tokenizer(tok_path)
+    shard = write_shard(tmp_path / "c4.json.gz", docs[:30])
+    prefix = tmp_path / "out" / "e_text_document"
+    args = ["data", "prepare", "--input", str(shard), "--output-prefix", str(prefix),
+            "--tokenizer", str(tok_path), "--workers", "1", "--no-progress"]
+    assert cli_main(args) == 0
+    assert _documents(prefix) == [tok.tokenize(t) for t in docs[:30]]
+    assert cli_main(args + ["--append-eod"]) == 0  # a different option: rebuilt, not up to date
+    assert "prepared" in capsys.readouterr().out
+    assert _documents(prefix) == [tok.tokenize(t) + [tok.eod] for t in docs[:30]]
+    assert load_manifest(prefix.parent)["datasets"]["e_text_document"]["append_eod"] is True

@@ -1,6 +1,6 @@
 """The tiny corpus: deterministic split of the shipped text, and ensure_tiny_data end to end
-(names configs/tiny_cpu.toml expects, sizes, tokenizer vocab, verify passes, second call is a
-no-op)."""
+(names configs/tiny_cpu.toml expects, sizes, tokenizer vocab, the reference's token stream
+without EOD, verification recorded so train accepts it at once, second call is a no-op)."""
 from __future__ import annotations
 
 import gzip
@@ -14,7 +14,7 @@ from llama31_405b.data.indexed import read_index
 from llama31_405b.data.tiny import (MIN_VALID_TOKENS, RAW, TOKENIZER, corpus_documents,
                                     ensure_tiny_data, split_corpus)
 from llama31_405b.data.tokenizer import load_tokenizer
-from llama31_405b.data.verify import verify_data
+from llama31_405b.data.verify import require_verified, verify_data
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -52,6 +52,16 @@ def test_ensure_tiny_data(tmp_path):
     assert tokens["c4-validation.en_text_document"] >= 3 * MIN_VALID_TOKENS
     with gzip.open(d / next(iter(RAW))) as f:  # C4 json.gz format
         assert set(json.loads(f.readline())) == {"text", "timestamp", "url"}
+    assert require_verified(cfg)["eod"] == "none"  # recorded by ensure_tiny_data itself
+    # token for token what the reference's path (transformers' tokenizer, no EOD) writes
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    from data_helpers import hf_fast_tokenizer, reference_ids
+    hf = hf_fast_tokenizer(d / TOKENIZER)
+    with gzip.open(d / "raw/c4-validation.00000-of-00001.json.gz", "rt") as f:
+        texts = [json.loads(line)["text"] for line in f]
+    ds = IndexedDataset(str(d / "c4-validation.en_text_document"))
+    assert [ds[i].tolist() for i in range(len(ds))] == [reference_ids(hf, t) for t in texts]
     verify_data(cfg, full=True)
     stamp = (d / "tiny_data.json").stat().st_mtime_ns
     bin_ = (d / "c4-train.en_6_text_document.bin").stat().st_mtime_ns

@@ -1,5 +1,7 @@
-"""verify_data (manifest, MLCommons-style accepted files, tampering, tokenizer checks) and
-build_datasets (blended GPTDataset, exact packed validation, determinism, several gloo ranks)."""
+"""verify_data (manifest, MLCommons-style accepted files, tampering, tokenizer checks, EOD
+conventions), require_verified (manifest only, no .bin touched), and build_datasets (blended
+GPTDataset, exact packed validation, determinism, no .bin opened before the first sample read,
+several gloo ranks)."""
 from __future__ import annotations
 
 import json
@@ -11,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from data_helpers import make_tokenizer, texts, write_shard
+from data_helpers import (FileAccessWatch, hf_fast_tokenizer, make_tokenizer, reference_ids,
+                          texts, write_reference_dataset, write_shard)
 from llama31_405b.cli import main as cli_main
 from llama31_405b.config import load_config
 from llama31_405b.data import DataError
@@ -19,7 +22,9 @@ from llama31_405b.data.datasets import build_datasets
 from llama31_405b.data.indexed import read_index, token_stream
 from llama31_405b.data.manifest import load_manifest, manifest_path
 from llama31_405b.data.prepare import Output, prepare
-from llama31_405b.data.verify import verify_data
+from llama31_405b.data.tokenizer import load_tokenizer
+from llama31_405b.data.layout import MLCOMMONS_VALID_PREFIX
+from llama31_405b.data.verify import require_verified, verify_data
 
 REPO = Path(__file__).resolve().parents[1]
 SEQ = 32
@@ -58,9 +63,9 @@ def copy(prepared, tmp_path):
     return dst
 
 
-def test_prepared_data_verifies(prepared):
+def test_prepared_data_verifies(copy):
     logs = []
-    verify_data(_cfg(prepared), full=True, log=logs.append)
+    verify_data(_cfg(copy), full=True, log=logs.append)
     assert sum(line.startswith("ok ") for line in logs) == 3
 
 
@@ -169,3 +174,186 @@ def test_build_datasets_on_several_gloo_ranks(copy, tmp_path):
                            join=True, start_method="fork")
     r0, r1 = (json.loads((tmp_path / f"r{r}.json").read_text()) for r in (0, 1))
     assert r0 == r1 and r0[1] == 64
+
+
+def test_require_verified_reads_the_manifest_only(copy):
+    cfg = _cfg(copy)
+    with pytest.raises(DataError, match=r"no passing verification recorded.*python -m "
+                                        r"llama31_405b data verify"):
+        require_verified(cfg)  # prepared, never verified
+    verify_data(cfg)
+    with FileAccessWatch() as w:
+        res = require_verified(cfg)
+    assert w.touched(".idx") and not w.touched(".bin"), w.touched(".bin")
+    assert res["eod"] == "none"
+    rec = res["datasets"]["c4-train.en_6_text_document"]
+    bin_ = copy / "c4-train.en_6_text_document.bin"
+    assert rec["passed"] and rec["time"].endswith("Z") and "ids_below_vocab" in rec["checks"]
+    assert rec["files"][".bin"]["size"] == bin_.stat().st_size and rec["max_id"] < 600
+    st = bin_.stat()  # rewritten after the verification: same size, another mtime
+    os.utime(bin_, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    with pytest.raises(DataError, match=r"en_6_text_document\.bin: size or mtime changed since "
+                                        r"the verification.*data verify"):
+        require_verified(cfg)
+    verify_data(cfg)  # verifying again accepts the file as it is now
+    require_verified(cfg)
+
+
+def test_build_datasets_touches_no_bin_before_the_first_read(prepared):
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    from llama31_405b.data.datasets import indexed_datasets
+    cfg = _cfg(prepared)
+    with FileAccessWatch() as w:
+        train, valid = build_datasets(cfg, seed=3, train_samples=40)
+    assert w.touched(".idx") and not w.touched(".bin"), w.touched(".bin")
+    with FileAccessWatch() as w:
+        item, v = train[0], valid[1]
+    assert {Path(p).name for p in w.touched(".bin")} >= {"c4-validation.en_text_document.bin"}
+    stream = np.asarray(token_stream(read_index(prepared / "c4-validation.en_text_document")))
+    assert v["tokens"].tolist() == stream[SEQ:2 * SEQ].tolist()
+    assert item["tokens"].shape == (SEQ,)
+    for ix in indexed_datasets(train):  # the lazy reader returns what megatron's mmap reader does
+        eager = IndexedDataset(ix.path_prefix, mmap=True)
+        assert all(np.array_equal(ix.get(i), eager.get(i)) for i in (0, 1, len(ix) - 1))
+
+
+def test_eod_convention_is_found_and_must_agree(copy):
+    cfg = _cfg(copy)
+    assert verify_data(cfg)["eod"] == "none"
+    tok = copy / "tokenizer" / "tok.model"
+    names = ["c4-train.en_6_text_document", "c4-train.en_7_text_document",
+             "c4-validation.en_text_document"]
+    outs = {n: Output(prefix=copy / n, inputs=(copy / "raw" / f"{n}.json.gz",)) for n in names}
+    prepare([outs[names[2]]], tok, data_dir=copy, workers=1, progress=False, append_eod=True)
+    with pytest.raises(DataError, match=r"disagree on end-of-document tokens \(c4-train\.en_6"
+                                        r"_text_document: none, .*c4-validation.*: appended"):
+        verify_data(cfg)
+    prepare([outs[n] for n in names[:2]], tok, data_dir=copy, workers=1, progress=False,
+            append_eod=True)
+    assert verify_data(cfg)["eod"] == "appended"
+    assert require_verified(cfg)["eod"] == "appended"
+    m = load_manifest(copy)["datasets"]["c4-train.en_7_text_document"]
+    assert m["append_eod"] is True and m["verified"]["eod"] == "appended"
+
+
+def _mlcommons_layout(root: Path, model: Path, docs: list[str]) -> Path:
+    """Files as MLCommons publishes them, written the way the reference prepares them: the
+    Hugging Face fast tokenizer's tokenize + convert_tokens_to_ids, no BOS, no EOD; the
+    validation pair in a folder of its name with the inner files misspelt; the unused
+    c4-validation-small and c4-validation files beside them."""
+    hf = hf_fast_tokenizer(model)
+    (root / "tokenizer").mkdir(parents=True)
+    shutil.copy(model, root / "tokenizer" / "tokenizer.model")
+    parts = {"c4-train.en_6_text_document": docs[0:100], "c4-train.en_7_text_document":
+             docs[100:200], f"{MLCOMMONS_VALID_PREFIX}/c4-validationn-91205-samples.en_text_"
+             "document": docs[200:240], "c4-validation-small.en_text_document": docs[200:205],
+             "c4-validation.en_text_document": docs[200:220]}
+    for name, part in parts.items():
+        write_reference_dataset(root / name, [reference_ids(hf, t) for t in part], 600)
+    cfg = root.parent / "mlcommons.toml"
+    cfg.write_text(f'base = "{REPO / "configs" / "tiny_cpu.toml"}"\n\n[data]\n'
+                   f'tokenizer = "tokenizer/tokenizer.model"\n'
+                   f'valid_prefix = "{MLCOMMONS_VALID_PREFIX}"\npretrain_prefix = ""\n')
+    return cfg
+
+
+def test_mlcommons_files_as_published_are_accepted_and_read(prepared, tmp_path, capsys):
+    root = tmp_path / "mlcommons"
+    docs = texts()
+    cfg_file = _mlcommons_layout(root, prepared / "tokenizer" / "tok.model", docs)
+    args = ["data", "verify", str(cfg_file), "--set", f'data.data_dir="{root}"']
+    assert cli_main(args) == 1  # not recorded yet
+    assert "--write-manifest" in capsys.readouterr().err
+    assert cli_main(args + ["--write-manifest"]) == 0
+    out = capsys.readouterr()
+    assert "documents end with EOD: no" in out.out and "EOD none" in out.err
+    m = load_manifest(root)["datasets"]
+    key = f"{MLCOMMONS_VALID_PREFIX}/c4-validationn-91205-samples.en_text_document"
+    assert set(m) == {"c4-train.en_6_text_document", "c4-train.en_7_text_document", key}
+    assert m[key]["origin"] == "accepted" and m[key]["append_eod"] is False
+    assert m[key]["verified"]["eod"] == "none" and m[key]["documents"] == 40
+    assert cli_main(args) == 0  # recorded: verifies again without --write-manifest
+    from llama31_405b.cli.options import load_with_sets
+    cfg = load_with_sets(str(cfg_file), [f'data.data_dir="{root}"'])
+    assert require_verified(cfg)["eod"] == "none"
+    train, valid = build_datasets(cfg, seed=5, train_samples=16)
+    tok = load_tokenizer(root / "tokenizer" / "tokenizer.model")
+    stream = [i for t in docs[200:240] for i in tok.tokenize(t)]
+    assert valid[0]["tokens"].tolist() == stream[:256] and len(train) >= 16
+    # `data prepare` on the same text writes the same tokens as the reference-style files
+    prefix = tmp_path / "ours" / "c4-train.en_6_text_document"
+    shard = write_shard(tmp_path / "raw" / "en_6.json.gz", docs[0:100])
+    prepare([Output(prefix=prefix, inputs=(shard,))], root / "tokenizer" / "tokenizer.model",
+            data_dir=prefix.parent, workers=1, progress=False)
+    for ext in (".bin", ".idx"):
+        assert Path(f"{prefix}{ext}").read_bytes() == (root / f"{prefix.name}{ext}").read_bytes()
+
+
+def test_validation_file_of_the_benchmark_must_hold_91205_documents(copy):
+    cfg = load_config(REPO / "configs" / "config_GB200_2048x4x8xtp4pp8cp2.toml")
+    cfg.data.data_dir, cfg.data.tokenizer = str(copy), "tokenizer/tok.model"
+    for ext in (".bin", ".idx"):
+        shutil.copy(copy / f"c4-validation.en_text_document{ext}",
+                    copy / f"{MLCOMMONS_VALID_PREFIX}{ext}")
+    for check in (verify_data, require_verified):
+        with pytest.raises(DataError, match=r"91205-samples\.en_text_document\.idx: 40 documents, "
+                                            r"MLCommons' validation file has 91205"):
+            check(cfg)
+
+
+def test_layout_errors_name_the_fix(tmp_path):
+    from llama31_405b.data.layout import resolve_prefix
+    (tmp_path / "x_text_document.bin").mkdir()
+    (tmp_path / "x_text_document.bin" / "inner.bin").touch()
+    with pytest.raises(DataError, match=r"x_text_document\.bin: a folder, where a file was "
+                                        r"expected.*inner\.bin.*side by side"):
+        resolve_prefix(tmp_path / "x_text_document")
+    d = tmp_path / "y_text_document"
+    d.mkdir()
+    for stem in ("a", "b"):
+        for ext in (".bin", ".idx"):
+            (d / f"{stem}{ext}").touch()
+    with pytest.raises(DataError, match=r"y_text_document: a folder.*holds a, b"):
+        resolve_prefix(d)
+    assert resolve_prefix(tmp_path / "missing") == tmp_path / "missing"
+
+
+def test_verify_cli_exit_codes(prepared, tmp_path, capsys):
+    assert cli_main(["data", "verify", str(tmp_path / "none.toml")]) == 2
+    assert cli_main(["data", "verify", str(REPO / "configs" / "tiny_cpu.toml"),
+                     "--set", "data.no_such_key=1"]) == 2
+    assert "no_such_key" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_tiny_training_run_reads_mlcommons_style_reference_files(tiny_env, tmp_path):
+    """The tiny corpus written the reference's way (transformers' tokenizer, no EOD) in the
+    layout of MLCommons' download, recorded by `data verify --write-manifest`, then read by a
+    real tiny training run (40 steps, one evaluation: about a minute)."""
+    import gzip
+
+    from conftest import run_train
+    src = tiny_env["data_dir"]
+    root = tmp_path / "mlcommons"
+    hf = hf_fast_tokenizer(src / "tokenizer" / "tiny_sp.model")
+    (root / "tokenizer").mkdir(parents=True)
+    shutil.copy(src / "tokenizer" / "tiny_sp.model", root / "tokenizer" / "tokenizer.model")
+    raw = {"c4-train.en_6_text_document": "c4-train.00000-of-00002.json.gz",
+           "c4-train.en_7_text_document": "c4-train.00001-of-00002.json.gz",
+           f"{MLCOMMONS_VALID_PREFIX}/c4-validationn-91205-samples.en_text_document":
+               "c4-validation.00000-of-00001.json.gz"}
+    for name, shard in raw.items():
+        with gzip.open(src / "raw" / shard, "rt") as f:
+            docs = [json.loads(line)["text"] for line in f]
+        write_reference_dataset(root / name, [reference_ids(hf, t) for t in docs], 4000)
+    cfg = tmp_path / "mlcommons.toml"
+    cfg.write_text(f'base = "{tiny_env["config"]}"\n\n[data]\ndata_dir = "{root}"\n'
+                   f'tokenizer = "tokenizer/tokenizer.model"\n'
+                   f'valid_prefix = "{MLCOMMONS_VALID_PREFIX}"\npretrain_prefix = ""\n')
+    assert cli_main(["data", "verify", str(cfg), "--write-manifest"]) == 0
+    log = tmp_path / "result.txt"
+    r = run_train(cfg, 1, log, extra_args=("--set", "run.max_steps=40"))
+    text = log.read_text()
+    assert '"key": "run_start"' in text and '"key": "eval_accuracy"' in text, r.stderr[-3000:]
+    assert "DataError" not in r.stderr and '"step": 40' in text

@@ -1,8 +1,18 @@
-"""`data prepare | verify | tiny`: build, check and provide the training data (docs/data.md)."""
+"""`data prepare | verify | tiny`: build, check and provide the training data (docs/data.md).
+
+    python -m llama31_405b data verify CONFIG [--set SECTION.KEY=VALUE ...] [--full]
+                                              [--write-manifest]
+
+exits 0 when the data passed (a passing verification is then recorded in DATA_DIR/manifest.json,
+which `train` requires), 1 when the data failed a check (the message names the file and the
+fix), 2 when CONFIG or a --set override is invalid.
+"""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+
+from .options import add_set_option, load_or_report, load_with_sets
 
 
 def register(sub) -> None:
@@ -26,16 +36,23 @@ def register(sub) -> None:
     pr.add_argument("--workers", type=int, help="worker processes (default: usable cores)")
     pr.add_argument("--skip-bad", action="store_true",
                     help="skip and count malformed lines and lines without text instead of failing")
+    pr.add_argument("--append-eod", action="store_true",
+                    help="end every document with the tokenizer's eos id (the MLPerf reference "
+                    "does not; recorded in the manifest)")
     pr.add_argument("--force", action="store_true", help="rebuild even if up to date")
     pr.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    add_set_option(pr)
     pr.set_defaults(func=prepare)
 
-    v = s.add_parser("verify", help="check data against its manifest (training does this too)")
+    v = s.add_parser("verify", help="check the data's contents and record a passing verification "
+                     "in its manifest (train requires one); exit 0 passed, 1 data error, 2 bad "
+                     "config")
     v.add_argument("config", metavar="CONFIG")
     v.add_argument("--full", action="store_true", help="whole-file sha256 and token-id scan")
     v.add_argument("--write-manifest", action="store_true",
                    help="record files that have no manifest entry yet (e.g. MLCommons' "
                    "ready-made files) after checking their structure")
+    add_set_option(v)
     v.set_defaults(func=verify)
 
     t = s.add_parser("tiny", help="build the tiny corpus, tokenizer and datasets if missing")
@@ -50,7 +67,7 @@ def _fail(msg: str) -> int:
 
 
 def prepare(args) -> int:
-    from ..config import ConfigError, load_config
+    from ..config import ConfigError
     from ..data import DataError
     from ..data.prepare import Output, describe
     from ..data.prepare import prepare as run
@@ -61,7 +78,7 @@ def prepare(args) -> int:
             if not args.raw_dir:
                 return _fail("--config needs --raw-dir (the folder of the raw C4 json.gz shards)")
             from ..data.layout import benchmark_outputs, data_paths
-            cfg = load_config(args.config)
+            cfg = load_with_sets(args.config, args.set)
             if cfg.run.benchmark != "llama31_405b":
                 return _fail(f"{args.config}: the {cfg.run.benchmark} data is built by "
                              "`python -m llama31_405b data tiny`, not from raw C4")
@@ -69,6 +86,8 @@ def prepare(args) -> int:
             paths = data_paths(cfg)
             tokenizer, data_dir = paths.tokenizer, paths.data_dir
         else:
+            if args.set:
+                return _fail("--set overrides a config: use it with --config")
             if not (args.input and args.output_prefix and args.tokenizer):
                 return _fail("give --config CFG --raw-dir DIR, or --input FILE... "
                              "--output-prefix PREFIX --tokenizer MODEL")
@@ -78,24 +97,29 @@ def prepare(args) -> int:
             tokenizer = Path(args.tokenizer)
             data_dir = Path(args.data_dir) if args.data_dir else prefix.parent
         results = run(outputs, tokenizer, data_dir=data_dir, workers=args.workers,
-                      skip_bad=args.skip_bad, progress=not args.no_progress, force=args.force)
+                      skip_bad=args.skip_bad, progress=not args.no_progress, force=args.force,
+                      append_eod=args.append_eod)
     except (DataError, ConfigError) as e:
         return _fail(str(e))
     describe(results, sys.stdout)
+    if args.config:
+        print(f"next: python -m llama31_405b data verify {args.config}")
     return 0
 
 
 def verify(args) -> int:
-    from ..config import ConfigError, load_config
     from ..data import DataError
     from ..data.verify import verify_data
+    cfg = load_or_report(args.config, args.set)
+    if cfg is None:
+        return 2
     try:
-        cfg = load_config(args.config)
-        verify_data(cfg, full=args.full, write_manifest=args.write_manifest,
-                    log=lambda m: print(m, file=sys.stderr))
-    except (DataError, ConfigError) as e:
+        res = verify_data(cfg, full=args.full, write_manifest=args.write_manifest,
+                          log=lambda m: print(m, file=sys.stderr))
+    except DataError as e:
         return _fail(str(e))
-    print(f"data verified for {args.config}")
+    print(f"data verified for {args.config} (documents end with EOD: "
+          f"{'yes' if res['eod'] == 'appended' else 'no'})")
     return 0
 
 

@@ -8,8 +8,9 @@ One module per concern:
   manifest   sizes and checksums of prepared files
   progress   progress line (docs/s, tokens/s, ETA) on stderr
   prepare    parallel, resumable tokenization into indexed datasets
+  parity     the tokenizer against the folder's tokenizer.json, at prepare time
   layout     the benchmark's file layout (raw shards -> en_6 / en_7 / validation)
-  verify     verify_data(cfg): the check training runs before run_start
+  verify     verify_data(cfg): content checks (`data verify`), require_verified(cfg): train's check
   datasets   build_datasets(cfg, seed=, train_samples=): blended GPTDataset + packed validation
   tiny       ensure_tiny_data(data_dir): the tiny corpus, tokenizer and datasets
 """

@@ -36,13 +36,16 @@ class IndexInfo:
     bin_size: int
     idx_size: int
     max_sequence: int
+    """Longest sequence (-1 when read with deep=False)."""
 
 
-def read_index(prefix: str | Path) -> IndexInfo:
+def read_index(prefix: str | Path, *, deep: bool = True) -> IndexInfo:
     """Check the .idx/.bin pair for internal consistency and return its shape.
 
     Raises DataError naming the file when anything disagrees (header, version, dtype, counts,
-    file sizes, pointers, document indices)."""
+    file sizes, pointers, document indices). Only the .idx is read; of the .bin, its size.
+    `deep=False` reads the 34-byte header only and checks the counts against both file sizes:
+    cheap on the multi-GB C4 index files, for code that runs on every rank."""
     prefix = str(prefix)
     idx, bin_ = Path(prefix + ".idx"), Path(prefix + ".bin")
     for p in (idx, bin_):
@@ -64,11 +67,19 @@ def read_index(prefix: str | Path) -> IndexInfo:
     if idx_size not in (expected, expected + seqs):  # + int8 modes for multimodal data
         raise DataError(f"{idx}: {idx_size} bytes, but its header ({seqs} sequences, {docs} "
                         f"document indices) needs {expected}: the file is truncated or damaged")
+    itemsize = np.dtype(dtype).itemsize
+    if not deep:
+        if bin_size % itemsize or docs < 1:
+            raise DataError(f"{bin_}: {bin_size} bytes is not a whole number of "
+                            f"{np.dtype(dtype).name} tokens, or {idx.name} has no document "
+                            "index: the pair does not belong together or one file is damaged")
+        return IndexInfo(prefix=prefix, dtype=dtype, sequences=int(seqs), documents=int(docs - 1),
+                         tokens=bin_size // itemsize, bin_size=bin_size, idx_size=idx_size,
+                         max_sequence=-1)
     mm = np.memmap(idx, mode="r", dtype=np.uint8)
     lengths = np.frombuffer(mm, dtype=np.int32, count=seqs, offset=34)
     pointers = np.frombuffer(mm, dtype=np.int64, count=seqs, offset=34 + 4 * seqs)
     doc_idx = np.frombuffer(mm, dtype=np.int64, count=docs, offset=34 + 12 * seqs)
-    itemsize = np.dtype(dtype).itemsize
     tokens = int(lengths.sum(dtype=np.int64))
     if tokens * itemsize != bin_size:
         raise DataError(f"{bin_}: {bin_size} bytes, but {idx.name} describes {tokens} tokens of "
@@ -87,13 +98,32 @@ def read_index(prefix: str | Path) -> IndexInfo:
 
 
 def token_stream(info: IndexInfo) -> np.ndarray:
-    """The .bin file as one read-only token array (documents back to back)."""
+    """The .bin file as one read-only token array (documents back to back). Maps the .bin:
+    never call it before run_start."""
     return np.memmap(info.prefix + ".bin", mode="r", dtype=info.dtype)
 
 
 def last_tokens(info: IndexInfo, n: int) -> np.ndarray:
-    """The last token of each of the first n sequences (documents end with EOD)."""
+    """The last token of each of the first n sequences (reads the .bin)."""
     n = min(n, info.sequences)
     lengths = np.fromfile(info.prefix + ".idx", dtype=np.int32, count=n, offset=34)
     ends = np.cumsum(lengths.astype(np.int64)) - 1
     return np.asarray(token_stream(info)[ends]) if n else np.zeros(0, dtype=info.dtype)
+
+
+def max_token_id(info: IndexInfo, *, scan_all: bool, block: int = 1 << 26,
+                 samples: int = 16) -> tuple[int, str]:
+    """(largest id found, what was scanned): every token when `scan_all` or the file holds at
+    most `block` tokens, else `samples` blocks of block/16 tokens spread over the file."""
+    stream = token_stream(info)
+    if not info.tokens:
+        return -1, "all (empty)"
+    if scan_all or info.tokens <= block:
+        spans = [(a, a + block) for a in range(0, info.tokens, block)]
+        how = "all"
+    else:
+        size = block // 16
+        step = (info.tokens - size) // (samples - 1)
+        spans = [(i * step, i * step + size) for i in range(samples)]
+        how = f"{samples} blocks of {size} tokens"
+    return max(int(stream[a:b].max()) for a, b in spans), how

@@ -1,8 +1,12 @@
 """Tokenize C4-format shards into Megatron indexed datasets (.bin/.idx), in parallel, resumably.
 
 Each output dataset is built from its input shards in the order given; documents keep their
-order in the shard, each followed by EOD (the tokenizer's eos id) and no BOS, as the MLPerf
-reference prepares its data. Work units are one input shard each (an output with `max_docs`,
+order in the shard and hold the ids of the reference's tokenizer path (tokenizer.py), with no BOS
+and no EOD, as the MLPerf reference prepares its data (mlcommons/training,
+`large_language_model_pretraining/nemo/utils/preprocess.sh` runs NeMo's
+`preprocess_data_for_megatron.py` without `--append-eod`). `append_eod=True` (`data prepare
+--append-eod`) appends the tokenizer's eos id after every document instead; the manifest records
+which. Work units are one input shard each (an output with `max_docs`,
 the validation set, is one unit that reads its shards in order until it has that many documents).
 Units run in worker processes, largest first; each writes `PREFIX.parts/part-NNNNN.{bin,idx}`
 under temporary names and then a `part-NNNNN.json` marker, so an interrupted run resumes at the
@@ -29,9 +33,10 @@ import numpy as np
 from . import manifest as mf
 from .errors import DataError
 from .indexed import read_index, token_dtype
+from .parity import check_tokenizer_json, sample_texts
 from .progress import Progress
 from .reader import ShardReader, SkipCounts
-from .tokenizer import SentencePieceTokenizer
+from .tokenizer import TOKENIZATION, SentencePieceTokenizer
 
 BATCH_DOCS = 256
 REPORT_EVERY_S = 0.5
@@ -63,11 +68,13 @@ class _Unit:
     tokenizer: str
     tokenizer_sha256: str
     part_prefix: Path
+    append_eod: bool = False
 
     def key(self) -> dict:
         return {"inputs": [[p.name, p.stat().st_size] for p in self.inputs],
                 "max_docs": self.max_docs, "skip_bad": self.skip_bad,
-                "tokenizer_sha256": self.tokenizer_sha256}
+                "tokenizer_sha256": self.tokenizer_sha256, "append_eod": self.append_eod,
+                "tokenization": TOKENIZATION}
 
     def size(self) -> int:
         return sum(p.stat().st_size for p in self.inputs)
@@ -121,7 +128,8 @@ def run_unit(u: _Unit, report=None) -> dict:
             if not ids:
                 skipped.empty += 1
                 continue
-            ids.append(eod)
+            if u.append_eod:
+                ids.append(eod)
             arr = np.array(ids, dtype=dtype)
             builder.add_document(arr, [arr.size])
             docs += 1
@@ -182,12 +190,14 @@ def _parts_dir(prefix: Path) -> Path:
     return Path(f"{prefix}.parts")
 
 
-def _units(i: int, out: Output, tok: SentencePieceTokenizer, skip_bad: bool) -> list[_Unit]:
+def _units(i: int, out: Output, tok: SentencePieceTokenizer, skip_bad: bool,
+           append_eod: bool) -> list[_Unit]:
     parts = _parts_dir(out.prefix)
     groups = [out.inputs] if out.max_docs is not None else [(p,) for p in out.inputs]
     return [_Unit(out=i, part=j, inputs=tuple(g), max_docs=out.max_docs, skip_bad=skip_bad,
                   tokenizer=str(tok.path), tokenizer_sha256=tok.sha256,
-                  part_prefix=parts / f"part-{j:05d}") for j, g in enumerate(groups)]
+                  part_prefix=parts / f"part-{j:05d}", append_eod=append_eod)
+            for j, g in enumerate(groups)]
 
 
 def _part_done(u: _Unit) -> dict | None:
@@ -207,11 +217,12 @@ def _sources(out: Output) -> list[list]:
 
 
 def _up_to_date(out: Output, tok: SentencePieceTokenizer, data_dir: Path, m: dict,
-                skip_bad: bool) -> dict | None:
+                skip_bad: bool, append_eod: bool) -> dict | None:
     key = mf.rel(out.prefix, data_dir)
     ds = m["datasets"].get(key)
     if not ds or ds.get("tokenizer_sha256") != tok.sha256 or ds.get("sources") != _sources(out) \
-            or ds.get("max_docs") != out.max_docs or ds.get("skip_bad") != skip_bad:
+            or ds.get("max_docs") != out.max_docs or ds.get("skip_bad") != skip_bad \
+            or ds.get("append_eod") != append_eod or ds.get("tokenization") != TOKENIZATION:
         return None
     try:
         for ext in (".bin", ".idx"):
@@ -226,7 +237,7 @@ def _up_to_date(out: Output, tok: SentencePieceTokenizer, data_dir: Path, m: dic
 
 
 def _merge(out: Output, units: list[_Unit], recs: list[dict], tok, data_dir: Path,
-           skip_bad: bool) -> Result:
+           skip_bad: bool, append_eod: bool) -> Result:
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
     prefix = out.prefix
     tmp_bin, tmp_idx = Path(f"{prefix}.bin.tmp"), Path(f"{prefix}.idx.tmp")
@@ -272,6 +283,7 @@ def _merge(out: Output, units: list[_Unit], recs: list[dict], tok, data_dir: Pat
             "origin": "prepared", "documents": info.documents, "tokens": info.tokens,
             "dtype": np.dtype(info.dtype).name, "tokenizer_sha256": tok.sha256,
             "tokenizer_vocab_size": tok.vocab_size, "eod": tok.eod, "bos_prepended": False,
+            "append_eod": append_eod, "tokenization": TOKENIZATION,
             "sources": _sources(out), "max_docs": out.max_docs, "skip_bad": skip_bad,
             "skipped": {"malformed": res.skipped.malformed,
                         "missing_text": res.skipped.missing_text, "empty": res.skipped.empty}}
@@ -281,8 +293,9 @@ def _merge(out: Output, units: list[_Unit], recs: list[dict], tok, data_dir: Pat
 
 def prepare(outputs: list[Output], tokenizer: str | Path, *, data_dir: str | Path,
             workers: int | None = None, skip_bad: bool = False, progress: bool = True,
-            force: bool = False) -> list[Result]:
-    """Build every output (skipping those already complete and recorded in the manifest)."""
+            force: bool = False, append_eod: bool = False) -> list[Result]:
+    """Build every output (skipping those already complete and recorded in the manifest).
+    `append_eod`: end every document with the eos id (the reference does not)."""
     # imported before workers fork, so each does not pay megatron's import again
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder  # noqa: F401
     tok = SentencePieceTokenizer(tokenizer)
@@ -298,14 +311,14 @@ def prepare(outputs: list[Output], tokenizer: str | Path, *, data_dir: str | Pat
     results: dict[int, Result] = {}
     pending: list[tuple[int, Output]] = []
     for i, out in enumerate(outputs):
-        ds = None if force else _up_to_date(out, tok, data_dir, m, skip_bad)
+        ds = None if force else _up_to_date(out, tok, data_dir, m, skip_bad, append_eod)
         if ds is not None:
             results[i] = Result(prefix=out.prefix, documents=ds["documents"], tokens=ds["tokens"],
                                 skipped=SkipCounts(**ds.get("skipped", {})), status="up-to-date")
         else:
             out.prefix.parent.mkdir(parents=True, exist_ok=True)
             pending.append((i, out))
-    units = {i: _units(i, out, tok, skip_bad) for i, out in pending}
+    units = {i: _units(i, out, tok, skip_bad, append_eod) for i, out in pending}
     recs: dict[tuple[int, int], dict] = {}
     todo: list[_Unit] = []
     for i, us in units.items():
@@ -318,10 +331,16 @@ def prepare(outputs: list[Output], tokenizer: str | Path, *, data_dir: str | Pat
                 todo.append(u)
     todo.sort(key=lambda u: -u.size())
     if todo:
+        texts = (sample_texts(todo[0].inputs[0], skip_bad=skip_bad)
+                 if (tok.path.parent / "tokenizer.json").is_file() else [])
+        note = check_tokenizer_json(tok, texts)
+        if progress:
+            print(f"tokenizer: {note}", file=sys.stderr)
         _run(todo, recs, workers, progress, tok)
     for i, out in pending:
         us = units[i]
-        res = _merge(out, us, [recs[(u.out, u.part)] for u in us], tok, data_dir, skip_bad)
+        res = _merge(out, us, [recs[(u.out, u.part)] for u in us], tok, data_dir, skip_bad,
+                     append_eod)
         if len(todo) < sum(len(x) for x in units.values()):
             res.status = "resumed"
         results[i] = res

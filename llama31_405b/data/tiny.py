@@ -25,6 +25,7 @@ from . import manifest as mf
 from .errors import DataError
 from .prepare import Output, describe, prepare
 from .tokenizer import train_tokenizer
+from .verify import verify_prepared
 
 CORPUS = Path(__file__).resolve().parent / "corpus" / "tiny_corpus.jsonl.xz"
 TOKENIZER = "tokenizer/tiny_sp.model"
@@ -36,7 +37,8 @@ PRETRAIN_FRACTION = 0.255
 MIN_VALID_TOKENS = 64 * 256 + 1
 """tiny_llama31 eval_samples x seq_length + 1 (see config/rules.py TINY_LLAMA31)."""
 STAMP = "tiny_data.json"
-FORMAT = 1
+FORMAT = 2
+"""2: documents without EOD, as the reference prepares its data; verification recorded."""
 
 RAW = {  # raw C4-format shard -> dataset prefix
     "raw/c4-train.00000-of-00002.json.gz": "c4-train.en_6_text_document",
@@ -103,7 +105,7 @@ def _stamp_ok(data_dir: Path, corpus_sha: str) -> bool:
         m = mf.load_manifest(data_dir)
         for key in [TOKENIZER] + [p + e for p in RAW.values() for e in (".bin", ".idx")]:
             mf.check_file(data_dir / key, m["files"][key], full=False, where=stamp)
-        return all(p in m["datasets"] for p in RAW.values())
+        return all(m["datasets"][p].get("verified", {}).get("passed") for p in RAW.values())
     except (OSError, ValueError, KeyError):
         return False
 
@@ -147,6 +149,8 @@ def _build(data_dir: Path, corpus_sha: str, *, workers: int | None, quiet: bool)
     results = prepare(outputs, tok_path, data_dir=data_dir, workers=workers, progress=not quiet)
     if not quiet:
         describe(results)
+    verify_prepared(data_dir, tok_path, [data_dir / prefix for prefix in RAW.values()])
+    say("tiny data: verified (recorded in manifest.json)")
     stamp = data_dir / STAMP
     stamp.write_text(json.dumps({"format": FORMAT, "corpus_sha256": corpus_sha,
                                  "tokens": {r.prefix.name: r.tokens for r in results}}, indent=1))

@@ -1,21 +1,33 @@
-"""`verify_data(cfg)`: the data check training runs before run_start.
+"""Data verification in two parts (docs/data.md, "Verification").
 
-It accepts the project's own prepared data (recorded in DATA_DIR/manifest.json by `data
-prepare`) and MLCommons' ready-made files once they are recorded: `data verify CONFIG
---write-manifest` checks their structure and records their sizes and checksums (origin
-"accepted"). Every later verify compares against that record. Checks, cheapest first:
+`verify_data(cfg)` (`python -m llama31_405b data verify CONFIG`) checks the contents, reading the
+.bin files; run_and_time.sh runs it once per job, before the timed runs. It accepts the
+project's prepared data and MLCommons' ready-made files once recorded (`--write-manifest`
+records files that have no manifest entry yet, origin "accepted"), and for every dataset it
+passes it writes a verification record into DATA_DIR/manifest.json: what was checked, when,
+and the size and mtime of each file. Checks, cheapest first:
 
 - data_dir, tokenizer and every .bin/.idx exist; the tokenizer vocab fits the model's vocab;
-- each .idx/.bin pair is internally consistent (header, dtype, counts, sizes, pointers), its
-  dtype can hold the tokenizer's ids, its documents end with the tokenizer's EOD;
+- each .idx/.bin pair is internally consistent (header, dtype, counts, sizes, pointers);
+- the validation set holds eval_samples x seq_length + 1 tokens (and, for llama31_405b,
+  MLCommons' `c4-validation-91205-samples` file holds its 91,205 documents);
 - each file matches its manifest record (size + sampled checksum; whole-file sha256 with
   `full=True`), and prepared data was made with this very tokenizer;
-- the validation set holds eval_samples x seq_length + 1 tokens (and 91,205 documents when it is
-  MLCommons' `c4-validation-91205-samples` file); token ids are below the tokenizer vocab
-  (scanned for datasets up to 64 M tokens, or all with `full=True`).
+- the dtype holds the tokenizer's ids, and token ids are below the tokenizer vocab (every token
+  of files up to 64 M tokens, 16 spread blocks of larger ones; all with `full=True`);
+- the end-of-document convention (documents ending with the tokenizer's EOD, or not: the
+  reference's data has no EOD) is the same for every dataset, and as prepared.
+
+`require_verified(cfg)` is what `train` runs in init, before run_start. It reads the manifest,
+the tokenizer, the .idx headers and file sizes and mtimes (stat), and never opens a .bin (MLPerf
+training rules: nothing touches the dataset before the clock starts; document counts and sizes
+may be used). It refuses data without a passing verification record, or whose files changed
+since.
 """
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -23,11 +35,14 @@ import numpy as np
 
 from . import manifest as mf
 from .errors import DataError
-from .indexed import IndexInfo, last_tokens, read_index, token_stream
+from .indexed import IndexInfo, last_tokens, max_token_id, read_index
 from .layout import MLCOMMONS_VALID_PREFIX, VALID_DOCS, data_paths, min_valid_tokens
 from .tokenizer import SentencePieceTokenizer
 
 SCAN_TOKENS = 1 << 26
+EOD_SAMPLE = 1024
+CHECKS = ["structure", "validation_size", "dtype", "ids_below_vocab", "eod_convention",
+          "manifest_record", "tokenizer"]
 
 
 def _fix_unverified(cfg_src: str) -> str:
@@ -36,30 +51,12 @@ def _fix_unverified(cfg_src: str) -> str:
             "them; otherwise build them with `python -m llama31_405b data prepare`")
 
 
-def _check_tokens(info: IndexInfo, tok: SentencePieceTokenizer, full: bool) -> None:
-    if np.iinfo(info.dtype).max < tok.vocab_size - 1:
-        raise DataError(f"{info.prefix}.idx: dtype {np.dtype(info.dtype).name} cannot hold the "
-                        f"{tok.vocab_size} ids of {tok.path}; the data and tokenizer do not match")
-    ends = last_tokens(info, 64)
-    if ends.size and not np.all(ends == tok.eod):
-        raise DataError(f"{info.prefix}.bin: documents do not end with EOD id {tok.eod} of "
-                        f"{tok.path} (found {sorted(set(ends.tolist()))[:5]}); the data was "
-                        "prepared without EOD or with another tokenizer: prepare it again")
-    if full or info.tokens <= SCAN_TOKENS:
-        stream = token_stream(info)
-        top = 0
-        for start in range(0, info.tokens, SCAN_TOKENS):
-            top = max(top, int(stream[start:start + SCAN_TOKENS].max()))
-        if top >= tok.vocab_size:
-            raise DataError(f"{info.prefix}.bin: token id {top} >= vocab size {tok.vocab_size} of "
-                            f"{tok.path}; the data was made with another tokenizer")
+def _stat(path: str | Path) -> dict:
+    st = os.stat(path)
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
-def verify_data(cfg, *, full: bool = False, write_manifest: bool = False,
-                log: Callable[[str], None] | None = None) -> None:
-    """Raise DataError unless the data cfg names is present, consistent and verified."""
-    say = log or (lambda msg: None)
-    p = data_paths(cfg)
+def _tokenizer(cfg, p) -> SentencePieceTokenizer:
     if not p.data_dir.is_dir():
         raise DataError(f"data.data_dir {p.data_dir}: folder not found; point [data] data_dir (or "
                         "the launcher's DATADIR) at the prepared data, or for the tiny benchmark "
@@ -70,14 +67,82 @@ def verify_data(cfg, *, full: bool = False, write_manifest: bool = False,
                         f"model.vocab_size {cfg.model.vocab_size} ({cfg.source or 'config'}); ids "
                         "past the embedding table would crash training: use the matching tokenizer "
                         "or a model with a larger vocab")
-    infos = {}
-    for prefix in p.prefixes():
-        infos[prefix] = info = read_index(prefix)
-        _check_tokens(info, tok, full)
+    return tok
+
+
+def _check_validation(cfg, valid: IndexInfo) -> None:
+    """What the benchmark fixes about the validation set (from the .idx header and sizes)."""
+    name = Path(valid.prefix).name
+    if (cfg.run.benchmark == "llama31_405b" and valid.documents != VALID_DOCS
+            and name.replace("validationn", "validation") == MLCOMMONS_VALID_PREFIX):
+        raise DataError(f"{valid.prefix}.idx: {valid.documents} documents, MLCommons' validation "
+                        f"file has {VALID_DOCS}; the file is not the benchmark's validation set")
+    need = min_valid_tokens(cfg)
+    if valid.tokens < need:
+        raise DataError(f"{valid.prefix}.bin: {valid.tokens} tokens, but "
+                        f"{cfg.derived.eval_samples} validation sequences of "
+                        f"{cfg.model.seq_length} need {need}; prepare more validation documents")
+
+
+def _eod_convention(infos: dict, conventions: dict[Path, str], eod: int) -> str:
+    found = set(conventions.values())
+    if len(found) > 1:
+        which = ", ".join(f"{Path(infos[k].prefix).name}: {v}" for k, v in conventions.items())
+        raise DataError(f"the datasets disagree on end-of-document tokens ({which}; EOD id {eod}); "
+                        "prepare them all the same way (the reference: no EOD)")
+    return found.pop() if found else "none"
+
+
+def check_content(info: IndexInfo, tok: SentencePieceTokenizer, *, full: bool) -> dict:
+    """Content checks of one dataset (reads its .bin); returns what was found."""
+    if np.iinfo(info.dtype).max < tok.vocab_size - 1:
+        raise DataError(f"{info.prefix}.idx: dtype {np.dtype(info.dtype).name} cannot hold the "
+                        f"{tok.vocab_size} ids of {tok.path}; the data and tokenizer do not match")
+    top, how = max_token_id(info, scan_all=full, block=SCAN_TOKENS)
+    if top >= tok.vocab_size:
+        raise DataError(f"{info.prefix}.bin: token id {top} >= vocab size {tok.vocab_size} of "
+                        f"{tok.path}; the data was made with another tokenizer")
+    ends = last_tokens(info, EOD_SAMPLE)
+    eod = "appended" if ends.size and np.all(ends == tok.eod) else "none"
+    return {"dtype": np.dtype(info.dtype).name, "max_id": top, "ids_checked": how,
+            "eod": eod, "eod_id": tok.eod, "eod_sampled_documents": int(ends.size)}
+
+
+def verification_record(info: IndexInfo, tok, content: dict, *, full: bool) -> dict:
+    """The manifest's record of a passing verification of one dataset."""
+    return {"passed": True, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "full": full, "checks": CHECKS, **content, "tokenizer_sha256": tok.sha256,
+            "documents": info.documents, "tokens": info.tokens,
+            "files": {ext: _stat(f"{info.prefix}{ext}") for ext in (".bin", ".idx")}}
+
+
+def _write(data_dir: Path, new_files: dict, new_sets: dict, verified: dict) -> None:
+    try:
+        with mf.updating(data_dir) as m:
+            m["files"].update(new_files)
+            m["datasets"].update(new_sets)
+            for key, rec in verified.items():
+                m["datasets"][key]["verified"] = rec
+    except OSError as e:
+        raise DataError(f"{mf.manifest_path(data_dir)}: cannot record the verification ({e}); "
+                        "data verify needs write access to data_dir") from None
+
+
+def verify_data(cfg, *, full: bool = False, write_manifest: bool = False,
+                log: Callable[[str], None] | None = None) -> dict:
+    """Check the data cfg names and record a passing verification per dataset in the manifest;
+    raise DataError naming the file and the fix otherwise. Returns {"eod": "none"|"appended",
+    "datasets": {manifest key: verification record}}."""
+    say = log or (lambda msg: None)
+    p = data_paths(cfg)
+    tok = _tokenizer(cfg, p)
+    infos = {prefix: read_index(prefix) for prefix in p.prefixes()}
+    _check_validation(cfg, infos[p.valid])
     where = mf.manifest_path(p.data_dir)
     m = mf.load_manifest(p.data_dir)
     new_files: dict[str, dict] = {}
     new_sets: dict[str, dict] = {}
+    verified: dict[str, dict] = {}
     unverified: list[str] = []
     tkey = mf.rel(p.tokenizer, p.data_dir)
     if tkey in m["files"]:
@@ -86,6 +151,7 @@ def verify_data(cfg, *, full: bool = False, write_manifest: bool = False,
         new_files[tkey] = mf.file_record(p.tokenizer)
     else:
         unverified.append(str(p.tokenizer))
+    recorded = {}
     for prefix, info in infos.items():
         key = mf.rel(prefix, p.data_dir)
         ds = m["datasets"].get(key)
@@ -93,14 +159,6 @@ def verify_data(cfg, *, full: bool = False, write_manifest: bool = False,
         if ds is None or None in recs:
             if not write_manifest:
                 unverified.append(f"{prefix}.bin/.idx")
-                continue
-            say(f"recording {key}.bin/.idx (sha256 of {info.bin_size / 1e9:.2f} GB)")
-            for ext in (".bin", ".idx"):
-                new_files[key + ext] = mf.file_record(f"{prefix}{ext}")
-            new_sets[key] = {"origin": "accepted", "documents": info.documents,
-                             "tokens": info.tokens, "dtype": np.dtype(info.dtype).name,
-                             "tokenizer_sha256": tok.sha256, "tokenizer_vocab_size": tok.vocab_size,
-                             "eod": tok.eod}
             continue
         for ext, rec in zip((".bin", ".idx"), recs):
             mf.check_file(Path(f"{prefix}{ext}"), rec, full=full, where=where)
@@ -109,26 +167,106 @@ def verify_data(cfg, *, full: bool = False, write_manifest: bool = False,
                             f"{ds['tokenizer_sha256'][:12]}..., configured {p.tokenizer} is "
                             f"{tok.sha256[:12]}...); prepare the data again or fix data.tokenizer")
         if (ds.get("documents"), ds.get("tokens")) != (info.documents, info.tokens):
-            raise DataError(f"{prefix}: holds {info.documents} documents / {info.tokens} tokens, "
-                            f"{where} says {ds.get('documents')} / {ds.get('tokens')}")
-        say(f"ok {key}: {info.documents} documents, {info.tokens} tokens ({ds.get('origin')})")
-    valid = infos[p.valid]
-    need = min_valid_tokens(cfg)
-    if valid.tokens < need:
-        raise DataError(f"{p.valid}.bin: {valid.tokens} tokens, but {cfg.derived.eval_samples} "
-                        f"validation sequences of {cfg.model.seq_length} need {need}; prepare more "
-                        "validation documents")
-    if p.valid.name == MLCOMMONS_VALID_PREFIX and valid.documents != VALID_DOCS:
-        raise DataError(f"{p.valid}.idx: {valid.documents} documents, MLCommons' validation file "
-                        f"has {VALID_DOCS}; the file is not the benchmark's validation set")
+            raise DataError(f"{prefix}: holds {info.documents} documents / {info.tokens} "
+                            f"tokens, {where} says {ds.get('documents')} / {ds.get('tokens')}")
+        recorded[prefix] = ds
     if unverified:
         msg = (f"not verified against {where}: {', '.join(unverified)}; "
                + _fix_unverified(cfg.source))
         if cfg.data.require_verified:
             raise DataError(msg)
         say("warning: " + msg + " (data.require_verified = false: continuing)")
-    if new_files or new_sets:
-        with mf.updating(p.data_dir) as m2:
-            m2["files"].update(new_files)
-            m2["datasets"].update(new_sets)
+    content = {prefix: check_content(info, tok, full=full) for prefix, info in infos.items()}
+    conv = _eod_convention(infos, {k: content[k]["eod"] for k in (*p.train, p.valid)}, tok.eod)
+    for prefix, info in infos.items():
+        key = mf.rel(prefix, p.data_dir)
+        ds = recorded.get(prefix)
+        found = content[prefix]["eod"]
+        if ds is None:
+            if not write_manifest:
+                continue
+            say(f"recording {key}.bin/.idx (sha256 of {info.bin_size / 1e9:.2f} GB)")
+            for ext in (".bin", ".idx"):
+                new_files[key + ext] = mf.file_record(f"{prefix}{ext}")
+            ds = new_sets[key] = {
+                "origin": "accepted", "documents": info.documents, "tokens": info.tokens,
+                "dtype": np.dtype(info.dtype).name, "tokenizer_sha256": tok.sha256,
+                "tokenizer_vocab_size": tok.vocab_size, "eod": tok.eod,
+                "append_eod": found == "appended"}
+        elif ds.get("append_eod") is not None and ds["append_eod"] != (found == "appended"):
+            raise DataError(f"{prefix}.bin: documents {'do not ' * (found == 'none')}end "
+                            f"with EOD id {tok.eod}, but {where} records append_eod = "
+                            f"{ds['append_eod']}; the file changed: prepare it again")
+        verified[key] = verification_record(info, tok, content[prefix], full=full)
+        say(f"ok {key}: {info.documents} documents, {info.tokens} tokens, EOD {found}, ids < "
+            f"{content[prefix]['max_id'] + 1} ({content[prefix]['ids_checked']}), "
+            f"{ds.get('origin')}")
+    _write(p.data_dir, new_files, new_sets, verified)
+    if new_files:
         say(f"wrote {len(new_files)} file records to {where}")
+    say(f"recorded a passing verification of {len(verified)} datasets in {where}")
+    return {"eod": conv, "datasets": verified}
+
+
+def require_verified(cfg) -> dict:
+    """Raise DataError unless every dataset cfg names has a passing verification record in the
+    manifest and its files are unchanged since (size and mtime). Reads the manifest, the
+    tokenizer, .idx headers and stat only: safe before run_start. Returns
+    {"eod": "none"|"appended", "datasets": {manifest key: verification record}}."""
+    p = data_paths(cfg)
+    tok = _tokenizer(cfg, p)
+    where = mf.manifest_path(p.data_dir)
+    m = mf.load_manifest(p.data_dir)
+    fix = (f"run `python -m llama31_405b data verify {cfg.source or 'CONFIG'}` first "
+           "(run_and_time.sh does, once per job before the runs)")
+    trec = m["files"].get(mf.rel(p.tokenizer, p.data_dir))
+    if trec and trec.get("sha256") not in (None, tok.sha256):
+        raise DataError(f"{p.tokenizer}: changed since {where} was written (sha256 "
+                        f"{tok.sha256[:12]}..., recorded {trec['sha256'][:12]}...); restore it or "
+                        "prepare the data again")
+    infos = {prefix: read_index(prefix, deep=False) for prefix in p.prefixes()}
+    _check_validation(cfg, infos[p.valid])
+    records: dict[str, dict] = {}
+    problems: list[str] = []
+    for prefix, info in infos.items():
+        key = mf.rel(prefix, p.data_dir)
+        v = (m["datasets"].get(key) or {}).get("verified") or {}
+        if not v.get("passed"):
+            problems.append(f"{key}: no passing verification recorded")
+            continue
+        changed = [ext for ext in (".bin", ".idx")
+                   if v.get("files", {}).get(ext) != _stat(f"{prefix}{ext}")]
+        if changed:
+            problems.append(f"{key}{'/'.join(changed)}: size or mtime changed since the "
+                            f"verification of {v.get('time')}")
+        elif v.get("tokenizer_sha256") != tok.sha256:
+            problems.append(f"{key}: verified with another tokenizer than {p.tokenizer}")
+        elif (v.get("documents"), v.get("tokens")) != (info.documents, info.tokens):
+            problems.append(f"{key}: {info.documents} documents / {info.tokens} tokens, verified "
+                            f"{v.get('documents')} / {v.get('tokens')}")
+        records[key] = v
+    if problems:
+        raise DataError(f"data not verified ({where}): {'; '.join(problems)}; {fix}")
+    keys = {prefix: mf.rel(prefix, p.data_dir) for prefix in (*p.train, p.valid)}
+    conv = _eod_convention(infos, {k: records[key]["eod"] for k, key in keys.items()}, tok.eod)
+    return {"eod": conv, "datasets": records}
+
+
+def verify_prepared(data_dir: str | Path, tokenizer: str | Path, prefixes: list[Path]) -> None:
+    """Content checks of datasets `prepare` has just written and recorded, and their passing
+    verification records (ensure_tiny_data: the tiny data is ready to train on at once). The
+    config-level checks (validation size, vocab fit) are require_verified's, from the .idx."""
+    data_dir = Path(data_dir)
+    tok = SentencePieceTokenizer(tokenizer)
+    m = mf.load_manifest(data_dir)
+    verified = {}
+    for prefix in prefixes:
+        key = mf.rel(prefix, data_dir)
+        ds = m["datasets"].get(key)
+        if ds is None or ds.get("tokenizer_sha256") != tok.sha256:
+            raise DataError(f"{prefix}: not prepared with {tokenizer} (no matching record in "
+                            f"{mf.manifest_path(data_dir)}); prepare it again")
+        info = read_index(prefix)
+        verified[key] = verification_record(info, tok, check_content(info, tok, full=True),
+                                            full=True)
+    _write(data_dir, {}, {}, verified)

@@ -165,8 +165,8 @@ class Run:
             return self._datasets
         from ..data.datasets import build_datasets
         if self.cfg.data.require_verified:
-            from ..data.verify import verify_data
-            verify_data(self.cfg)
+            from ..data.verify import require_verified
+            require_verified(self.cfg)
         d = self.cfg.derived
         return build_datasets(self.cfg, seed=self.seed, train_samples=d.max_steps * d.gbs)
 
