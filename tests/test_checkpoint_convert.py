@@ -269,7 +269,7 @@ def test_405b_model_matches_the_mapping():
     from llama31_405b.checkpoint.convert import (_index_template, sharded_template,
                                                  single_process_megatron)
     root = Path(__file__).resolve().parents[1]
-    cfg = load_config(root / "configs" / "config_GB200_256x4x56xtp4pp8cp2.toml")
+    cfg = load_config(root / "configs" / "config_GB200_128x4x144xtp4pp8cp2.toml")
     with single_process_megatron():
         tensors, objects = _index_template(sharded_template(cfg), cfg)
     assert len(tensors) == len(mapping.targets(cfg.model)) == 6 * 126 + 3

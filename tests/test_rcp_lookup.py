@@ -37,3 +37,16 @@ def test_max_steps_rule():
         steps = rcp.max_steps_for("llama31_405b", g)
         assert steps <= 1000 and steps % 50 == 0
         assert steps * g <= 2 * rcp.rcp_mean("llama31_405b", g).mean < (steps + 50) * g
+
+
+@pytest.mark.parametrize("benchmark", ["llama31_405b", "tiny_llama31"])
+def test_pruned_stats_are_the_checkers(benchmark):
+    """The planner's RCP means and spreads (config.rcp.pruned_stats, no numpy) are the checker's
+    pruned 'RCP Mean' and 'RCP Stdev'."""
+    ck = make_checker(benchmark)
+    theirs = sorted((int(r["BS"]), float(r["RCP Mean"]), float(r["RCP Stdev"]))
+                    for r in ck.pruned_rcp_data.values())
+    mine = rcp.pruned_stats(rcp.rcp_file_for(benchmark))
+    assert [bs for bs, _, _ in mine] == [bs for bs, _, _ in theirs]
+    for (_, m1, s1), (_, m2, s2) in zip(mine, theirs):
+        assert m1 == pytest.approx(m2, rel=1e-12) and s1 == pytest.approx(s2, rel=1e-9)

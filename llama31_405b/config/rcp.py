@@ -7,7 +7,8 @@ statistics are those of `mlperf_logging.rcp_checker.RCP_Checker` (`compute_rcp_s
 mean; `_prune_rcps`; `_create_interp_rcp`: linear interpolation between the neighbouring pruned
 RCPs; a GBS below every RCP is compared with the smallest one), written out here without numpy
 and scipy so that loading a config stays cheap; tests/test_rcp_lookup.py compares the two at every
-batch size. The checker's own decisions on finished runs live in `submission.rcp`.
+batch size. The planner reads the same pruned RCPs with their spread (`pruned_stats`). The
+checker's own decisions on finished runs live in `submission.rcp`.
 
 Data bound (`samples_bound`): a closed-division run asks the dataset for max_steps x GBS samples
 (the whole LR schedule when run.max_steps is unset, 1.38 billion at GBS 1152: an index that takes
@@ -87,22 +88,37 @@ def _interp(bs: int, lo: tuple[int, float], hi: tuple[int, float]) -> float:
     return slope * (bs - lo[0]) + lo[1]
 
 
+def _stdev(samples: list[float]) -> float:
+    """The checker's spread of an RCP: the population standard deviation of all its runs."""
+    mean = sum(samples) / len(samples)
+    return math.sqrt(sum((x - mean) ** 2 for x in samples) / len(samples))
+
+
 @cache
-def pruned_points(path: Path) -> tuple[tuple[int, float], ...]:
-    """(GBS, olympic mean) of the RCPs the checker keeps after pruning, by GBS."""
+def pruned_stats(path: Path) -> tuple[tuple[int, float, float], ...]:
+    """(GBS, olympic mean, standard deviation) of the RCPs the checker keeps after pruning, by
+    GBS (its 'RCP Mean' and 'RCP Stdev')."""
     with Path(path).open() as f:
         raw = json.load(f)
-    pts = sorted((int(r["BS"]), _olympic_mean(r.get("Epochs to converge")
-                                              or r["samples to converge"])) for r in raw.values())
+    pts = []
+    for r in raw.values():
+        runs = [float(x) for x in (r.get("Epochs to converge") or r["samples to converge"])]
+        pts.append((int(r["BS"]), _olympic_mean(runs), _stdev(runs)))
+    pts.sort()
     fastest = min(pts, key=lambda p: p[1])
     pts = [p for p in pts if p[0] >= fastest[0]]
     i = 1
     while i < len(pts) - 1:
-        if pts[i][1] > _interp(pts[i][0], pts[i - 1], pts[i + 1]):
+        if pts[i][1] > _interp(pts[i][0], pts[i - 1][:2], pts[i + 1][:2]):
             del pts[i]
             i -= 1
         i += 1
     return tuple(pts)
+
+
+def pruned_points(path: Path) -> tuple[tuple[int, float], ...]:
+    """(GBS, olympic mean) of the RCPs the checker keeps after pruning, by GBS."""
+    return tuple((bs, mean) for bs, mean, _ in pruned_stats(path))
 
 
 @cache

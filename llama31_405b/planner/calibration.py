@@ -69,9 +69,11 @@ class Assumed:
     scaleout_bus_efficiency: float = 0.8
     """Achieved fraction of the per-GPU scale-out bandwidth by large DP collectives (NCCL ring
     reduce-scatter/all-gather over InfiniBand typically reaches 80-90% of line rate)."""
-    nccl_dp_ctas: int = 16
-    """SMs NCCL's overlapped DP collectives occupy (one CTA per channel, 16 channels). While a DP
-    collective runs, compute-bound kernels of that GPU get the other SMs only."""
+    nccl_dp_ctas: int = 8
+    """SMs NCCL's overlapped DP collectives occupy (one CTA per channel): the shipped configs cap
+    the `dp` and `dp_cp` communicators at 8 CTAs (configs/nccl/gb200_communicators.yaml,
+    megatron-core's per-communicator `max_ctas`). While a DP collective runs, compute-bound
+    kernels of that GPU get the other SMs only."""
     nccl_hbm_bytes_per_wire_byte: float = 3.0
     """HBM traffic of a reduce-scatter per byte on the wire (read the local and the received
     chunk, write the sum): memory-bound kernels lose this share of HBM bandwidth meanwhile."""

@@ -2,8 +2,8 @@
 steps, evaluations and score scaling the benchmark then gives.
 
 The RCP data are mlperf_logging's own (`rcp_checker/training_<ruleset>/rcps_<benchmark>.json`,
-read through `submission.rcp.make_checker`: the olympic mean and standard deviation of each RCP,
-pruned as the checker prunes them). For llama31_405b ruleset 6.0.0: GBS 1152 -> 313,344 samples
+read through `config.rcp.pruned_stats`: the olympic mean and standard deviation of each RCP,
+pruned as the checker prunes them; tests/test_rcp_lookup.py compares them with the checker's). For llama31_405b ruleset 6.0.0: GBS 1152 -> 313,344 samples
 (std 10,642), 2304 -> 368,640, 4608 -> 493,056.
 
 * Between RCPs the expected samples are the checker's linear interpolation (mean and spread).
@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass
 from functools import cache
 
+from ..config.rcp import pruned_stats, rcp_file_for
 from ..config.rules import BenchmarkRules, hparams
 from .calibration import ASSUMED
 
@@ -42,10 +43,7 @@ class RcpPoint:
 @cache
 def rcp_points(benchmark: str = "llama31_405b") -> tuple[RcpPoint, ...]:
     """The pruned RCPs of the benchmark, by GBS."""
-    from ..submission.rcp import make_checker
-    ck = make_checker(benchmark)
-    return tuple(sorted((RcpPoint(int(r["BS"]), float(r["RCP Mean"]), float(r["RCP Stdev"]))
-                         for r in ck.pruned_rcp_data.values()), key=lambda p: p.gbs))
+    return tuple(RcpPoint(bs, mean, sd) for bs, mean, sd in pruned_stats(rcp_file_for(benchmark)))
 
 
 @dataclass(frozen=True, slots=True)

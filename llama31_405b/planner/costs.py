@@ -95,6 +95,22 @@ def stream_s(ctx: Context, nbytes: float) -> float:
     return nbytes / (ctx.system.hbm_tbs * 1e12 * ASSUMED.hbm_stream_efficiency)
 
 
+def weight_cast_bytes_per_param(ctx: Context) -> float:
+    """HBM traffic per parameter of the weight casts of a chunk's first forward in a step.
+    Megatron marks the first microbatch (`is_first_microbatch`) and Transformer Engine keeps the
+    quantized weights for the others, so the cast happens once per step: with the parameters
+    gathered in NVFP4 (FP8) only the transposed copy is derived (read + write the low-precision
+    data); with BF16 parameters gathered and a low-precision GEMM, each weight is read twice
+    (its amax, then the cast) and written row- and column-wise in the GEMM's format."""
+    perf, prec = ctx.cfg.performance, ctx.precision
+    if prec not in ("nvfp4", "fp8"):
+        return 0.0
+    low = comm.OPERAND_NVFP4 if prec == "nvfp4" else 1.0
+    if perf.fp4_param_gather or perf.fp8_param_gather:
+        return 2 * low
+    return 2 * 2.0 + 2 * low
+
+
 def chunk_params(ctx: Context, layers: int, embedding: bool, logits: bool) -> float:
     h = ctx.model.hidden_size
     return ((layers * ctx.layer_params + (embedding + logits) * ctx.vocab * h) / ctx.tp
@@ -114,9 +130,7 @@ def chunk_cost(ctx: Context, rank: int, chunk: int, fit: Fitted) -> ChunkCost:
         bwd = PartTimes(**{f.name: getattr(bwd, f.name) + getattr(fwd, f.name) for f in fields(bwd)})
         tp_b, cp_b = tp_b + tp_f, cp_b + cp_f
     params = chunk_params(ctx, layers, emb, logits)
-    first = 0.0
-    if ctx.cfg.performance.fp4_param_gather:  # read + write the NVFP4 data once per step
-        first = stream_s(ctx, 2 * params * comm.OPERAND_NVFP4)
+    first = stream_s(ctx, params * weight_cast_bytes_per_param(ctx))
     buckets = 1
     if rank == 0 and chunk == 0:
         buckets = max(1, math.ceil(params / comm.dp_bucket_params(ctx)))

@@ -1,11 +1,12 @@
 """Solve the fitted constants (`calibration.Fitted`) so that the simulated calibration step
-reproduces the published one: the compute of the critical GPU (733 ms, with the contention of
-the overlapped DP collectives), its GEMM (74%) and FFN (54%) shares, and the 1.27 s step.
+reproduces the published one: the compute of the busiest GPU (733 ms, with the contention of
+the overlapped DP collectives; a pipeline rank with a full share of the layers, `step.busiest_rank`),
+its GEMM (74%) and FFN (54%) shares, and the 1.27 s step.
 
 The compute constants follow from the time each part takes at the current constants (GEMM and
 attention time are inversely proportional to their efficiency, elementwise time proportional to
 its passes); the NVLink efficiency closes the step (secant on 1/efficiency, which the
-communication time is proportional to). The slowdown and the critical rank depend on the constants, so the two are
+communication time is proportional to). The slowdown depends on the constants, so the two are
 repeated until nothing moves (a handful of rounds, each a few simulations of the 8-microbatch
 step). This module imports the model; the model never imports it: the constants reach it as an
 argument.
@@ -44,8 +45,8 @@ def solve(c: CalibrationPoint = CALIBRATION) -> Fitted:
     for _ in range(20):
         b = breakdown(ctx, fit)
         clean = c.compute_s - b.dp_slowdown_s
-        now = rank_compute(ctx, fit, b.critical_rank)  # seconds of each part per step
-        fixed = sum(ch.first_fwd_s for ch in plan(ctx, fit).chunks[b.critical_rank])
+        now = rank_compute(ctx, fit, b.rank)  # seconds of each part per step
+        fixed = sum(ch.first_fwd_s for ch in plan(ctx, fit).chunks[b.rank])
         unit = {k: v * fit.nvfp4_gemm_peak_fraction for k, v in now.items()}
         unit["attention"] = now["attention"] * fit.attention_bf16_fraction
         unit["elementwise"] = (now["elementwise"] - fixed) / fit.elementwise_passes

@@ -20,10 +20,10 @@ Plan's contention factors). The step ends when the last rank has drained its DP 
 its gradients, then all ranks run the optimizer together (its gradient-norm all-reduce
 synchronises them).
 
-Time of the critical rank (the one the others wait for) splits into compute (with the slowdown),
-TP, CP, pipeline waits (the send of the awaited input), bubble (other waits for input), exposed
-DP (waiting for a gather, draining the reduce-scatters) and the end-of-step work; they sum to the
-step. Once the pipeline's steady state is reached the step is periodic in groups of PP
+Every rank's time splits into compute (with the slowdown), TP, CP, pipeline waits (the send of
+the awaited input), bubble (other waits for input), exposed DP (waiting for a gather, draining
+the reduce-scatters), the end-of-step work and, on the ranks that finish before the critical one
+(the last), the wait for it; they sum to the step. Once the pipeline's steady state is reached the step is periodic in groups of PP
 microbatches, so a long step is extrapolated linearly from the first two groups that add the
 same time (tests check this against a full run).
 """
@@ -40,7 +40,7 @@ class Sim:
     step_s: float
     critical_rank: int
     compute_s: float
-    """Compute of the critical rank without contention."""
+    """Compute of this rank without contention."""
     slowdown_s: float
     """Extra compute time while DP collectives ran."""
     tp_s: float
@@ -56,7 +56,10 @@ class Sim:
     finalize_s: float
     optimizer_s: float
     dp_total_s: float
-    """DP collective time of the critical rank, overlapped or not."""
+    """DP collective time of this rank, overlapped or not."""
+    sync_s: float = 0.0
+    """Waiting at the step's end for the last rank to finish (the gradient-norm all-reduce
+    synchronises the ranks): zero on the critical rank."""
 
     def scaled(self, other: "Sim", k: float) -> "Sim":
         """self + k x (self - other), field by field (linear extrapolation)."""
@@ -89,29 +92,40 @@ def _finish(start: float, work: float, infl: float, busy: list[tuple[float, floa
     return t + w
 
 
-def run(plan: Plan, m: int, cache: dict[int, Sim] | None = None) -> Sim:
-    """The step with m microbatches per DP rank. Beyond 4 x PP microbatches, once two
-    consecutive groups of PP microbatches add the same time, the step is periodic and the rest
-    is extrapolated from the last two groups. `cache` keeps the runs of this plan by number of
-    microbatches."""
+def run(plan: Plan, m: int, cache: dict[int, tuple[Sim, ...]] | None = None,
+        rank: int | None = None) -> Sim:
+    """The step with m microbatches per DP rank, as pipeline rank `rank` spends it (default:
+    the critical rank). Beyond 4 x PP microbatches, once two consecutive groups of PP
+    microbatches add the same time, the step is periodic and the rest is extrapolated from the
+    last two groups. `cache` keeps the runs of this plan by number of microbatches."""
     cache = {} if cache is None else cache
 
-    def one(k: int) -> Sim:
+    def one(k: int) -> tuple[Sim, ...]:
         if k not in cache:
-            cache[k] = _run(plan, k)
+            cache[k] = _ranks(plan, k)
         return cache[k]
+
+    def pick(sims: tuple[Sim, ...]) -> Sim:
+        return sims[sims[0].critical_rank if rank is None else rank]
 
     p = max(plan.pp, 1)
     k = 3
     while m % p == 0 and (k + 1) * p < m:
-        a, b, c = one((k - 1) * p), one(k * p), one((k + 1) * p)
+        a, b, c = (pick(one(j * p)) for j in (k - 1, k, k + 1))
         if abs((c.step_s - b.step_s) - (b.step_s - a.step_s)) <= 1e-7 * c.step_s:
             return c.scaled(b, (m - (k + 1) * p) / p)
         k += 1
-    return one(m)
+    return pick(one(m))
 
 
-def _run(plan: Plan, m: int) -> Sim:  # noqa: C901 (one event loop, kept in one place)
+def _run(plan: Plan, m: int, rank: int | None = None) -> Sim:
+    """The step without extrapolation, as pipeline rank `rank` (default: the critical one)
+    spends it."""
+    sims = _ranks(plan, m)
+    return sims[sims[0].critical_rank if rank is None else rank]
+
+
+def _ranks(plan: Plan, m: int) -> tuple[Sim, ...]:  # noqa: C901 (one event loop, kept in one place)
     pp, vp = plan.pp, plan.vp
     total = m * vp
     inter = vp > 1
@@ -250,12 +264,16 @@ def _run(plan: Plan, m: int) -> Sim:  # noqa: C901 (one event loop, kept in one 
             reduce(r, c, t[r])
         fin.append(max(t[r], free[r]) + plan.finalize_s[r])
     crit = max(range(pp), key=lambda r: fin[r])
-    row = ch[crit]
-    comp = m * sum(c.fwd.total + c.bwd.total for c in row) + sum(c.first_fwd_s for c in row)
     tail = plan.optimizer_s + plan.zero_s + plan.host_s
-    return Sim(step_s=fin[crit] + tail, critical_rank=crit, compute_s=comp, slowdown_s=slow[crit],
-               tp_s=m * sum(c.tp_fwd + c.tp_bwd for c in row),
-               cp_s=m * sum(c.cp_fwd + c.cp_bwd for c in row), pp_s=wait_pp[crit],
-               bubble_s=wait_bub[crit], dp_wait_s=wait_dp[crit],
-               dp_drain_s=max(0.0, free[crit] - t[crit]), finalize_s=plan.finalize_s[crit],
-               optimizer_s=tail, dp_total_s=sum(e - s for s, e in busy[crit]))
+    out = []
+    for r in range(pp):
+        row = ch[r]
+        comp = m * sum(c.fwd.total + c.bwd.total for c in row) + sum(c.first_fwd_s for c in row)
+        out.append(Sim(step_s=fin[crit] + tail, critical_rank=crit, compute_s=comp,
+                       slowdown_s=slow[r], tp_s=m * sum(c.tp_fwd + c.tp_bwd for c in row),
+                       cp_s=m * sum(c.cp_fwd + c.cp_bwd for c in row), pp_s=wait_pp[r],
+                       bubble_s=wait_bub[r], dp_wait_s=wait_dp[r],
+                       dp_drain_s=max(0.0, free[r] - t[r]), finalize_s=plan.finalize_s[r],
+                       optimizer_s=tail, dp_total_s=sum(e - s for s, e in busy[r]),
+                       sync_s=fin[crit] - fin[r]))
+    return tuple(out)

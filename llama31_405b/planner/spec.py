@@ -17,6 +17,10 @@ from ..config.validate import problems
 from ..systems import load_system
 
 
+DDP_BUCKET_SIZE = 134_217_728
+"""Elements per gradient bucket of the shipped GPU configs (configs/base/gb200_405b.toml)."""
+
+
 def default_precision(system_id: str) -> str:
     """NVFP4 where the GPU runs it natively, else FP8 (Hopper), else BF16."""
     s = load_system(system_id)
@@ -40,7 +44,7 @@ def make_config(system: str, racks: int, *, tp: int, pp: int, vp: int, cp: int, 
     """The Config of a 405B run with this layout (not validated: call `layout_problems`). On the
     'cpu' system the GPU-only settings (CUDA graphs, sequence parallelism, FP8 gather) are off.
     As the base: BF16 gradient reduction, NVFP4 parameters gathered in BF16, full-iteration CUDA
-    graphs, and run.max_steps by the rule of the shipped configs (config.rcp.max_steps_for)."""
+    graphs, its DDP bucket size, and run.max_steps by the rule of the shipped configs (config.rcp.max_steps_for)."""
     model = model or ModelConfig()
     precision = precision or default_precision(system)
     flags = pipeline_split_flags(model.num_layers, pp, vp) or (False, False)
@@ -59,6 +63,7 @@ def make_config(system: str, racks: int, *, tp: int, pp: int, vp: int, cp: int, 
             cuda_graphs="full_iteration" if gpu and (pp == 1 or vp > 1) else "none",
             overlap_grad_reduce=True,
             overlap_param_gather=True, fp8_param_gather=low, recompute=recompute,
+            ddp_bucket_size=DDP_BUCKET_SIZE if gpu else None,
             account_for_embedding_in_pipeline_split=flags[0],
             account_for_loss_in_pipeline_split=flags[1]),
         system=SystemConfig(id=system, racks=racks),

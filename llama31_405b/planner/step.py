@@ -29,7 +29,8 @@ __all__ = ["Context", "Breakdown", "Prediction", "breakdown", "estimate_step_s",
 
 @dataclass(frozen=True, slots=True)
 class Breakdown:
-    """Seconds of one step on the critical GPU (the one the others wait for); they sum to it."""
+    """Seconds of one step on the busiest GPU (a pipeline rank with the most compute); they sum
+    to the step, which ends for every rank when the last one (`critical_rank`) is done."""
     compute_s: dict[str, float]
     """Compute by part (qkv, attention, proj, ffn_up, ffn_down, logits, elementwise), each
     including its share of the DP slowdown (as a profiler would measure the kernels)."""
@@ -41,7 +42,8 @@ class Breakdown:
     pp_s: float
     """Waiting for a pipeline send."""
     bubble_s: float
-    """Other waiting for input (pipeline fill and drain)."""
+    """Other waiting: for input (pipeline fill and drain), and at the step's end for the rank
+    that finishes last."""
     dp_exposed_s: float
     """Waiting for parameter gathers and for the last reduce-scatters."""
     optimizer_s: float
@@ -49,6 +51,9 @@ class Breakdown:
     dp_total_s: float
     """DP collective time before overlap (not a step component)."""
     critical_rank: int
+    """The pipeline rank that finishes last (the others wait for it)."""
+    rank: int = 0
+    """The pipeline rank this breakdown describes: the busiest one (`busiest_rank`)."""
     recompute_s: float = 0.0
     """Forward recomputation (full recompute), included in compute_s parts."""
 
@@ -72,7 +77,7 @@ class Breakdown:
                    tp_s=self.tp_s, cp_s=self.cp_s, pp_s=self.pp_s, bubble_s=self.bubble_s,
                    dp_s=self.dp_exposed_s, optimizer_s=self.optimizer_s,
                    bubble_fraction=self.bubble_fraction, dp_unoverlapped_s=self.dp_total_s,
-                   critical_rank=self.critical_rank)
+                   critical_rank=self.critical_rank, rank=self.rank)
         return out
 
 
@@ -103,25 +108,36 @@ _PER_MB: dict[tuple, tuple[dict[str, float], float]] = {}
 _SIMS: dict[tuple, dict[int, simulate.Sim]] = {}
 
 
+def busiest_rank(ctx: Context, fit: Fitted) -> int:
+    """The pipeline rank with the most compute per step (the lowest such rank on a tie): a GPU
+    holding a full share of the layers. The breakdown describes it, whichever rank happens to
+    finish last, so the calibration (fitting.py) does not jump between ranks with 15 and 16
+    layers when a small DP cost moves the last finisher."""
+    rows = plan(ctx, fit).chunks
+    work = [sum(c.fwd.total + c.bwd.total for c in row) for row in rows]
+    return max(range(len(rows)), key=lambda r: (work[r] > max(work) * (1 - 1e-12), -r))
+
+
 def breakdown(ctx: Context, fit: Fitted) -> Breakdown:
-    """The simulated step of this layout at ctx.microbatches."""
+    """The simulated step of this layout at ctx.microbatches, as its busiest GPU spends it."""
     m = ctx.microbatches
     key = (ctx.key, fit)
     if key not in _SIMS:
         if len(_SIMS) > 2000:
             _SIMS.clear()
         _SIMS[key] = {}
-    s = simulate.run(plan(ctx, fit), m, _SIMS[key])
-    parts = rank_compute(ctx, fit, s.critical_rank)
+    rank = busiest_rank(ctx, fit)
+    s = simulate.run(plan(ctx, fit), m, _SIMS[key], rank=rank)
+    parts = rank_compute(ctx, fit, rank)
     scale = 1 + s.slowdown_s / s.compute_s if s.compute_s else 1.0
     recompute = 0.0
     if ctx.cfg.performance.recompute == "full":
-        recompute = m * sum(c.fwd.total for c in plan(ctx, fit).chunks[s.critical_rank])
+        recompute = m * sum(c.fwd.total for c in plan(ctx, fit).chunks[rank])
     return Breakdown(compute_s={k: v * scale for k, v in parts.items()}, dp_slowdown_s=s.slowdown_s,
-                     tp_s=s.tp_s, cp_s=s.cp_s, pp_s=s.pp_s, bubble_s=s.bubble_s,
+                     tp_s=s.tp_s, cp_s=s.cp_s, pp_s=s.pp_s, bubble_s=s.bubble_s + s.sync_s,
                      dp_exposed_s=s.dp_wait_s + s.dp_drain_s,
                      optimizer_s=s.finalize_s + s.optimizer_s, dp_total_s=s.dp_total_s,
-                     critical_rank=s.critical_rank, recompute_s=recompute)
+                     critical_rank=s.critical_rank, rank=rank, recompute_s=recompute)
 
 
 def estimate_step_s(ctx: Context, fit: Fitted) -> float:

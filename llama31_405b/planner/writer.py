@@ -34,7 +34,7 @@ PUBLISHED_MINIBS = {8: 144, 40: 24, 112: 8, 128: 8}
 SWITCH_MARGIN = 0.06
 """Predicted time-to-train gain the planner's choice needs to replace the measured configuration:
 the model's largest error on the published figures it predicts (bench/planner_vs_published.py:
-time-to-train -5.7% at 128 racks; MFU at DP 8 -4.1%; time-to-train -0.9% at 40 racks)."""
+time-to-train -5.7% at 128 racks; MFU at DP 8 -2.0%; time-to-train -2.3% at 40 racks)."""
 BASE = "base/gb200_405b.toml"
 BENCHMARK = "llama31_405b"
 
