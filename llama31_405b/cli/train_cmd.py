@@ -39,7 +39,18 @@ def register(sub) -> None:
 
 
 def _load(args):
-    return load_or_report(args.config, args.set)
+    """The config, checked against this process's hardware (systems.device.decide) before
+    anything expensive; None after printing the problem (exit code 2)."""
+    cfg = load_or_report(args.config, args.set)
+    if cfg is None:
+        return None
+    from ..systems.device import DeviceError, decide
+    try:
+        decide(cfg)
+    except DeviceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return None
+    return cfg
 
 
 def run_init(args) -> int:
