@@ -173,6 +173,9 @@ class PerformanceConfig:
     """Disable automatic Python GC and collect every manual_gc_interval steps."""
     manual_gc_interval: int = 100
     """Steps between manual garbage collections."""
+    gradient_accumulation_fusion: bool = False
+    """GPU: accumulate weight gradients into the FP32/BF16 main_grad buffers inside the wgrad
+    GEMM (needs Apex's fused_weight_gradient_mlp_cuda for Megatron's own output layer)."""
 
 
 @dataclass(kw_only=True, slots=True)
