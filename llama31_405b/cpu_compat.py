@@ -81,8 +81,9 @@ def apply(device=None) -> bool:
     global _applied
     if _applied:
         return True
+    from .systems.device import cuda_visible
     cuda = torch.cuda
-    visible = cuda.is_available()
+    visible = cuda_visible()
     if (device.gpu if device is not None else visible):
         return False
     if visible:
