@@ -95,6 +95,7 @@ print(sorted(params), emulated, norm)
 """
 
 
+@pytest.mark.slow
 def test_cpu_config_on_a_gpu_machine_runs_on_the_cpu_with_nvfp4_emulation(tmp_path):
     script = tmp_path / "cpu_on_gpu.py"
     script.write_text(CPU_ON_GPU)

@@ -53,8 +53,12 @@ class _Counting:
         return getattr(self._ds, name)
 
 
+def torch_optimizers(optimizer) -> list:
+    chained = getattr(optimizer, "chained_optimizers", None) or [optimizer]
+    return [getattr(o, "optimizer", o) for o in chained]
+
+
 def _pointers(run) -> dict:
-    from llama31_405b.train.warmup import torch_optimizers
     out = {}
     for c, chunk in enumerate(run.model):
         for n, p in chunk.named_parameters():
