@@ -57,8 +57,9 @@ class Check:
 
 
 class Report:
-    def __init__(self):
+    def __init__(self, *, tracebacks: bool = False):
         self.checks = {n: Check(n) for n in CHECKS}
+        self.tracebacks = tracebacks
 
     def passed(self, name: str, detail: str = "") -> None:
         self.checks[name].status, self.checks[name].detail = "passed", detail
@@ -192,16 +193,17 @@ class _Timed:
         self.report.checks[self.name].seconds = time.perf_counter() - self.t0
         if exc is not None and not isinstance(exc, KeyboardInterrupt):
             detail = f"{typ.__name__}: {exc}"
-            if os.environ.get("FIRST_CONTACT_TRACEBACK"):
+            if self.report.tracebacks:
                 detail += "\n" + "".join(traceback.format_exception(typ, exc, tb))
             self.report.failed(self.name, detail)
             return True
         return False
 
 
-def run_checks(config: str | Path = DEFAULT_CONFIG, *, layers: int = 1, seq_length: int | None = None,
-               steps: int = 3, workdir: str | None = None, keep: bool = False) -> Report:
-    rep = Report()
+def run_checks(config: str | Path = DEFAULT_CONFIG, *, layers: int = 1,
+               seq_length: int | None = None, steps: int = 3, workdir: str | None = None,
+               tracebacks: bool = False) -> Report:
+    rep = Report(tracebacks=tracebacks)
     from ..config import launch_env, load_config
     from ..systems.device import cuda_visible
     cfg = load_config(config, validate=False)
@@ -274,7 +276,7 @@ def run_checks(config: str | Path = DEFAULT_CONFIG, *, layers: int = 1, seq_leng
     try:
         _run_slice(rep, scfg, tmp)
     finally:
-        if not keep and not workdir:
+        if not workdir:
             shutil.rmtree(tmp, ignore_errors=True)
     return rep
 
@@ -398,11 +400,13 @@ def add_arguments(p) -> None:
     p.add_argument("--workdir", default=None, help="where the checkpoint goes (default: a "
                    "temporary directory, removed afterwards)")
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
+    p.add_argument("--traceback", action="store_true",
+                   help="add the Python traceback to a failed check's detail")
 
 
 def run(args) -> int:
     rep = run_checks(args.config, layers=args.layers, seq_length=args.seq_length,
-                     steps=args.steps, workdir=args.workdir)
+                     steps=args.steps, workdir=args.workdir, tracebacks=args.traceback)
     print(rep.as_json() if args.json else rep.text())
     if not args.json:
         print(f"\n{rep.failures} failed, "

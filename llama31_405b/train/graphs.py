@@ -62,12 +62,6 @@ class FullIterationGraphs:
         from megatron.core.full_cuda_graph import FullCudaGraphWrapper
         return {k: g is not None for k, g in FullCudaGraphWrapper.cuda_graph.items()}
 
-    def release(self) -> None:
-        """Drop both graphs and their static buffers (end of a run)."""
-        from megatron.core.full_cuda_graph import StaticBufferLoader
-        self.train.reset_cuda_graph()
-        StaticBufferLoader.static_buffers = {"training": [], "validation": []}
-
 
 def capture_layer_graphs(cfg, model, optimizer, tcfg, *, rank: int):
     """Per-layer CUDA graphs (Transformer Engine make_graphed_callables), captured once
