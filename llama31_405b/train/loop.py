@@ -87,7 +87,9 @@ class Run:
             from ..precision.te_recipe import require_te_env
             require_te_env(cfg)
         cpu_compat.apply(device)
-        from ..model.builder import build_model, optimizer_config, wrap_for_training
+        from ..model.builder import (build_model, gradient_accumulation_fusion,
+                                     optimizer_config, wrap_for_training)
+        gradient_accumulation_fusion(cfg, device)   # refused before any process group exists
         from ..parallel.setup import seed_model_parallel, setup_parallel
         from megatron.core import parallel_state as ps
         from megatron.core.optimizer import get_megatron_optimizer
