@@ -56,6 +56,7 @@ def shard_overrides(system: str) -> dict:
         "performance": {"cuda_graphs": "none", "fp8_param_gather": False, "fp4_param_gather": False,
                         "tp_comm_overlap": False, "overlap_grad_reduce": False,
                         "overlap_param_gather": False, "recompute": "none",
+                        "gradient_accumulation_fusion": False,
                         "account_for_embedding_in_pipeline_split": False,
                         "account_for_loss_in_pipeline_split": False},
         "system": {"id": system, "racks": 1},

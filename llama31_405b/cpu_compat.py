@@ -1,8 +1,11 @@
-"""What megatron-core needs to run on a machine without CUDA (tiny runs, tests), in one place.
+"""What megatron-core needs to run on the CPU (tiny runs, tests), in one place.
 
-`apply()` is called before megatron-core is used. It does nothing when CUDA is available: on GPUs
-Megatron runs unpatched. On CPU it redirects Megatron's unconditional CUDA calls to the CPU. Each
-patch says why it is needed (megatron-core 0.19.2). Idempotent.
+`apply(device)` is called before megatron-core is used, with the decision of
+`llama31_405b.systems.device.decide`. On a GPU decision it does nothing: Megatron runs unpatched.
+On a CPU decision it redirects Megatron's unconditional CUDA calls to the CPU, also on a machine
+whose GPUs are visible (a `cpu` config on a GPU node runs as configured): there it also makes
+`torch.cuda.is_available()` answer False, so that Megatron's own checks take their CPU branches.
+Each patch says why it is needed (megatron-core 0.19.2). Idempotent.
 """
 from __future__ import annotations
 
@@ -71,18 +74,22 @@ class _CudaToCpu(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def cuda_available() -> bool:
-    return torch.cuda.is_available()
-
-
-def apply() -> bool:
-    """Patch torch for megatron-core on CPU. Returns True when patches are active."""
+def apply(device=None) -> bool:
+    """Patch torch for megatron-core on the CPU unless `device` (a systems.device.Device) is a
+    GPU; without a device, patch only where no CUDA device is visible. Returns True when the
+    patches are active."""
     global _applied
-    if torch.cuda.is_available():
-        return False
     if _applied:
         return True
+    from .systems.device import cuda_visible
     cuda = torch.cuda
+    visible = cuda_visible()
+    if (device.gpu if device is not None else visible):
+        return False
+    if visible:
+        # a CPU decision on a machine with GPUs: Megatron and torch.distributed must not pick
+        # the visible devices (megatron.core.utils, dist_checkpointing strategies ask this)
+        cuda.is_available = lambda: False
     # ~200 call sites use torch.cuda.current_device() as a device argument.
     cuda.current_device = lambda: "cpu"
     # parallel_state, DDP and the schedules synchronize unconditionally.

@@ -238,6 +238,9 @@ def test_cuda_graph_rules_follow_megatron(gb200):
     with pytest.raises(ConfigError, match=r'recompute = "full" with cuda_graphs = "layers"'):
         load_config(gb200(extra='[performance]\ncuda_graphs = "layers"\nrecompute = "full"\n'))
     assert load_config(gb200(extra='[performance]\nrecompute = "full"\n')).performance.recompute == "full"
+    # the captured training iteration follows an eager one, both before run_start
+    with pytest.raises(ConfigError, match=r"run.warmup_iters >= 2"):
+        load_config(gb200(run="warmup_iters = 1\n"))
     # the non-interleaved pipeline's batched P2P synchronises the device inside the capture
     with pytest.raises(ConfigError, match=r"PP > 1 and VP = 1"):
         load_config(gb200(extra="[parallel]\nvp = 1\n"))

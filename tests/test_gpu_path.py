@@ -23,17 +23,20 @@ GB200_128 = REPO / "configs" / "config_GB200_128x4x144xtp4pp8cp2.toml"
 
 @pytest.fixture
 def gpu_with_te(monkeypatch):
-    """builder on a (pretend) GPU machine with Transformer Engine 2.20.2 installed: only what
+    """builder on a (pretend) GPU machine with Transformer Engine 2.20.2 and Apex's
+    fused_weight_gradient_mlp_cuda installed (the project's image): only what
     TransformerConfig.__post_init__ asks of TE is stood in for (TE's fused RoPE function and
-    its version); Apex's fused kernels are absent, as in a container without Apex."""
+    its version); Apex's masked-softmax kernels are absent."""
     from packaging.version import Version
 
     import llama31_405b.model.builder as builder
+    import llama31_405b.systems.device as device
     import megatron.core.models.common.embeddings.rope_utils as rope_utils
     import megatron.core.transformer.transformer_config as tc_mod
     te = Version("2.20.2")
-    monkeypatch.setattr(builder, "_on_gpu", lambda: True)
-    monkeypatch.setattr(builder, "_has_module", lambda name: name == "transformer_engine")
+    monkeypatch.setattr(device, "cuda_visible", lambda: True)
+    monkeypatch.setattr(builder, "_has_module",
+                        lambda name: name in ("transformer_engine", builder.GRAD_ACCUM_FUSION_MODULE))
     monkeypatch.setattr(rope_utils, "fused_apply_rotary_pos_emb", lambda *a, **k: None)
     monkeypatch.setattr(tc_mod, "is_te_min_version",
                         lambda v, check_equality=True: te >= Version(v) if check_equality
@@ -67,9 +70,36 @@ def test_gb200_gpu_transformer_config_is_accepted_by_megatron(gpu_with_te, path)
     o = gpu_with_te.optimizer_config(cfg)
     assert (o.lr, o.min_lr, o.clip_grad) == (cfg.derived.lr, cfg.derived.end_lr, 1.0)
     assert o.use_distributed_optimizer and o.bf16 and o.overlap_param_gather
-    # Apex absent: no local softmax fusion (gradient_accumulation_fusion: the "train" branch
-    # wires performance.gradient_accumulation_fusion and checks Apex's kernel at run time)
-    assert not t.masked_softmax_fusion
+    assert t.gradient_accumulation_fusion == cfg.performance.gradient_accumulation_fusion
+    assert not t.masked_softmax_fusion   # Apex's softmax kernels absent
+
+
+def test_gb200_full_iteration_graphs_are_accepted_by_megatron(gpu_with_te):
+    from llama31_405b.model.builder import graph_capture_iteration
+    cfg = load_config(GB200_128, validate=False,
+                      overrides={"performance": {"cuda_graphs": "full_iteration"},
+                                 "run": {"warmup_iters": 3}})
+    t = gpu_with_te.transformer_config(cfg)
+    assert t.cuda_graph_impl == "full_iteration" and t.cuda_graph_modules == []
+    assert t.cuda_graph_warmup_steps == graph_capture_iteration(cfg) == 2
+    assert t.use_te_rng_tracker        # graph-safe RNG states, registered with the graph
+
+
+def test_gradient_accumulation_fusion_follows_the_config_and_the_image(gpu_with_te,
+                                                                        monkeypatch):
+    on = load_config(GB200_128, overrides={"performance": {"gradient_accumulation_fusion": True}})
+    off = load_config(GB200_128, overrides={"performance": {"gradient_accumulation_fusion": False}})
+    assert gpu_with_te.transformer_config(on).gradient_accumulation_fusion
+    assert not gpu_with_te.transformer_config(off).gradient_accumulation_fusion
+    # an image without Apex's extension: refused naming the key, before Megatron (whose
+    # ColumnParallelLinear raises only while the model is being built)
+    monkeypatch.setattr(gpu_with_te, "_has_module", lambda name: name == "transformer_engine")
+    with pytest.raises(gpu_with_te.GpuSetupError,
+                       match="gradient_accumulation_fusion.*fused_weight_gradient_mlp_cuda"):
+        gpu_with_te.transformer_config(on)
+    assert not gpu_with_te.transformer_config(off).gradient_accumulation_fusion
+    from llama31_405b.systems.device import CPU     # the CPU has no fused kernels: off
+    assert not gpu_with_te.transformer_config(on, device=CPU).gradient_accumulation_fusion
 
 
 def test_fp8_gpu_transformer_config_with_bf16_edges_is_accepted(gpu_with_te):
@@ -276,9 +306,18 @@ def test_microbatch_calculator_for_cuda_graph_capture():
 
 
 def test_megatron_apis_the_gpu_loop_calls_exist():
-    """Signatures of the megatron-core 0.19.2 calls in train/loop.py's GPU branches."""
+    """Signatures of the megatron-core 0.19.2 calls in train/loop.py's and train/graphs.py's
+    GPU branches."""
     from megatron.core.distributed import DistributedDataParallel as DDP
+    from megatron.core.full_cuda_graph import FullCudaGraphWrapper, StaticBufferLoader
     from megatron.core.transformer.cuda_graphs import TECudaGraphHelper
+    wrap = inspect.signature(FullCudaGraphWrapper.__init__).parameters
+    assert {"forward_backward_func", "cuda_graph_warmup_steps", "use_single_mempool"} <= set(wrap)
+    assert set(FullCudaGraphWrapper.cuda_graph) == set(StaticBufferLoader.static_buffers) == {
+        "training", "validation"}
+    assert set(FullCudaGraphWrapper.curr_iteration) == set(FullCudaGraphWrapper.result) == {
+        "training", "validation"}
+    assert callable(FullCudaGraphWrapper.reset_cuda_graph)
     init = inspect.signature(TECudaGraphHelper.__init__).parameters
     assert {"model", "config", "seq_length", "micro_batch_size", "optimizers"} <= set(init)
     assert callable(TECudaGraphHelper.create_cudagraphs)
@@ -305,7 +344,7 @@ def test_context_parallel_split_uses_the_cp_group():
         r = ps.get_context_parallel_rank()
         s = torch.arange(16)[None]
         out = _to_device({"tokens": s, "labels": s + 100, "loss_mask": torch.ones(1, 16),
-                          "position_ids": s}, cp=2)
+                          "position_ids": s}, cp=2, gpu=False)
     finally:
         ps.destroy_model_parallel()
         dist.destroy_process_group()

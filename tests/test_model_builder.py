@@ -54,8 +54,9 @@ def test_rope_without_scaling_is_plain():
 
 def test_gb200_128_rack_megatron_configs_carry_layout_and_performance():
     from llama31_405b.model.builder import ddp_config, optimizer_config, transformer_config
+    from llama31_405b.systems.device import CPU
     cfg = load_config(GB200_128)
-    t = transformer_config(cfg)
+    t = transformer_config(cfg, device=CPU)      # config-level: on this machine, no GPU
     assert (t.tensor_model_parallel_size, t.pipeline_model_parallel_size,
             t.virtual_pipeline_model_parallel_size, t.context_parallel_size) == (4, 8, 8, 2)
     assert t.sequence_parallel and t.account_for_embedding_in_pipeline_split
@@ -101,14 +102,15 @@ from megatron.core import parallel_state as ps
 from llama31_405b.parallel.setup import megatron_parallel_kwargs
 ps.initialize_model_parallel(**megatron_parallel_kwargs(cfg), create_gloo_process_groups=False)
 from llama31_405b.model.builder import build_model, transformer_config
+from llama31_405b.systems.device import CPU
 import dataclasses
 # CP shards activations, not parameters; Megatron's CPU attention refuses CP > 1, so the layers
 # are built with CP 1 inside the TP4-PP8-VP8-CP2 process layout.
-tcfg = dataclasses.replace(transformer_config(cfg), context_parallel_size=1,
+tcfg = dataclasses.replace(transformer_config(cfg, device=CPU), context_parallel_size=1,
                            use_cpu_initialization=False, perform_initialization=False)
 with torch.device("meta"):
     torch.cuda.current_device = lambda: "meta"   # megatron passes device= explicitly
-    chunks = build_model(cfg, config=tcfg)
+    chunks = build_model(cfg, config=tcfg, device=CPU)
 n = sum(q.numel() for c in chunks for q in c.parameters())
 devs = sorted({str(q.device) for c in chunks for q in c.parameters()})
 layers = [len(c.decoder.layers) for c in chunks]

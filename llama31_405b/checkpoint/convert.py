@@ -77,7 +77,8 @@ def single_process_megatron():
     from megatron.core import parallel_state as ps
 
     from .. import cpu_compat
-    cpu_compat.apply()
+    from ..systems.device import CPU
+    cpu_compat.apply(CPU)      # conversion is host work, whatever the config's system
     own_dist = not dist.is_initialized()
     if own_dist:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}",
@@ -103,12 +104,12 @@ def sharded_template(cfg: Config) -> dict:
     import torch
 
     from ..model.builder import build_model
-    if torch.cuda.is_available():
-        raise RuntimeError("checkpoint conversion runs on the CPU: start it with "
-                           "CUDA_VISIBLE_DEVICES= (the `checkpoint convert` command does)")
+    from ..systems.device import CPU
     one = single_layout(cfg)
     with torch.device("meta"):
-        (model,) = build_model(one)
+        # the CPU (local) layer spec: its checkpoint keys are the Transformer Engine spec's
+        # (checkpoint.mapping), and nothing of the model is computed
+        (model,) = build_model(one, device=CPU)
     return model.sharded_state_dict()
 
 

@@ -38,9 +38,32 @@ def register(sub) -> None:
     add_set_option(q)
     q.set_defaults(func=run_init)
 
+    f = sub.add_parser("first-contact", help="on one GPU: the smallest slice of the real "
+                       "training path (TE layers at 405B width, recipe, full-iteration graphs, "
+                       "checkpoint, warm-up, steps), each check passed / failed / not run")
+    from ..train.first_contact import add_arguments
+    add_arguments(f)
+    f.set_defaults(func=run_first_contact)
+
+
+def run_first_contact(args) -> int:
+    from ..train.first_contact import run as first_contact
+    return first_contact(args)
+
 
 def _load(args):
-    return load_or_report(args.config, args.set)
+    """The config, checked against this process's hardware (systems.device.decide) before
+    anything expensive; None after printing the problem (exit code 2)."""
+    cfg = load_or_report(args.config, args.set)
+    if cfg is None:
+        return None
+    from ..systems.device import DeviceError, decide
+    try:
+        decide(cfg)
+    except DeviceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return None
+    return cfg
 
 
 def run_init(args) -> int:

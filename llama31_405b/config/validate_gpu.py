@@ -149,6 +149,14 @@ def cuda_graph_rules(cfg: Config, d: Derived) -> list[str]:
                    "non-interleaved schedule's batched pipeline sends synchronise the device "
                    "(megatron-core P2PCommunicator._communicate, batch_p2p_sync), which a graph "
                    "capture forbids; use parallel.vp > 1 or cuda_graphs = \"layers\"")
+    if perf.cuda_graphs == "full_iteration" and cfg.run.warmup_iters < 2:
+        # model.builder.graph_capture_iteration: the captured training iteration follows at least
+        # one eager one (NCCL communicators, cuBLAS handles and compiled fusions are created
+        # lazily and cannot be created inside a capture); with fewer than 2 warm-up iterations
+        # the capture would fall inside the timed run
+        out.append(f"performance.cuda_graphs = \"full_iteration\" needs run.warmup_iters >= 2 "
+                   f"(found {cfg.run.warmup_iters}): one eager iteration, then the capture, both "
+                   "before run_start; set run.warmup_iters = 2")
     env = launch_env(cfg)
     expandable = "expandable_segments:True" in env.get("PYTORCH_CUDA_ALLOC_CONF", "").split(",")
     if expandable and env.get("NCCL_GRAPH_REGISTER") != "0":

@@ -12,13 +12,15 @@ import torch
 import torch.nn.functional as F
 
 from ..config.schema import Config
+from ..systems.device import Device, decide
 from .rope import llama31_inv_freq
 
 _DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def _on_gpu() -> bool:
-    return torch.cuda.is_available()
+def _device(cfg: Config, device: Device | None) -> Device:
+    """The caller's device decision, or the one decision for cfg in this process."""
+    return device if device is not None else decide(cfg)
 
 
 def _has_module(name: str) -> bool:
@@ -30,27 +32,53 @@ def _has_module(name: str) -> bool:
         return False
 
 
-def _te_path(cfg: Config) -> bool:
+class GpuSetupError(RuntimeError):
+    """A GPU setting of the config needs a module this image does not provide."""
+
+
+def _te_path(cfg: Config, device: Device) -> bool:
     """Transformer Engine layers: on GPU when TE is installed. GPU settings that only exist
     with TE (fp8/nvfp4 compute, per-layer CUDA graphs, TP comm overlap, CP attention,
     sequence-parallel norms) are an error without it, before anything is built; a plain BF16
     GPU run without TE (e.g. bench/gpu_layer.py on a bare GPU machine) uses Megatron's local
     layers."""
-    if not _on_gpu():
+    if not device.gpu:
         return False
     if _has_module("transformer_engine"):
         return True
     pr, perf = cfg.precision, cfg.performance
     need = [k for k, on in (("precision.compute = " + pr.compute, pr.compute in ("fp8", "nvfp4")),
-                            ("performance.cuda_graphs", perf.cuda_graphs != "none"),
+                            ("performance.cuda_graphs = \"layers\"", perf.cuda_graphs == "layers"),
                             ("performance.tp_comm_overlap", perf.tp_comm_overlap),
                             ("parallel.cp > 1", cfg.parallel.cp > 1),
                             ("parallel.sequence_parallel", cfg.parallel.sequence_parallel)) if on]
     if need:
-        raise RuntimeError(f"{cfg.source or '<config>'}: {', '.join(need)} need(s) Transformer "
-                           "Engine on GPU, which is not installed (pip install '.[gpu]' or use "
-                           "the project's container)")
+        raise GpuSetupError(f"{cfg.source or '<config>'}: {', '.join(need)} need(s) Transformer "
+                            "Engine on GPU, which is not installed (pip install '.[gpu]' or use "
+                            "the project's container)")
     return False
+
+
+GRAD_ACCUM_FUSION_MODULE = "fused_weight_gradient_mlp_cuda"
+
+
+def gradient_accumulation_fusion(cfg: Config, device: Device) -> bool:
+    """performance.gradient_accumulation_fusion on GPU (the CPU has no fused kernels).
+
+    Transformer Engine's linears fuse the weight-gradient accumulation into main_grad
+    themselves, but Megatron's own ColumnParallelLinear (the output layer) needs Apex's
+    `fused_weight_gradient_mlp_cuda`: megatron-core 0.19.2 tensor_parallel.layers
+    ColumnParallelLinear.__init__ raises a RuntimeError without it, after process groups and
+    part of the model exist (RowParallelLinear would only fail in its first backward). Refused
+    here, naming the config key, before anything is built."""
+    on = device.gpu and cfg.performance.gradient_accumulation_fusion
+    if on and not _has_module(GRAD_ACCUM_FUSION_MODULE):
+        raise GpuSetupError(
+            f"{cfg.source or '<config>'}: performance.gradient_accumulation_fusion = true needs "
+            f"Apex's {GRAD_ACCUM_FUSION_MODULE} extension, which this Python cannot import (build "
+            "the project's Dockerfile, which compiles Apex with --cpp_ext --cuda_ext), or set "
+            "performance.gradient_accumulation_fusion = false")
+    return on
 
 
 def _recompute_kwargs(mode: str) -> dict:
@@ -66,13 +94,23 @@ _CUDA_GRAPH_IMPL = {"none": "none", "layers": "transformer_engine",
                     "full_iteration": "full_iteration"}
 
 
-def transformer_config(cfg: Config):
-    """The Megatron TransformerConfig of `cfg` (model shape, layout, precision, performance)."""
+def graph_capture_iteration(cfg: Config) -> int:
+    """Full-iteration CUDA graphs: the training iteration (0-based) that is captured; the ones
+    before it run eagerly. All warm-up iterations but the last (at least one: NCCL
+    communicators, cuBLAS/cuDNN handles and compiled fusions are created lazily and cannot be
+    created inside a capture), so with run.warmup_iters >= 2 the graph exists before run_start."""
+    return max(1, cfg.run.warmup_iters - 1)
+
+
+def transformer_config(cfg: Config, *, device: Device | None = None):
+    """The Megatron TransformerConfig of `cfg` (model shape, layout, precision, performance) on
+    `device` (default: decide(cfg))."""
     from megatron.core.transformer import TransformerConfig
 
     m, p, pr, perf = cfg.model, cfg.parallel, cfg.precision, cfg.performance
-    gpu = _on_gpu()
-    te = _te_path(cfg)
+    device = _device(cfg, device)
+    gpu = device.gpu
+    te = _te_path(cfg, device)
     params_dtype = _DTYPE[pr.params]
     kw: dict = dict(
         # --- model shape: Llama 3.1 ---
@@ -103,14 +141,14 @@ def transformer_config(cfg: Config):
         cuda_graph_impl=_CUDA_GRAPH_IMPL[perf.cuda_graphs],
         **_recompute_kwargs(perf.recompute),
         # fused kernels need CUDA; CPU runs the plain PyTorch ops. RoPE fusion is TE's kernel
-        # (TransformerConfig rejects it without TE). Gradient-accumulation fusion needs Apex's
-        # fused_weight_gradient_mlp_cuda for Megatron's own linears (the output layer is one;
-        # tensor_parallel/layers.py:1070 raises without it). The masked-softmax kernels
-        # (scaled_masked_softmax_cuda, Apex) only serve the local attention.
+        # (TransformerConfig rejects it without TE). Gradient-accumulation fusion is the
+        # config's choice, checked against the image (gradient_accumulation_fusion above). The
+        # masked-softmax kernels (scaled_masked_softmax_cuda, Apex) only serve the local
+        # attention.
         bias_activation_fusion=gpu, persist_layer_norm=gpu, bias_dropout_fusion=gpu,
         masked_softmax_fusion=gpu and _has_module("scaled_masked_softmax_cuda"),
         apply_rope_fusion=te,
-        gradient_accumulation_fusion=gpu and _has_module("fused_weight_gradient_mlp_cuda"),
+        gradient_accumulation_fusion=gradient_accumulation_fusion(cfg, device),
         cross_entropy_loss_fusion=gpu,
         use_cpu_initialization=not gpu,
     )
@@ -119,7 +157,14 @@ def transformer_config(cfg: Config):
         # the uncaptured iterations before capture (train.loop: warm-up, then capture); Megatron
         # derives TE's per-graph warm-up count from it (cuda_graphs.py num_warmup_iters)
         kw["cuda_graph_warmup_steps"] = cfg.run.warmup_iters
-    if perf.cuda_graphs != "none":
+    elif perf.cuda_graphs == "full_iteration":
+        # one graph for each whole forward-backward (training) and forward (evaluation),
+        # captured by megatron.core.full_cuda_graph.FullCudaGraphWrapper around the schedule
+        # (train.graphs); TransformerConfig.__post_init__ (0.19.2) requires empty
+        # cuda_graph_modules with this implementation
+        kw["cuda_graph_modules"] = []
+        kw["cuda_graph_warmup_steps"] = graph_capture_iteration(cfg)
+    if gpu and perf.cuda_graphs != "none":
         # TE's graph-safe RNG tracker (parallel.setup.seed_model_parallel(cuda_graphs=True)),
         # as Megatron's arguments set --te-rng-tracker for CUDA graphs
         kw["use_te_rng_tracker"] = True
@@ -134,14 +179,26 @@ def transformer_config(cfg: Config):
     return TransformerConfig(**kw)
 
 
-def layer_spec(cfg: Config, *, te: bool | None = None):
+def layer_spec(cfg: Config, *, te: bool | None = None, device: Device | None = None):
     """Transformer Engine layer spec on GPU (with TE installed), Megatron's local (pure PyTorch)
     spec otherwise; `te=False` asks for the local spec on GPU too (bench/gpu_layer.py)."""
     from megatron.core.models.gpt.gpt_layer_specs import (
         get_gpt_layer_local_spec, get_gpt_layer_with_transformer_engine_spec)
-    if _te_path(cfg) if te is None else te:
+    if _te_path(cfg, _device(cfg, device)) if te is None else te:
         return get_gpt_layer_with_transformer_engine_spec()
     return get_gpt_layer_local_spec(normalization="RMSNorm")
+
+
+def _cpu_block_spec(layer, tcfg, vp_stage):
+    """The local layer spec as a whole block whose final norm is PyTorch's RMSNorm. Given a
+    layer spec, megatron-core 0.19.2 (transformer_block._get_block_submodules) takes the final
+    norm from its module-level LayerNormImpl, which is Transformer Engine's TENorm wherever TE
+    is importable: a CPU model on a GPU image would get a TE norm it cannot run."""
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+    from megatron.core.transformer.transformer_block import (TransformerBlockSubmodules,
+                                                             get_num_layers_to_build)
+    n = get_num_layers_to_build(tcfg, vp_stage=vp_stage)
+    return TransformerBlockSubmodules(layer_specs=[layer] * n, layer_norm=WrappedTorchNorm)
 
 
 def ddp_config(cfg: Config):
@@ -185,7 +242,7 @@ def optimizer_config(cfg: Config):
         overlap_param_gather=cfg.performance.overlap_param_gather)
 
 
-def build_model(cfg: Config, *, config=None):
+def build_model(cfg: Config, *, config=None, device: Device | None = None):
     """The model chunks of this rank (one per virtual pipeline stage), not yet wrapped in DDP.
 
     Needs megatron's parallel_state initialised (llama31_405b.parallel.setup). The vocabulary is
@@ -194,15 +251,17 @@ def build_model(cfg: Config, *, config=None):
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
 
-    tcfg = config if config is not None else transformer_config(cfg)
-    spec = layer_spec(cfg)
+    device = _device(cfg, device)
+    tcfg = config if config is not None else transformer_config(cfg, device=device)
+    spec = layer_spec(cfg, device=device)
     vp = cfg.parallel.vp
     inv_freq = llama31_inv_freq(cfg.model)
     chunks = []
     for stage in range(vp):
         vp_stage = stage if vp > 1 else None
         model = GPTModel(
-            config=tcfg, transformer_layer_spec=spec,
+            config=tcfg,
+            transformer_layer_spec=spec if device.gpu else _cpu_block_spec(spec, tcfg, vp_stage),
             vocab_size=cfg.derived.padded_vocab_size, max_sequence_length=cfg.model.seq_length,
             pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
             post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
@@ -216,7 +275,7 @@ def build_model(cfg: Config, *, config=None):
             rope.inv_freq = inv_freq.to(rope.inv_freq.device)
             model.rotary_pos_emb_cache.clear()
         chunks.append(model)
-    if cfg.precision.compute == "nvfp4" and not _on_gpu():
+    if cfg.precision.compute == "nvfp4" and not device.gpu:
         from ..precision.emulation import apply_nvfp4_emulation
         apply_nvfp4_emulation(chunks, cfg)
     return chunks

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config.schema import Config
+from ..systems.device import Device, decide
 from .distributed import DistEnv, dist_env_from_environ, init_process_group
 
 
@@ -24,6 +25,8 @@ class ParallelInfo:
     cp_rank: int
     dp_rank: int
     dp_size: int
+    device: Device
+    """Where this run computes (systems.device.decide)."""
 
     @property
     def is_rank0(self) -> bool:
@@ -55,14 +58,16 @@ def megatron_parallel_kwargs(cfg: Config) -> dict:
 
 
 def setup_parallel(cfg: Config, dist_env: DistEnv | None = None, *,
-                   timeout_s: float = 600.0) -> ParallelInfo:
-    """Start torch.distributed for this process and Megatron's groups for cfg.parallel."""
+                   timeout_s: float = 600.0, device: Device | None = None) -> ParallelInfo:
+    """Start torch.distributed for this process and Megatron's groups for cfg.parallel, on
+    `device` (default: decide(cfg), which refuses a GPU config in a process without CUDA)."""
     import torch
     import torch.distributed as dist
-    from megatron.core import parallel_state as ps
 
+    device = device if device is not None else decide(cfg)
     from .. import cpu_compat
-    cpu_compat.apply()
+    cpu_compat.apply(device)   # before megatron is imported
+    from megatron.core import parallel_state as ps
     de = dist_env or dist_env_from_environ()
     d = cfg.derived
     if de.world_size != d.world_size:
@@ -70,9 +75,8 @@ def setup_parallel(cfg: Config, dist_env: DistEnv | None = None, *,
             f"{cfg.source}: the config needs {d.world_size} ranks (TP{cfg.parallel.tp} x "
             f"PP{cfg.parallel.pp} x CP{cfg.parallel.cp} x DP{d.dp}) but the job has "
             f"{de.world_size} ({de.launcher}); fix the task count or system.racks/gpus_per_rack")
-    gpu = torch.cuda.is_available()
-    backend = "nccl" if gpu else "gloo"
-    if gpu:
+    backend = device.backend
+    if device.gpu:
         torch.cuda.set_device(de.local_rank)
     if de.launcher == "single" and not dist.is_initialized():
         # one process: an in-memory store instead of a TCP port, so concurrent single-process
@@ -90,7 +94,7 @@ def setup_parallel(cfg: Config, dist_env: DistEnv | None = None, *,
                         pp_rank=ps.get_pipeline_model_parallel_rank(),
                         cp_rank=ps.get_context_parallel_rank(),
                         dp_rank=ps.get_data_parallel_rank(),
-                        dp_size=ps.get_data_parallel_world_size())
+                        dp_size=ps.get_data_parallel_world_size(), device=device)
     if info.dp_size != d.dp:
         raise ParallelSetupError(f"Megatron built DP={info.dp_size}, the config expects {d.dp}")
     return info
@@ -100,12 +104,14 @@ def seed_model_parallel(seed: int, *, cuda_graphs: bool = False) -> None:
     """Seed torch and Megatron's model-parallel RNG tracker (same weights across DP, distinct
     dropout streams across TP).
 
-    `cuda_graphs` (GPU, performance.cuda_graphs != "none"): Transformer Engine's graph-safe RNG
+    `cuda_graphs` (GPU and performance.cuda_graphs != "none"): Transformer Engine's graph-safe RNG
     tracker, as Megatron's own training sets it up for CUDA graphs (megatron/training/
     arguments.py turns on te_rng_tracker, initialize.py passes use_cudagraphable_rng): TE's
     make_graphed_callables registers the tracker's generator states with each graph (TE 2.20.2
-    pytorch/graph.py:485), and Megatron's plain tracker would get/set the CUDA RNG state inside
-    the capture."""
+    pytorch/graph.py make_graphed_callables), megatron.core.full_cuda_graph.FullCudaGraphWrapper
+    registers get_all_rng_states() with its graph, and Megatron's plain tracker would get/set
+    the CUDA RNG state inside the capture. The caller passes the device decision in: False on
+    the CPU."""
     import random
 
     import numpy as np
@@ -114,8 +120,8 @@ def seed_model_parallel(seed: int, *, cuda_graphs: bool = False) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-    graphs = cuda_graphs and torch.cuda.is_available()
-    model_parallel_cuda_manual_seed(seed, te_rng_tracker=graphs, use_cudagraphable_rng=graphs)
+    model_parallel_cuda_manual_seed(seed, te_rng_tracker=cuda_graphs,
+                                    use_cudagraphable_rng=cuda_graphs)
 
 
 def teardown_parallel() -> None:

@@ -8,12 +8,20 @@ Evaluation: the eval_samples validation sequences are split into contiguous shar
 (the first eval_samples % DP ranks take one more), so every sequence is evaluated exactly once
 even when DP does not divide eval_samples; the last microbatch of a shard is padded with a
 fully masked copy.
+
+Warm-up (before run_start): `synthetic_microbatches` gives microbatches of the same count, shapes
+and dtypes as the real ones, from a fixed-seed generator of its own, so the warm-up never reads
+the dataset and draws nothing from the run's random streams.
 """
 from __future__ import annotations
 
 import torch
 
 KEYS = ("tokens", "labels", "loss_mask", "position_ids")
+DTYPES = {"tokens": torch.int64, "labels": torch.int64, "loss_mask": torch.float32,
+          "position_ids": torch.int64}
+"""What the datasets give (megatron-core GPTDataset and data.datasets.PackedValidationDataset);
+the full-iteration CUDA graphs copy every microbatch into buffers made from the first one."""
 
 
 def _stack(items: list[dict]) -> dict[str, torch.Tensor]:
@@ -31,6 +39,28 @@ def eval_shard(eval_samples: int, dp: int, dp_rank: int) -> range:
     base, extra = divmod(eval_samples, dp)
     start = dp_rank * base + min(dp_rank, extra)
     return range(start, start + base + (dp_rank < extra))
+
+
+def eval_microbatch_count(shard_len: int, mbs: int, multiple_of: int = 1) -> int:
+    """How many microbatches eval_microbatches gives for a shard of `shard_len` sequences."""
+    n = -(-shard_len // mbs)
+    return -(-n // multiple_of) * multiple_of if n else 0
+
+
+def synthetic_microbatches(count: int, *, mbs: int, seq_length: int, vocab_size: int,
+                           seed: int) -> list[dict[str, torch.Tensor]]:
+    """`count` microbatches of random token ids in [0, vocab_size), unmasked, drawn from a
+    generator seeded with `seed` (the global random streams are not touched)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(count):
+        text = torch.randint(0, vocab_size, (mbs, seq_length + 1), generator=gen,
+                             dtype=DTYPES["tokens"])
+        out.append({"tokens": text[:, :-1].contiguous(), "labels": text[:, 1:].contiguous(),
+                    "loss_mask": torch.ones(mbs, seq_length, dtype=DTYPES["loss_mask"]),
+                    "position_ids": torch.arange(seq_length, dtype=DTYPES["position_ids"])
+                    .expand(mbs, seq_length).contiguous()})
+    return out
 
 
 def eval_microbatches(dataset, *, shard: range, mbs: int,

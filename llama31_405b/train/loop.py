@@ -4,13 +4,15 @@ rules' steps, and a stop at the target (status success) or at max steps (status 
     run = Run(cfg, seed=..., hooks=[...])
     status = run.execute()      # "success" | "aborted"; run_stop is always logged
 
-Init, in order (all before run_start, MLPerf "init"): process groups -> placement check ->
-seeds -> model build -> initial checkpoint load -> DDP + distributed optimizer -> datasets and
-their index caches -> optional warm-up iterations (state restored).
+Init, in order (all before run_start, MLPerf "init"): device decision -> process groups ->
+placement check -> seeds -> model build -> initial checkpoint load -> DDP + distributed
+optimizer -> datasets and their index caches -> CUDA graph wrappers -> warm-up on synthetic
+tokens (training steps with optimizer updates, evaluation passes; train.warmup) and the in-place
+restore -> manual GC start. After run_start a loader thread (train.prefetch) reads the next
+step's batch while the current one computes.
 """
 from __future__ import annotations
 
-import gc
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -19,6 +21,7 @@ import torch
 
 from .failure import RunAborted, SignalWatch, check_finite
 from .hooks import Hook, Hooks, StepStats
+from .manual_gc import ManualGC
 from .schedule import LRSchedule
 
 
@@ -46,8 +49,13 @@ class Run:
         self._datasets = datasets
         self.state = RunState()
         self.info = None
+        self.device = None
         self.model = None
         self.optimizer = None
+        self.gc = ManualGC.from_config(cfg)
+        self._graphs = None       # train.graphs.FullIterationGraphs (full-iteration graphs)
+        self._loader = None       # train.prefetch.Prefetcher, started by the first step
+        self._init_ckpt = ""
 
     # state shortcuts used by hooks
     @property
@@ -68,23 +76,30 @@ class Run:
 
     # -- init -----------------------------------------------------------------------------------
     def _init(self):
-        gpu_quant = torch.cuda.is_available() and self.cfg.precision.compute in ("fp8", "nvfp4")
+        from .. import cpu_compat
+        from ..systems.device import decide
+        cfg = self.cfg
+        self.device = device = decide(cfg)      # refuses a GPU config without a GPU
+        gpu_quant = device.gpu and cfg.precision.compute in ("fp8", "nvfp4")
         if gpu_quant:
             # TE reads the NVFP4 recipe knobs from the environment when it is imported (and
             # megatron.core imports it): check them before the first megatron import
             from ..precision.te_recipe import require_te_env
-            require_te_env(self.cfg)
-        from ..model.builder import build_model, optimizer_config, wrap_for_training
+            require_te_env(cfg)
+        cpu_compat.apply(device)
+        from ..model.builder import (build_model, gradient_accumulation_fusion,
+                                     optimizer_config, wrap_for_training)
+        gradient_accumulation_fusion(cfg, device)   # refused before any process group exists
         from ..parallel.setup import seed_model_parallel, setup_parallel
         from megatron.core import parallel_state as ps
         from megatron.core.optimizer import get_megatron_optimizer
-        cfg = self.cfg
-        self.info = setup_parallel(cfg, self.dist_env, timeout_s=self.timeout_s)
+        self.info = setup_parallel(cfg, self.dist_env, timeout_s=self.timeout_s, device=device)
         self._check_placement()
-        seed_model_parallel(self.seed, cuda_graphs=cfg.performance.cuda_graphs != "none")
-        if torch.cuda.is_available() and cfg.performance.tp_comm_overlap:
+        seed_model_parallel(self.seed,
+                            cuda_graphs=device.gpu and cfg.performance.cuda_graphs != "none")
+        if device.gpu and cfg.performance.tp_comm_overlap:
             self._init_tp_comm_overlap()
-        chunks = build_model(cfg)
+        chunks = build_model(cfg, device=device)
         if gpu_quant:
             from ..precision.te_recipe import verify_te_recipe
             verify_te_recipe(cfg)
@@ -92,6 +107,7 @@ class Run:
         if ckpt is None:
             from pathlib import Path
             ckpt = str(Path(cfg.checkpoint.ckpt_dir) / cfg.checkpoint.init)
+        self._init_ckpt = ckpt
         if ckpt:
             from .checkpoint import load_model_checkpoint
             load_model_checkpoint(chunks, ckpt, cfg)
@@ -100,10 +116,11 @@ class Run:
         self.schedule = LRSchedule.from_config(cfg)
         self.last_stage = ps.is_pipeline_last_stage(ignore_virtual=True)
         self.train_ds, self.valid_ds = self._build_datasets()
-        if cfg.run.warmup_iters:
-            self._warmup(cfg.run.warmup_iters)
-        if chunks[0].config.cuda_graph_impl == "transformer_engine":
-            self._capture_cuda_graphs(chunks[0].config)
+        tcfg = chunks[0].config
+        if tcfg.cuda_graph_impl == "full_iteration":
+            from .graphs import FullIterationGraphs
+            self._graphs = FullIterationGraphs(cfg, tcfg)
+        self._warmup_and_restore(tcfg)
 
     def _init_tp_comm_overlap(self):
         """Transformer Engine userbuffers for TP communication/GEMM overlap (GPU), created
@@ -122,37 +139,6 @@ class Run:
             dtype=torch.bfloat16 if cfg.precision.params == "bf16" else torch.float32,
             bootstrap_backend="nccl")
 
-    def _capture_cuda_graphs(self, tcfg):
-        """Per-layer CUDA graphs (Transformer Engine make_graphed_callables), captured once
-        before run_start, after the warm-up iterations, as Megatron's own training loop does
-        (megatron/training/training.py, train(): capture at iteration == cuda_graph_warmup_steps).
-
-        TECudaGraphHelper reads the number of microbatches per step from Megatron's global
-        microbatch calculator (megatron/core/transformer/cuda_graphs.py
-        _get_cuda_graph_input_data and the num_warmup_iters formula), which this project's
-        schedule does not otherwise use: it is configured here from cfg (GBS, MBS, DP), so one
-        graph per layer and microbatch of the interleaved schedule is captured. The DDP
-        parameter-gather pre-hooks are off during capture (without the forced synchronous
-        gather: Megatron passes param_sync=False) and the graphed layers get manual hooks."""
-        from megatron.core.transformer.cuda_graphs import TECudaGraphHelper
-
-        from .step import configure_num_microbatches
-        configure_num_microbatches(self.cfg, rank=torch.distributed.get_rank())
-        helper = TECudaGraphHelper(model=self.model, config=tcfg,
-                                   seq_length=self.cfg.model.seq_length,
-                                   micro_batch_size=self.cfg.batch.micro_batch_size,
-                                   optimizers=[self.optimizer])
-        overlap_gather = self.cfg.performance.overlap_param_gather and self.cfg.optimizer.distributed
-        if overlap_gather:
-            for m in self.model:
-                m.disable_forward_pre_hook(param_sync=False)
-        helper.create_cudagraphs()
-        if overlap_gather:
-            for m in self.model:
-                m.enable_forward_pre_hook()
-            helper.cuda_graph_set_manual_hooks()
-        self.cuda_graph_helper = helper
-
     def _check_placement(self):
         """THE placement call site: every TP/CP/PP group inside one rack, checked right after
         process-group setup, before the model is built or a checkpoint is read (raises
@@ -170,22 +156,53 @@ class Run:
         d = self.cfg.derived
         return build_datasets(self.cfg, seed=self.seed, train_samples=d.max_steps * d.gbs)
 
+    def _warmup_and_restore(self, tcfg):
+        """Warm-up on synthetic tokens, then per-layer graph capture ("layers"), then
+        everything put back in place (train.warmup)."""
+        from .warmup import RestorePoint
+        layers = tcfg.cuda_graph_impl == "transformer_engine"
+        if not self.cfg.run.warmup_iters and not layers:
+            return
+        point = RestorePoint.capture(self.model, self.optimizer, gpu=self.device.gpu,
+                                     weights_from_checkpoint=bool(self._init_ckpt))
+        if self.cfg.run.warmup_iters:
+            self._warmup(self.cfg.run.warmup_iters)
+        if layers:
+            from .graphs import capture_layer_graphs
+            self.cuda_graph_helper = capture_layer_graphs(
+                self.cfg, self.model, self.optimizer, tcfg, rank=self.info.dist_env.rank)
+        point.restore(self.model, self.optimizer,
+                      reload_weights=self._reload_weights if self._init_ckpt else None)
+
+    def _reload_weights(self):
+        from .checkpoint import load_model_checkpoint
+        load_model_checkpoint(self.model, self._init_ckpt, self.cfg)
+
     def _warmup(self, iters: int):
-        """Untimed forward/backward + gradient reduction on the first batches, to build kernels,
-        buffers and communicators before run_start. No optimizer update: weights and optimizer
-        state stay untouched; RNG states are restored; data position is a function of the step
-        only, so nothing else moves."""
-        from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
-        cpu_rng = torch.get_rng_state()
-        cuda_rng = torch.cuda.get_rng_state() if torch.cuda.is_available() else None
-        tracker = get_cuda_rng_tracker().get_states()
+        """`iters` training iterations (forward/backward, gradient reduction, optimizer step at
+        the first update's LR) and the evaluation passes the graphs need (two with
+        full-iteration graphs: eager, then captured), all on synthetic microbatches of the real
+        count and shapes. The caller restores the state."""
+        from .batches import eval_microbatch_count, synthetic_microbatches
+        from .evaluation import eval_layout
+        from .graphs import EVAL_CAPTURE_PASS
+        from .warmup import WARMUP_SEED
+        cfg = self.cfg
+        tokens = dict(seq_length=cfg.model.seq_length, vocab_size=cfg.model.vocab_size)
         for i in range(iters):
-            self._forward_backward(i % max(1, self.cfg.derived.max_steps))
+            mbs = synthetic_microbatches(cfg.derived.num_microbatches,
+                                         mbs=cfg.batch.micro_batch_size,
+                                         seed=WARMUP_SEED + i, **tokens)
             self._zero_grads()
-        torch.set_rng_state(cpu_rng)
-        if cuda_rng is not None:
-            torch.cuda.set_rng_state(cuda_rng)
-        get_cuda_rng_tracker().set_states(tracker)
+            self._forward_backward(mbs)
+            self.schedule.apply(self.optimizer, 0)
+            self.optimizer.step()
+        shard, eval_mbs, multiple = eval_layout(cfg, dp_rank=self.info.dp_rank,
+                                                dp=self.info.dp_size)
+        count = eval_microbatch_count(len(shard), eval_mbs, multiple)
+        for j in range(EVAL_CAPTURE_PASS + 1 if self._graphs else 1):
+            self._evaluate(synthetic_microbatches(count, mbs=eval_mbs,
+                                                  seed=WARMUP_SEED - 1 - j, **tokens))
 
     # -- one step -------------------------------------------------------------------------------
     def _zero_grads(self):
@@ -193,26 +210,49 @@ class Run:
             m.zero_grad_buffer()
         self.optimizer.zero_grad()
 
-    def _forward_backward(self, step_index: int) -> torch.Tensor:
+    def _read_train_batch(self, step: int) -> list[dict[str, torch.Tensor]]:
+        """Step `step`'s microbatches of this DP rank (runs in the loader thread)."""
         from .batches import train_microbatches
-        from .step import run_schedule
         cfg = self.cfg
-        mbs = train_microbatches(self.train_ds, step=step_index, gbs=cfg.derived.gbs,
+        mbs = train_microbatches(self.train_ds, step=step, gbs=cfg.derived.gbs,
                                  minibs=cfg.batch.minibs, mbs=cfg.batch.micro_batch_size,
                                  dp_rank=self.info.dp_rank)
-        return run_schedule(self.model, mbs, seq_length=cfg.model.seq_length,
-                            mbs=cfg.batch.micro_batch_size, forward_only=False, cp=cfg.parallel.cp)
+        if self.device.gpu:   # page-locked: the copy to the GPU overlaps
+            mbs = [{k: v.pin_memory() for k, v in mb.items()} for mb in mbs]
+        return mbs
+
+    def _train_batch(self, step: int) -> list[dict[str, torch.Tensor]]:
+        if self._loader is None:
+            from .prefetch import Prefetcher
+            self._loader = Prefetcher(self._read_train_batch, start=step,
+                                      stop=self.cfg.derived.max_steps)
+        return self._loader.get(step)
+
+    def close(self) -> None:
+        """Stop the loader thread (end of the run, also after a failure)."""
+        if self._loader is not None:
+            self._loader.close()
+
+    def _forward_backward(self, microbatches) -> torch.Tensor:
+        from .step import run_schedule
+        cfg = self.cfg
+        return run_schedule(self.model, microbatches, seq_length=cfg.model.seq_length,
+                            mbs=cfg.batch.micro_batch_size, forward_only=False,
+                            cp=cfg.parallel.cp, gpu=self.device.gpu,
+                            forward_backward=self._graphs.train if self._graphs else None)
 
     def train_step(self) -> StepStats:
         from .step import global_sum
         t0 = time.perf_counter()
         k = self.state.step
+        batch = self._train_batch(k)
         self._zero_grads()
-        local = self._forward_backward(k)
+        local = self._forward_backward(batch)
         lr = self.schedule.apply(self.optimizer, k)
         _ok, grad_norm, _zeros = self.optimizer.step()
-        total = global_sum(local, contributes=self.last_stage and self.info.tp_rank == 0)
-        if torch.cuda.is_available():
+        total = global_sum(local, contributes=self.last_stage and self.info.tp_rank == 0,
+                           gpu=self.device.gpu)
+        if self.device.gpu:
             torch.cuda.synchronize()
         loss = float(total[0] / total[1]) if total[1] > 0 else float("nan")
         self.state.step = k + 1
@@ -237,11 +277,18 @@ class Run:
         return step >= d.first_eval_step and (step - d.first_eval_step) % d.eval_interval_steps == 0
 
     def evaluate(self) -> float:
-        from .evaluation import evaluate
+        """Validation log perplexity of the current weights (reads the validation data)."""
+        from .evaluation import eval_batches
+        return self._evaluate(eval_batches(self.valid_ds, self.cfg, dp_rank=self.info.dp_rank,
+                                           dp=self.info.dp_size))
+
+    def _evaluate(self, microbatches) -> float:
         from megatron.core import parallel_state as ps
-        return evaluate(self.model, self.valid_ds, self.cfg, dp_rank=self.info.dp_rank,
-                        dp=self.info.dp_size, last_stage=self.last_stage,
-                        tp_rank=ps.get_tensor_model_parallel_rank())
+
+        from .evaluation import evaluate
+        return evaluate(self.model, microbatches, self.cfg, last_stage=self.last_stage,
+                        tp_rank=ps.get_tensor_model_parallel_rank(), gpu=self.device.gpu,
+                        forward_only_fn=self._graphs.eval if self._graphs else None)
 
     # -- the run --------------------------------------------------------------------------------
     def _force_abort(self, reason: str):
@@ -254,6 +301,7 @@ class Run:
         try:
             self.hooks.on_init_start(self)
             self._init()
+            self.gc.start()
             self._stop_if_signalled(watch)
             self.hooks.on_init_stop(self)
             self.state.init_stopped = True
@@ -266,7 +314,8 @@ class Run:
             reason = f"{type(e).__name__}: {e}"
             traceback.print_exc()
         finally:
-            gc.enable()
+            self.close()
+            self.gc.stop()
             watch.done.set()
             self.state.status, self.state.reason = status, reason
             self.hooks.on_run_stop(self, status, reason)
@@ -279,10 +328,6 @@ class Run:
 
     def _train(self, watch) -> tuple[str, str]:
         d = self.cfg.derived
-        perf = self.cfg.performance
-        if perf.manual_gc:   # no GC pauses at random steps (stragglers stall every rank)
-            gc.disable()
-            gc.collect()
         block_start_step = 0
         self.hooks.on_block_start(self, 0, self._block_len(0))
         while self.state.step < d.max_steps:
@@ -290,13 +335,13 @@ class Run:
             stats = self.train_step()
             self.hooks.on_step_end(self, stats)
             step = self.state.step
-            if perf.manual_gc and step % perf.manual_gc_interval == 0:
-                gc.collect()
+            self.gc.after_train_step(step)
             if self.is_eval_step(step):
                 self.hooks.on_block_stop(self, step, (step - block_start_step) * d.gbs)
                 self.hooks.on_eval_start(self, step)
                 t0 = time.perf_counter()
                 value = self.evaluate()
+                self.gc.after_eval()
                 self.state.evals.append((step, self.state.samples, value))
                 self.hooks.on_eval_end(self, step, value, time.perf_counter() - t0)
                 if value <= d.target:

@@ -61,6 +61,7 @@ def make_init_checkpoint(cfg, *, out: str | Path | None = None, steps: int = PRE
             print(f"[pretrain] step {st.step:4d}/{steps} | loss {st.loss:.4f} | lr {st.lr:.2e} | "
                   f"{st.step / el:.1f} steps/s | ETA {(steps - st.step) * el / st.step:.0f} s",
                   file=stream, flush=True)
+    run.close()
     value = run.evaluate()
     if rank0:
         print(f"[pretrain] validation log perplexity of the initial checkpoint: {value:.4f}",

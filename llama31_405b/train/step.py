@@ -24,8 +24,8 @@ def forward_step(data_iterator, model):
     return output, partial(loss_func, batch["loss_mask"])
 
 
-def _to_device(mb: dict, cp: int) -> dict:
-    if torch.cuda.is_available():
+def _to_device(mb: dict, cp: int, *, gpu: bool) -> dict:
+    if gpu:
         mb = {k: v.cuda(non_blocking=True) for k, v in mb.items()}
     if cp > 1:
         # megatron-core 0.19.2: is_hybrid_cp is required, and without cp_group the chunking
@@ -39,15 +39,20 @@ def _to_device(mb: dict, cp: int) -> dict:
 
 
 def run_schedule(model_chunks, microbatches: list[dict], *, seq_length: int, mbs: int,
-                 forward_only: bool, cp: int = 1) -> torch.Tensor:
+                 forward_only: bool, gpu: bool, cp: int = 1,
+                 forward_backward=None) -> torch.Tensor:
     """Forward (and backward) over `microbatches`; returns [loss_sum, tokens] of this rank's
-    share (zeros on ranks without the last pipeline stage)."""
-    from megatron.core.pipeline_parallel import get_forward_backward_func
-    mbs_dev = [_to_device(mb, cp) for mb in microbatches]
+    share (zeros on ranks without the last pipeline stage). `gpu` is the run's device decision;
+    `forward_backward` replaces Megatron's schedule function (train.graphs: the full-iteration
+    CUDA graph wrapper around it), called with keyword arguments only."""
+    mbs_dev = [_to_device(mb, cp, gpu=gpu) for mb in microbatches]
     if not mbs_dev:
         return torch.zeros(2, dtype=torch.float64)
+    if forward_backward is None:
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+        forward_backward = get_forward_backward_func()
     iters = [iter(mbs_dev) for _ in model_chunks]
-    out = get_forward_backward_func()(
+    out = forward_backward(
         forward_step_func=forward_step,
         data_iterator=iters if len(model_chunks) > 1 else iters[0],
         model=model_chunks if len(model_chunks) > 1 else model_chunks[0],
@@ -60,13 +65,13 @@ def run_schedule(model_chunks, microbatches: list[dict], *, seq_length: int, mbs
     return total
 
 
-def global_sum(local: torch.Tensor, *, contributes: bool) -> torch.Tensor:
+def global_sum(local: torch.Tensor, *, contributes: bool, gpu: bool) -> torch.Tensor:
     """Sum a small [loss_sum, tokens] vector over the whole world; only ranks holding the last
     pipeline stage with TP rank 0 contribute (TP ranks hold identical losses). Every rank gets
     the result, so all stop together on NaN or at the target."""
     import torch.distributed as dist
     vec = (local if contributes else torch.zeros_like(local)).to(torch.float64)
-    if torch.cuda.is_available():
+    if gpu:
         vec = vec.cuda()
     dist.all_reduce(vec)
     return vec.cpu()

@@ -1,0 +1,138 @@
+"""The in-place restore after the warm-up (train.warmup.RestorePoint), piece by piece: weights,
+Adam state and step counters, parameter groups, RNG streams (graph-safe generators in place),
+Transformer Engine recipe statistics. The end-to-end check is tests/test_train_warmup.py."""
+import pytest
+import torch
+
+from llama31_405b.train.warmup import RestoreError, RestorePoint
+
+
+class _Chunk(torch.nn.Module):
+    """A model chunk as the loop holds it (DDP): parameters and a gradient buffer to zero."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+        self.zeroed = 0
+
+    def zero_grad_buffer(self):
+        self.zeroed += 1
+
+
+def _step(chunk, opt, x):
+    opt.zero_grad()
+    chunk.lin(x).square().sum().backward()
+    opt.step()
+
+
+def test_weights_adam_state_and_groups_come_back_in_place():
+    torch.manual_seed(0)
+    chunk = _Chunk()
+    opt = torch.optim.AdamW(chunk.parameters(), lr=0.1, weight_decay=0.1)
+    fresh = {n: p.detach().clone() for n, p in chunk.named_parameters()}
+    x = torch.randn(5, 4)
+    point = RestorePoint.capture([chunk], opt, gpu=False, weights_from_checkpoint=False)
+    ptrs = [p.data_ptr() for p in chunk.parameters()]
+    for _ in range(3):                                   # the warm-up
+        _step(chunk, opt, torch.randn(5, 4))
+    opt.param_groups[0]["step"] = 3                      # a group counter (TE FusedAdam style)
+    opt.param_groups[0]["lr"] = 7.0
+    state_ptrs = [[v.data_ptr() for v in opt.state[p].values()] for p in chunk.parameters()]
+    point.restore([chunk], opt, reload_weights=None)
+    assert chunk.zeroed == 1
+    assert [p.data_ptr() for p in chunk.parameters()] == ptrs
+    for n, p in chunk.named_parameters():
+        assert torch.equal(p, fresh[n])
+    assert [[v.data_ptr() for v in opt.state[p].values()] for p in chunk.parameters()] == state_ptrs
+    for p in chunk.parameters():           # zero moments, step 0: Adam's state before step 1
+        assert all(float(v.abs().sum()) == 0 for v in opt.state[p].values())
+    assert "step" not in opt.param_groups[0] and opt.param_groups[0]["lr"] == 0.1
+    # the next step equals the first step of an optimizer that never ran
+    twin = _Chunk()
+    twin.load_state_dict({k: v.clone() for k, v in fresh.items()})
+    twin_opt = torch.optim.AdamW(twin.parameters(), lr=0.1, weight_decay=0.1)
+    _step(chunk, opt, x)
+    _step(twin, twin_opt, x)
+    for (n, p), q in zip(chunk.named_parameters(), twin.parameters()):
+        assert torch.equal(p, q), n
+
+
+def test_weights_from_the_checkpoint_reload_and_unknown_state_is_refused():
+    chunk = _Chunk()
+    opt = torch.optim.AdamW(chunk.parameters(), lr=0.1)
+    point = RestorePoint.capture([chunk], opt, gpu=False, weights_from_checkpoint=True)
+    assert point.params is None
+    _step(chunk, opt, torch.randn(2, 4))
+    calls = []
+    point.restore([chunk], opt, reload_weights=lambda: calls.append(1))
+    assert calls == [1]
+    _step(chunk, opt, torch.randn(2, 4))
+    opt.state[next(chunk.parameters())]["mystery"] = torch.ones(1)
+    with pytest.raises(RestoreError, match="mystery"):
+        point.restore([chunk], opt, reload_weights=lambda: None)
+
+
+def test_rng_streams_and_graph_safe_generators_are_restored_in_place():
+    import random
+
+    import numpy as np
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+    tracker = get_cuda_rng_tracker()
+    gen = torch.Generator().manual_seed(5)       # a graph-safe state is a Generator object
+    tracker.states_["graph-safe"] = gen
+    try:
+        chunk = _Chunk()
+        opt = torch.optim.SGD(chunk.parameters(), lr=0.1)
+        point = RestorePoint.capture([chunk], opt, gpu=False, weights_from_checkpoint=False)
+        want = (random.random(), np.random.rand(), torch.rand(1),
+                torch.rand(1, generator=gen))
+        point.restore([chunk], opt, reload_weights=None)
+        assert tracker.get_states()["graph-safe"] is gen            # the same object
+        got = (random.random(), np.random.rand(), torch.rand(1), torch.rand(1, generator=gen))
+        assert got[:2] == want[:2] and torch.equal(got[2], want[2])
+        assert torch.equal(got[3], want[3])
+    finally:
+        tracker.states_.pop("graph-safe", None)
+
+
+class _DelayedState:
+    """Like TE's DelayedScalingRecipeState: statistics in persistent buffers."""
+    _persistent_state_buffers = ("scale", "amax_history")
+
+    def __init__(self):
+        self.scale = torch.ones(3)
+        self.amax_history = torch.zeros(4, 3)
+
+
+class _NVFP4State:
+    """Like TE's NVFP4BlockScalingRecipeState: no statistics."""
+
+
+class _TEModule(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(2))
+        self.fp8_meta = {}
+
+
+def test_te_recipe_statistics_are_restored_or_reset_in_place():
+    chunk = _Chunk()
+    chunk.a, chunk.b = _TEModule(), _TEModule()
+    chunk.a.fp8_meta["scaling_fwd"] = _DelayedState()          # exists before the warm-up
+    chunk.a.fp8_meta["scaling_fwd"].scale.fill_(2.0)
+    chunk.b.fp8_meta["scaling_fwd"] = _NVFP4State()
+    opt = torch.optim.SGD(chunk.parameters(), lr=0.1)
+    point = RestorePoint.capture([chunk], opt, gpu=False, weights_from_checkpoint=False)
+    a_fwd = chunk.a.fp8_meta["scaling_fwd"]
+    a_fwd.scale.fill_(9.0)
+    a_fwd.amax_history.fill_(3.0)
+    chunk.a.fp8_meta["scaling_bwd"] = _DelayedState()          # created by the warm-up
+    chunk.a.fp8_meta["scaling_bwd"].scale.fill_(5.0)
+    chunk.a.fp8_meta["scaling_bwd"].amax_history.fill_(1.0)
+    bwd_scale = chunk.a.fp8_meta["scaling_bwd"].scale
+    point.restore([chunk], opt, reload_weights=None)
+    assert torch.equal(a_fwd.scale, torch.full((3,), 2.0))
+    assert float(a_fwd.amax_history.abs().sum()) == 0
+    assert chunk.a.fp8_meta["scaling_bwd"].scale is bwd_scale
+    assert torch.equal(bwd_scale, torch.ones(3))
+    assert float(chunk.a.fp8_meta["scaling_bwd"].amax_history.abs().sum()) == 0
