@@ -107,6 +107,26 @@ def test_launch_segment_follows_the_system():
     assert gb.nodes_per_rack == 16 and "--segment 16, the nodes of one NVLink domain" in gb.local_error
 
 
+def test_run_and_time_launches_an_eight_gpu_config_unchanged(tmp_path):
+    """The batch script as Slurm starts it for 32 DGX B200 nodes (DRY_RUN prints the srun lines):
+    8 tasks per node with their share of the node's CPUs, the pre-flight on all 256 ranks."""
+    import os
+    cfg = "configs/config_DGXB200_32x8x144xtp4pp8cp2.toml"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CONT", "NEXP"))}
+    env.update(PYTHONPATH=str(REPO), PYTHON=sys.executable, CONFIG=cfg, DRY_RUN="1", NEXP="1",
+               SEED_BASE="5", DATADIR="/lustre/data", CKPTDIR="/lustre/ckpt", LOGDIR=str(tmp_path),
+               SLURM_JOB_ID="9", SLURM_JOB_NUM_NODES="32", SLURM_JOB_NODELIST="dgx[001-032]",
+               SLURM_CPUS_ON_NODE="224", SLURM_GPUS_ON_NODE="8", SLURM_SUBMIT_DIR=str(REPO))
+    p = subprocess.run(["bash", str(REPO / "run_and_time.sh")], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    sruns = [ln for ln in p.stderr.splitlines() if ln.startswith("+ srun")]
+    preflight = [ln for ln in sruns if "launch preflight" in ln]
+    assert len(preflight) == 1
+    assert "--nodes=32 --ntasks=256 --ntasks-per-node=8 --cpus-per-task=28" in preflight[0]
+    assert any("llama31_405b train --config " + cfg in ln for ln in sruns)
+
+
 # --- planner ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("system,nodes", [("dgx-b200", 32), ("dgx-b200", 56), ("h200-sxm", 64),
