@@ -3,8 +3,10 @@
 #
 #   CONFIG=configs/config_GB200_2048x4x8xtp4pp8cp2.toml sbatch -N 2048 run_and_time.sh
 #       (Slurm >= 23.11 with topology/block: add `--segment 16`, the nodes of one NVL72 rack,
-#        so every rack's nodes come as one block; older Slurm rejects the option. Sites that
-#        constrain devices: add --gpus-per-node=4. Set -t to cover NEXP runs.)
+#        so every rack's nodes come as one block; on 8-GPU nodes the nodes of one model-parallel
+#        group; `launch env CONFIG` prints it as LAUNCH_NODES_PER_RACK. Older Slurm rejects the
+#        option. Sites that constrain devices: add --gpus-per-node=4 (8 on 8-GPU nodes). Set -t
+#        to cover NEXP runs.)
 #   CONFIG=configs/tiny_cpu.toml ./run_and_time.sh          # no Slurm: torchrun or one process
 #
 # Variables (all but CONFIG optional; every default comes from the config):

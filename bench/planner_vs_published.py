@@ -1,7 +1,18 @@
 """Predicted vs published for every published figure of Azure's MLPerf Training v6.0 write-up
-(and the MLPerf results), with the error; and the sweep's speed for one system and scale.
+(and the MLPerf results), and for the University of Florida's published DGX B200 run, with the
+error; and the sweep's speed for one system and scale.
 
-    PYTHONPATH=. python bench/planner_vs_published.py [--json]
+    PYTHONPATH=. python bench/planner_vs_published.py [--json] [--uf-logs DIR]
+
+The DGX B200 rows read the three result logs of the University of Florida's MLPerf Training v5.1
+submission (mlcommons/training_results_v5.1, University-of-Florida/results/hpg.dgxb200x8.n32/
+llama31_405b/result_{0,1,2}.txt: 32 nodes x 8 B200, GBS 576, 144 microbatches of 1 per DP rank):
+their per-step `tracked_stats` train_step_time and their block timing (block_start -> block_stop
+over the steps between evaluations). The planner predicts that run as published, TP4-PP8-CP2 in FP8
+at MiniBS 144 (the layout of the published DGX B200 configuration of that round; the logs do not
+give its VP, so VP 8 as in the GB200 configuration, with the other VPs beside it). The logs are a
+test of the model, never an input: nothing is fitted to them. `--uf-logs DIR` names the folder of
+the three logs (default: the test fixtures' folder next to the checkout, as tests/mlperf_logs.py).
 
 Rows marked `fit` are the calibration inputs (their error is zero by construction); every other
 row is a prediction that was not used to fit anything. For the time-to-train rows, `band` is the
@@ -28,13 +39,86 @@ from llama31_405b.planner.sweep import Fixed, sweep  # noqa: E402
 from llama31_405b.planner.writer import SWITCH_MARGIN, plan_scale  # noqa: E402
 
 BUDGET_S = 2.0
+UF_NAME = "mlperf_v5.1_llama31_405b_uf_b200_n32"
+UF_STEP_TOLERANCE = 0.10
+"""Issue acceptance: the predicted step within 10% of the DGX B200 logs."""
+
+
+def uf_dir(given: str | None = None) -> Path | None:
+    """The folder of the University of Florida's logs: `given`, or the fixtures folder next to
+    the checkout (a worktree sits one level deeper); None when absent."""
+    if given:
+        return Path(given)
+    repo = Path(__file__).resolve().parents[1]
+    for d in (repo.parent, repo.parent.parent):
+        if (d / "shared" / "fixtures" / UF_NAME).is_dir():
+            return d / "shared" / "fixtures" / UF_NAME
+    return None
+
+
+def uf_measured(folder: Path) -> dict:
+    """Step time of the published DGX B200 run: the median `tracked_stats` train_step_time of each
+    log (its first step left out: it carries the first-step extra), averaged over the logs; and the
+    block timing, all blocks' wall time over all their steps."""
+    from statistics import median
+
+    from llama31_405b.submission.mllog import load_run
+    medians, block_ms, block_steps, ttt, val_s = [], 0.0, 0, [], []
+    for path in sorted(folder.glob("result_*.txt")):
+        run = load_run(path)
+        ttt.append(run.time_to_train_min)
+        val_s += [v["validation_time"] for v in run.values("tracked_stats")
+                  if isinstance(v, dict) and "validation_time" in v]
+        _, steps = run.step_times()
+        medians.append(median(sec for _, sec in steps[1:]))
+        start, prev = None, 0.0
+        evals = iter(run.evals)
+        for e in run.events:
+            if e.key == "block_start":
+                start = e.time_ms
+            elif e.key == "block_stop" and start is not None:
+                nxt = next(evals)
+                block_ms += e.time_ms - start
+                block_steps += round((nxt[0] - prev) / run.gbs)
+                prev, start = nxt[0], None
+    if not medians:
+        raise FileNotFoundError(f"{folder}: no result_*.txt")
+    return dict(logs=len(medians), tracked_s=sum(medians) / len(medians),
+                block_s=block_ms / 1000 / block_steps, gbs=run.gbs, ttt_min=median(ttt),
+                eval_s=median(val_s))
 
 
 def layout(racks, minibs, system="gb200-nvl72", tp=4):
     return predict(make_config(system, racks, tp=tp, pp=8, vp=8, cp=2, minibs=minibs))
 
 
-def rows() -> list[dict]:
+def uf_rows(add, folder: Path | None) -> None:
+    def b200(vp):
+        return predict(make_config("dgx-b200", 32, tp=4, pp=8, vp=vp, cp=2, minibs=144,
+                                   precision="fp8"))
+    if folder is None or not folder.is_dir():
+        add("DGX B200 32 nodes (UF logs): step time", "logs not found", "-", "skipped")
+        return
+    m = uf_measured(folder)
+    p = b200(8)
+    assert (p.dp, p.gbs, p.nodes) == (4, m["gbs"], 32), (p.dp, p.gbs, p.nodes)
+    add("DGX B200 32 nodes, FP8 TP4-PP8-VP8-CP2, MiniBS 144: step (tracked_stats)", m["tracked_s"],
+        p.step_time_s, f"prediction ({m['logs']} logs, never fitted)", "s")
+    add("DGX B200 32 nodes, same: step (block timing)", m["block_s"], p.step_time_s,
+        "prediction", "s")
+    peak = p.mfu * p.step_time_s  # MFU x step = FLOPs per GPU per step / peak
+    add("DGX B200 32 nodes: MFU (4.5 PFLOP/s FP8 peak)", peak / m["tracked_s"], p.mfu, "prediction")
+    add("DGX B200 32 nodes: evaluation (tracked_stats validation_time)", m["eval_s"], p.eval_time_s,
+        "prediction", "s")
+    lo, hi = (t / p.score_scale for t in p.time_to_train_range_min)
+    add("DGX B200 32 nodes: run_start -> run_stop, unscaled (median of the logs)", m["ttt_min"],
+        p.time_to_train_min / p.score_scale, "prediction", "min", (lo, hi))
+    for vp in (1, 2, 4):
+        add(f"DGX B200 32 nodes, same at VP {vp} (the logs do not give VP): step", m["tracked_s"],
+            b200(vp).step_time_s, "sensitivity", "s")
+
+
+def rows(uf: Path | None = None) -> list[dict]:
     out = []
 
     def add(figure, published, predicted, kind, unit="", band=None):
@@ -86,6 +170,7 @@ def rows() -> list[dict]:
             f"{SWITCH_MARGIN:.0%} predicted gain)", f"TP4-PP8-VP8-CP2 / {published}",
             f"{sp.chosen.layout} / {sp.chosen.minibs} (best: {sp.best.layout} / {sp.best.minibs}, "
             f"{sp.gain:+.1%})", "writer")
+    uf_rows(add, uf)
     return out
 
 
@@ -109,8 +194,10 @@ def timing() -> list[dict]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--uf-logs", metavar="DIR", help="folder of the University of Florida's "
+                    "result_{0,1,2}.txt (default: the fixtures next to the checkout)")
     args = ap.parse_args()
-    data, speed = rows(), timing()
+    data, speed = rows(uf_dir(args.uf_logs)), timing()
     if args.json:
         print(json.dumps({"figures": data, "sweep_timing": speed}, indent=2))
         return 0

@@ -1,4 +1,5 @@
-"""configs/config_GB200_*.toml are exactly what `plan --write-configs` writes, and valid."""
+"""configs/config_<SYSTEM>_*.toml (GB200, DGX B200, H200, H100) are exactly what `plan
+--write-configs` writes, and valid."""
 from __future__ import annotations
 
 import shutil
@@ -7,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from llama31_405b.config.load import load_config
-from llama31_405b.planner import writer
+from llama31_405b.planner import predict, writer
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -17,8 +18,9 @@ def expected() -> dict[str, str]:
     return writer.expected_files()
 
 
-def test_committed_gb200_configs_are_what_the_planner_writes(expected):
-    committed = {p.name: p.read_text() for p in CONFIGS.glob("config_GB200_*.toml")}
+def test_committed_configs_are_what_the_planner_writes(expected):
+    committed = {p.name: p.read_text() for t in writer.TARGETS
+                 for p in CONFIGS.glob(f"config_{t.prefix}_*.toml")}
     stale = sorted(set(committed) - set(expected))
     missing = sorted(set(expected) - set(committed))
     assert not stale and not missing, (f"stale {stale}, missing {missing}: run "
@@ -27,28 +29,37 @@ def test_committed_gb200_configs_are_what_the_planner_writes(expected):
         assert committed[name] == text, f"{name} differs: run `python -m llama31_405b plan --write-configs`"
 
 
-def test_written_configs_pass_the_validator_and_follow_the_switch_rule(expected):
+@pytest.mark.parametrize("target", writer.TARGETS, ids=lambda t: t.prefix)
+def test_written_configs_pass_the_validator_and_follow_the_switch_rule(expected, target):
     """Each config is the published layout (and published MiniBS where there is one) unless the
-    planner's best is predicted faster by more than SWITCH_MARGIN; the header says which."""
+    planner's best is predicted faster by more than SWITCH_MARGIN, or the published layout does
+    not fit (H100); on 8-GPU systems the planner's choice keeps the published TP. The header says
+    which rule chose it, and the file's prediction is the planner's for the loaded file."""
     racks = set()
-    for sp in writer.plans():
+    for sp in writer.plans(target=target):
         name = sp.filename
         cfg = load_config(CONFIGS / name)
         p = cfg.parallel
         c = sp.chosen
         assert (p.tp, p.pp, p.vp, p.cp, cfg.batch.minibs) == (c.tp, c.pp, c.vp, c.cp, c.minibs)
+        assert cfg.system.id == target.system
         assert sp.gain <= writer.SWITCH_MARGIN or sp.switched
         if not sp.switched:
             assert (p.tp, p.pp, p.vp, p.cp) == tuple(writer.MEASURED.values())
             if sp.pinned:
-                assert cfg.batch.minibs == writer.PUBLISHED_MINIBS[cfg.system.racks]
-        header = expected[name].split("base =")[0]
+                assert cfg.batch.minibs == target.published(cfg.system.racks)
+        if target.spec.node_nvlink_domain:
+            assert p.tp == writer.MEASURED["tp"]
+        header = " ".join(line.lstrip("#").strip()
+                          for line in expected[name].split("base =")[0].splitlines())
         assert ("planner's best layout and MiniBS" in header) == sp.switched
-        assert f"{sp.best.layout}" in header or writer.same(sp.best, sp.measured)
+        assert f"{sp.best.layout}" in header
+        assert f"step {predict(cfg).step_time_s:.2f} s" in header  # the base mirrors make_config
         d = cfg.derived
-        assert name == f"config_GB200_{d.nodes}x4x{cfg.batch.minibs}xtp{p.tp}pp{p.pp}cp{p.cp}.toml"
+        assert name == (f"config_{target.prefix}_{d.nodes}x{d.system.gpus_per_node}x"
+                        f"{cfg.batch.minibs}xtp{p.tp}pp{p.pp}cp{p.cp}.toml")
         racks.add(cfg.system.racks)
-    assert racks == set(writer.RACKS)
+    assert racks == set(target.scales)
 
 
 def test_a_large_enough_predicted_gain_switches_the_layout(monkeypatch, tmp_path):
@@ -73,7 +84,7 @@ def test_write_configs_replaces_stale_files(tmp_path):
     stale.write_text("# old\n")
     keep = tmp_path / "tiny_cpu.toml"
     keep.write_text("# not a GB200 config\n")
-    written, deleted = writer.write_configs(tmp_path, racks=(8, 96))
+    written, deleted = writer.write_configs(tmp_path, (writer.with_scales(writer.GB200, (8, 96)),))
     assert [p.name for p in deleted] == [stale.name] and not stale.exists() and keep.exists()
     assert {p.name for p in written} == {p.name for p in tmp_path.glob("config_GB200_*.toml")}
     with pytest.raises(FileNotFoundError, match="base"):

@@ -16,6 +16,8 @@ def register(sub) -> None:
                                    "predict that layout.")
     p.add_argument("--system", default="gb200-nvl72", help="system id (llama31_405b/systems/*.toml)")
     p.add_argument("--racks", type=int, help="NVLink domains (racks); nodes for 8-GPU systems")
+    p.add_argument("--nodes", type=int,
+                   help="nodes instead of racks (8-GPU systems: the same; GB200 NVL72: 16 per rack)")
     for name in ("tp", "pp", "vp", "cp", "minibs"):
         p.add_argument(f"--{name}", type=int, help=f"fix {name.upper()} (default: sweep it)")
     p.add_argument("--mbs", type=int, default=1, help="microbatch size (default 1)")
@@ -27,7 +29,8 @@ def register(sub) -> None:
     p.add_argument("--top", type=int, default=10, help="sweep rows to show (0: all)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--write-configs", action="store_true",
-                   help="regenerate configs/config_GB200_*.toml for 8..128 racks")
+                   help="regenerate the per-scale configs/config_<SYSTEM>_*.toml (GB200 8..128 racks; "
+                        "DGX B200, H200 and H100 at a few node counts)")
     p.add_argument("--configs-dir", default=str(REPO / "configs"), help="where --write-configs writes")
     p.add_argument("--explain", action="store_true",
                    help="table of the per-scale configs' predictions and a PNG (see --out)")
@@ -46,8 +49,35 @@ HEADER = (f"{'layout':<18} {'DP':>4} {'MiniBS':>6} {'GBS':>5} {'step s':>8} {'st
           f"{'TTT min':>8} {'MFU':>6} {'GB':>6} {'fits':>4} {'step':>4}")
 
 
+def _scale(system: str, racks: int, nodes: int | None = None) -> str:
+    """"128 racks (2048 nodes)", or "32 nodes" where a rack is a node (8-GPU systems)."""
+    from ..systems import load_system
+    if load_system(system).node_nvlink_domain:
+        return f"{racks} nodes"
+    return f"{racks} racks" + (f" ({nodes} nodes)" if nodes is not None else "")
+
+
+TP_NOTE = ("note: on 8-GPU systems layouts with a TP other than 4 are extrapolations: the model's "
+           "in-NVLink communication constant was fitted at TP4 (docs/planner.md)")
+
+
+def racks_of(system: str, racks: int | None, nodes: int | None) -> tuple[int | None, str]:
+    """(racks, error): --racks as given, or --nodes converted to NVLink domains."""
+    from ..systems import load_system
+    if nodes is None:
+        return racks, ""
+    if racks is not None:
+        return None, "give --racks or --nodes, not both"
+    spec = load_system(system)
+    gpus = nodes * spec.gpus_per_node
+    if nodes < 1 or gpus % spec.gpus_used_per_rack:
+        return None, (f"--nodes {nodes}: {spec.name} uses {spec.gpus_used_per_rack // spec.gpus_per_node} "
+                      f"node(s) per rack; give a multiple of it")
+    return gpus // spec.gpus_used_per_rack, ""
+
+
 def _print_prediction(p) -> None:
-    print(f"{p.system}, {p.racks} racks ({p.nodes} nodes): {p.layout} DP{p.dp} MiniBS {p.minibs} "
+    print(f"{p.system}, {_scale(p.system, p.racks, p.nodes)}: {p.layout} DP{p.dp} MiniBS {p.minibs} "
           f"MBS {p.mbs} GBS {p.gbs}, {p.precision}, recompute {p.recompute}")
     lo, hi = p.time_to_train_range_min
     print(f"  step {p.step_time_s:.3f} s   MFU {p.mfu:.2%}   {p.steps} steps ({p.evaluations} evaluations of "
@@ -103,15 +133,19 @@ def run(args) -> int:
         if memory_note(cfg):
             print(f"note: {memory_note(cfg)}", file=sys.stderr if args.json else sys.stdout)
         return 0
-    if args.racks is None or args.racks < 1:
-        print("error: --racks N (N >= 1) is required (or --config, --write-configs, --explain)",
-              file=sys.stderr)
-        return 2
     from ..systems import load_system
     try:
-        load_system(args.system)
+        spec = load_system(args.system)
     except ValueError as e:
         print(f"error: --system: {e}", file=sys.stderr)
+        return 2
+    args.racks, err = racks_of(args.system, args.racks, args.nodes)
+    if err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.racks is None or args.racks < 1:
+        print("error: --racks N or --nodes N (N >= 1) is required (or --config, --write-configs, "
+              "--explain)", file=sys.stderr)
         return 2
     full = all(getattr(args, k) is not None for k in ("tp", "pp", "vp", "cp", "minibs"))
     if full:
@@ -135,23 +169,29 @@ def run(args) -> int:
                             cp=args.cp or 1, minibs=args.minibs or (args.pp or 1) * args.mbs,
                             mbs=args.mbs, precision=args.precision)
         why = "\n  - ".join(layout_problems(probe)) or "no batch size passes the LR rule"
-        print(f"error: no layout of {args.system} at {args.racks} racks passes the config validator; "
+        print(f"error: no layout of {args.system} at {_scale(args.system, args.racks)} passes the "
+              f"config validator; "
               f"e.g. TP{probe.parallel.tp}-PP{probe.parallel.pp}-CP{probe.parallel.cp}:\n  - {why}",
               file=sys.stderr)
         return 1
     shown = ranked if args.top == 0 else ranked[:args.top]
     if args.json:
-        print(json.dumps({"system": args.system, "racks": args.racks, "candidates": len(ranked),
+        print(json.dumps({"system": args.system, "racks": args.racks,
+                          "nodes": args.racks * spec.gpus_used_per_rack // spec.gpus_per_node,
+                          "candidates": len(ranked),
                           "fitting": sum(p.fits for p in ranked),
                           "results": [p.as_dict() for p in shown]}, indent=2))
         return 0 if ranked[0].fits else 1
     n_fit = sum(p.fits for p in ranked)
-    print(f"{args.system}, {args.racks} racks: {len(ranked)} candidates, {n_fit} fit in memory; "
+    print(f"{args.system}, {_scale(args.system, args.racks)}: {len(ranked)} candidates, {n_fit} fit "
+          f"in memory; "
           f"ranked by predicted time-to-train (step: sim = simulated schedule, est = closed-form "
           f"estimate of the screen)")
     print(HEADER)
     for p in shown:
         print(_fmt_row(p))
+    if spec.node_nvlink_domain:
+        print(TP_NOTE)
     if not ranked[0].fits:
         print(f"nothing fits: best candidate {ranked[0].layout} {ranked[0].why_not}", file=sys.stderr)
         return 1

@@ -19,8 +19,16 @@ class Derived:
     rules: BenchmarkRules
     gpus_per_rack: int
     model_parallel_size: int
-    """TP x PP x CP: ranks holding one model replica; lies inside one rack."""
+    """TP x PP x CP: ranks holding one model replica; inside one rack where the NVLink domain
+    spans nodes (NVL72), over `racks_per_replica` nodes on 8-GPU systems."""
     replicas_per_rack: int
+    """Model replicas per rack (0 when one replica spans several racks: 8-GPU nodes)."""
+    racks_per_replica: int
+    """Racks (NVLink domains) one model replica spans: 1 on NVL72, TP x PP x CP / 8 on 8-GPU
+    nodes."""
+    segment_nodes: int
+    """Nodes Slurm should keep together (`sbatch --segment`): one rack where the NVLink domain
+    spans nodes (16 on GB200 NVL72), else the nodes of one model-parallel group."""
     dp: int
     world_size: int
     nodes: int
@@ -103,10 +111,11 @@ def derive(cfg) -> Derived:
     p = cfg.parallel
     per_rack = cfg.system.gpus_per_rack or system.gpus_used_per_rack
     mp = p.tp * p.pp * p.cp
-    replicas = max(per_rack // mp, 1)
-    dp = cfg.system.racks * replicas
+    # DP = the job's GPUs over one replica's (config.validate says when they do not divide)
+    dp = max(1, cfg.system.racks * per_rack // mp)
     world = dp * mp
     nodes = math.ceil(world / system.gpus_per_node)
+    segment = math.ceil(max(mp, per_rack) / system.gpus_per_node)
     gbs = cfg.batch.minibs * dp
     micro = cfg.batch.minibs // cfg.batch.micro_batch_size
     hp = effective_hparams(cfg, rules, gbs)
@@ -115,7 +124,8 @@ def derive(cfg) -> Derived:
     platform = cfg.run.platform or f"{nodes}x{system.name.replace(' ', '-')}"
     return Derived(
         system=system, rules=rules, gpus_per_rack=per_rack, model_parallel_size=mp,
-        replicas_per_rack=replicas, dp=dp, world_size=world, nodes=nodes, gbs=gbs,
+        replicas_per_rack=per_rack // mp, racks_per_replica=math.ceil(mp / per_rack),
+        segment_nodes=min(max(1, segment), nodes), dp=dp, world_size=world, nodes=nodes, gbs=gbs,
         num_microbatches=micro, gradient_accumulation_steps=micro,
         layers_per_virtual_stage=slots / (p.pp * p.vp),
         lr=hp.lr, end_lr=hp.end_lr, warmup_steps=hp.warmup_steps, decay_steps=hp.decay_steps,

@@ -229,7 +229,8 @@ class SystemConfig:
     id: str
     """System id naming a hardware file in llama31_405b/systems (gb200-nvl72, cpu, ...)."""
     racks: int
-    """NVLink domains (racks) used by the job."""
+    """NVLink domains (racks) used by the job; on 8-GPU systems (DGX/HGX), whose NVLink domain is
+    the node, the nodes."""
     gpus_per_rack: int | None = None
     """GPUs used per rack (default: the system file's gpus_used_per_rack)."""
     rack_of_host: dict[str, str] = field(default_factory=dict)

@@ -14,6 +14,7 @@ chunk holds the embedding and one layer, the last one layer and the loss).
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from ..systems import load_system
@@ -57,7 +58,9 @@ def basic_rules(cfg: Config) -> list[str]:
 
 
 def placement_rules(cfg: Config, d: Derived) -> list[str]:
-    """A model-parallel group lives inside one rack; DP is the outermost rank dimension."""
+    """Where the NVLink domain spans nodes (NVL72) a model-parallel group lives inside one rack;
+    on 8-GPU systems (the domain is the node) TP stays inside a node, CP too when TP x CP fits
+    it, PP spans nodes. DP is the outermost rank dimension."""
     out, p, system = [], cfg.parallel, d.system
     order = p.order.split("-")
     if sorted(order) != sorted(["tp", "cp", "ep", "pp", "dp"]) or order[-1] != "dp":
@@ -68,6 +71,8 @@ def placement_rules(cfg: Config, d: Derived) -> list[str]:
     if per_rack > system.gpus_per_nvlink_domain:
         out.append(f"system.gpus_per_rack {per_rack} exceeds the {system.gpus_per_nvlink_domain} "
                    f"GPUs of one {system.name} NVLink domain")
+    if system.node_nvlink_domain:
+        return out + node_domain_rules(cfg, d)
     if per_rack % mp:
         out.append(f"TP*PP*CP = {p.tp}*{p.pp}*{p.cp} = {mp} does not divide the {per_rack} GPUs "
                    f"used per rack: a model-parallel group would span racks. Choose TP*PP*CP in "
@@ -75,6 +80,37 @@ def placement_rules(cfg: Config, d: Derived) -> list[str]:
     elif (per_rack * cfg.system.racks) % system.gpus_per_node:
         out.append(f"{cfg.system.racks} racks x {per_rack} GPUs is not a whole number of "
                    f"{system.gpus_per_node}-GPU nodes")
+    return out
+
+
+def node_domain_rules(cfg: Config, d: Derived) -> list[str]:
+    """8-GPU systems, whose NVLink domain is the node: TP inside one node; CP inside it when
+    TP x CP fits the node, otherwise whole nodes per CP rank group; a model replica either fits
+    the node or takes whole nodes (PP across nodes); the job fills whole nodes."""
+    out, p, node = [], cfg.parallel, d.gpus_per_rack
+    mp, name = d.model_parallel_size, d.system.name
+    fits = [k for k in range(1, node + 1) if node % k == 0]
+    if node != d.system.gpus_per_node:
+        return [f"system.gpus_per_rack {node}: on {name} a rack (NVLink domain) is one node of "
+                f"{d.system.gpus_per_node} GPUs; remove the key"]
+    if cfg.system.rack_of_host:
+        out.append(f"system.rack_of_host: on {name} the NVLink domain is the node itself (the "
+                   "placement check takes leaf switches from Slurm's topology); remove the table")
+    if node % p.tp:
+        out.append(f"parallel.tp {p.tp}: a TP group must lie inside one {node}-GPU {name} node "
+                   f"(NVLink); choose TP in {fits}")
+        return out
+    tc = p.tp * p.cp
+    if tc > node and tc % node:
+        out.append(f"TP*CP = {p.tp}*{p.cp} = {tc}: CP either stays inside a {node}-GPU node "
+                   f"(TP*CP in {fits}) or spans whole nodes (TP*CP a multiple of {node})")
+    elif mp > node and mp % node:
+        out.append(f"TP*PP*CP = {p.tp}*{p.pp}*{p.cp} = {mp}: a model replica either fits one "
+                   f"{node}-GPU node (in {fits}) or spans whole nodes (a multiple of {node})")
+    elif (cfg.system.racks * node) % mp:
+        out.append(f"{cfg.system.racks} nodes x {node} GPUs = {cfg.system.racks * node} GPUs do "
+                   f"not hold whole model replicas of TP*PP*CP = {mp}: use a multiple of "
+                   f"{math.ceil(mp / node)} nodes")
     return out
 
 

@@ -36,7 +36,9 @@ class LaunchPlan:
     tasks_per_node: int
     """Tasks (ranks) per node: one per GPU; one per (fake) node slot for CPU systems."""
     nodes_per_rack: int
-    """Nodes of one rack (NVLink domain): the `sbatch --segment` value on Slurm >= 23.11."""
+    """Nodes Slurm should keep together, the `sbatch --segment` value on Slurm >= 23.11
+    (`Derived.segment_nodes`): one NVLink domain where it spans nodes (16 on GB200 NVL72), else
+    the nodes of one model-parallel group (8 for TP4-PP8-CP2 on 8-GPU nodes)."""
     device: str
     """"gpu" or "cpu"."""
     seeds: tuple[int, ...]
@@ -55,12 +57,15 @@ def launch_plan(cfg: Config, *, runs: int | None = None, seed_base: int | None =
     seeds = run_seeds(cfg.run.seed_base if seed_base is None else seed_base, n)
     gpu = d.system.is_gpu
     tasks = min(d.system.gpus_per_node, d.world_size)
-    per_rack = max(1, d.gpus_per_rack // d.system.gpus_per_node)
+    per_rack = d.segment_nodes
+    what = ("one model-parallel group" if d.system.node_nvlink_domain
+            else "one NVLink domain")
     local_error = ""
     if gpu and d.nodes > 1:
         local_error = (f"{cfg.source or 'this config'} needs {d.nodes} nodes x {tasks} GPUs; "
                        f"submit it with: CONFIG={cfg.source} sbatch -N {d.nodes} run_and_time.sh "
-                       f"(Slurm >= 23.11 with topology/block: add --segment {per_rack})")
+                       f"(Slurm >= 23.11 with topology/block: add --segment {per_rack}, the nodes "
+                       f"of {what})")
     return LaunchPlan(config=cfg.source, benchmark=cfg.run.benchmark, world_size=d.world_size,
                       nodes=d.nodes, tasks_per_node=tasks, nodes_per_rack=per_rack, device="gpu" if gpu else "cpu",
                       seeds=seeds, local_error=local_error,

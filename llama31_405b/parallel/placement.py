@@ -1,8 +1,13 @@
-"""Placement check: every TP, CP and PP group must lie inside one rack (NVLink domain).
+"""Placement check: the groups that run on NVLink must lie inside one NVLink domain.
 
 Run once, right after the process group is up and before the model is built or a checkpoint is
-read: a model-parallel group split across racks would run its all-reduces and pipeline sends over
-the scale-out network, many times slower, and nothing else would tell.
+read: a group split across NVLink domains would run its collectives and pipeline sends over the
+scale-out network, many times slower, and nothing else would tell. Which groups that are comes
+from the system (`local_kinds`): where the NVLink domain spans nodes (GB200 NVL72, a "rack") every
+TP, CP and PP group; on 8-GPU systems, whose domain is the node, the TP groups, and the CP groups
+when TP x CP fits the node (PP, and wider CP, span nodes by design). There a model-parallel group
+(a pipeline) whose nodes hang under different leaf switches of Slurm's topology is reported as a
+warning with the traffic it sends through the spine (`switch_warnings`).
 
 Each rank learns its rack from, in order:
 1. `system.rack_of_host` in the config (an explicit hostname -> rack map, patterns allowed);
@@ -10,6 +15,7 @@ Each rank learns its rack from, in order:
    the GPUs of one NVL72 rack share one clique);
 3. Slurm's `SLURM_TOPOLOGY_ADDR` (topology/tree: the leaf switch; topology/block: the block);
 4. otherwise the host itself (a single node is always one NVLink domain).
+On 8-GPU systems the domain is the host itself, and Slurm's leaf switch is kept beside it.
 On systems whose NVLink domain spans nodes (GB200 NVL72) every rank first checks its node's
 multi-node NVLink readiness (parallel/fabric.py: fabric state Completed/Success, one clique per
 node, an IMEX channel visible); a missing piece fails the job, because NCCL would otherwise carry
@@ -31,6 +37,8 @@ from typing import Callable, Mapping
 from .fabric import (MNNVL_FIX, NodeFabric, mnnvl_problems, needs_mnnvl, node_clique, parse_fabric,
                      probe_node)
 from .layout import Layout
+from .pipelines import format_replica_map, hop_traffic, predicted_step, switch_spans, switch_warnings
+from .ranges import _ranges, _short
 
 MAX_LINES = 20
 """Violation lines printed in a PlacementError message (the count of the rest is given)."""
@@ -51,6 +59,9 @@ class Placement:
     clique: str = ""
     """The GPU's NVLink fabric clique (ClusterUUID/CliqueId) on multi-node NVLink systems, which
     the placement check probes; "" elsewhere."""
+    switch: str = ""
+    """The leaf switch (or block) of Slurm's topology above this host on 8-GPU systems; "" when
+    Slurm knows no topology or the rack already is that unit."""
 
 
 # --- where is this rank? ----------------------------------------------------------------------
@@ -103,8 +114,12 @@ def rack_from_slurm_topology(environ: Mapping[str, str]) -> str | None:
 
 def detect_rack(host: str, rack_of_host: Mapping[str, str], environ: Mapping[str, str],
                 local_rank: int = 0,
-                fabric: Callable[[int], str | None] = rack_from_fabric) -> tuple[str, str]:
-    """(rack, source) of this process, trying the sources in the documented order."""
+                fabric: Callable[[int], str | None] = rack_from_fabric,
+                node_domain: bool = False) -> tuple[str, str]:
+    """(rack, source) of this process, trying the sources in the documented order; on 8-GPU
+    systems (`node_domain`: the NVLink domain is the node) the host itself."""
+    if node_domain:
+        return host, "host"
     rack = rack_from_override(host, rack_of_host)
     if rack is not None:
         return rack, "config"
@@ -120,41 +135,41 @@ def detect_rack(host: str, rack_of_host: Mapping[str, str], environ: Mapping[str
 # --- the pure check ---------------------------------------------------------------------------
 
 _KIND_NAME = {"tp": "TP", "cp": "CP", "pp": "PP", "tp-cp-pp": "model-parallel (TP x CP x PP)"}
+ALL_KINDS = ("tp", "cp", "pp")
+"""The groups that must stay inside one NVLink domain where it spans nodes (NVL72)."""
 
 
-def _describe(group: list[int], by_rank: dict[int, Placement]) -> str:
+def local_kinds(system, tp: int, cp: int) -> tuple[str, ...]:
+    """The group kinds that must lie inside one NVLink domain on `system` (a SystemSpec): all of
+    them where the domain spans nodes; on 8-GPU systems TP, and CP when TP x CP fits the node."""
+    if not system.node_nvlink_domain:
+        return ALL_KINDS
+    return ("tp", "cp") if tp * cp <= system.gpus_per_nvlink_domain else ("tp",)
+
+
+def _describe(group: list[int], by_rank: dict[int, Placement], word: str = "rack") -> str:
     racks: dict[str, list[int]] = defaultdict(list)
     for r in group:
         racks[by_rank[r].rack].append(r)
     parts = []
     for rack, ranks in sorted(racks.items()):
         hosts = sorted({by_rank[r].host for r in ranks})
-        word = "rank" if len(ranks) == 1 else "ranks"
-        parts.append(f"rack {rack} ({word} {_ranges(ranks)} on {', '.join(_short(hosts))})")
+        which = "rank" if len(ranks) == 1 else "ranks"
+        if word == "node":
+            parts.append(f"node {rack} ({which} {_ranges(ranks)})")
+        else:
+            parts.append(f"{word} {rack} ({which} {_ranges(ranks)} on {', '.join(_short(hosts))})")
     return "; ".join(parts)
 
 
-def _short(hosts: list[str], limit: int = 4) -> list[str]:
-    return hosts if len(hosts) <= limit else hosts[:limit] + [f"... {len(hosts) - limit} more"]
 
 
-def _ranges(values: list[int]) -> str:
-    """[0, 1, 2, 5, 7, 8] -> "0-2,5,7-8"."""
-    vs = sorted(set(values))
-    out, i = [], 0
-    while i < len(vs):
-        j = i
-        while j + 1 < len(vs) and vs[j + 1] == vs[j] + 1:
-            j += 1
-        out.append(str(vs[i]) if i == j else f"{vs[i]}-{vs[j]}")
-        i = j + 1
-    return ",".join(out)
-
-
-def find_violations(layout: Layout, placements: list[Placement]) -> list[str]:
-    """Every TP, CP or PP group whose ranks sit in more than one rack, and racks holding
-    different numbers of ranks; one line each, naming the group kind, ranks, racks and hosts.
-    Empty when the placement is good. Pure: no process group, works for any world size."""
+def find_violations(layout: Layout, placements: list[Placement],
+                    kinds: tuple[str, ...] = ALL_KINDS, word: str = "rack") -> list[str]:
+    """Every group of `kinds` (default TP, CP and PP) whose ranks sit in more than one rack
+    (`word`: "node" on 8-GPU systems, where a rack is a node), and racks holding different
+    numbers of ranks; one line each, naming the group kind, ranks, racks and hosts. Empty when
+    the placement is good. Pure: no process group, works for any world size."""
     by_rank = {p.rank: p for p in placements}
     missing = sorted(set(range(layout.world_size)) - set(by_rank))
     if missing or len(by_rank) != layout.world_size:
@@ -162,19 +177,21 @@ def find_violations(layout: Layout, placements: list[Placement]) -> list[str]:
                 f"{f' (missing ranks {_ranges(missing)})' if missing else ''}"]
     out: list[str] = []
     split_kinds = []
+    bad_ranks: set[int] = set()
     for kind in ("tp", "cp", "pp"):
-        if getattr(layout, kind) == 1:
+        if getattr(layout, kind) == 1 or kind not in kinds:
             continue
         bad = [g for g in layout.groups(kind) if len({by_rank[r].rack for r in g}) > 1]
         for g in bad:
-            out.append(f"{_KIND_NAME[kind]} group ranks {_ranges(g)} spans racks: "
-                       f"{_describe(g, by_rank)}")
+            out.append(f"{_KIND_NAME[kind]} group ranks {_ranges(g)} spans {word}s: "
+                       f"{_describe(g, by_rank, word)}")
+            bad_ranks.update(g)
         if bad:
             split_kinds.append(f"{len(bad)} {_KIND_NAME[kind]} group(s)")
     if split_kinds:
         mp = layout.groups("tp-cp-pp")
-        n_bad = sum(len({by_rank[r].rack for r in g}) > 1 for g in mp)
-        out.insert(0, f"{', '.join(split_kinds)} span racks; {n_bad} of {len(mp)} "
+        n_bad = sum(not bad_ranks.isdisjoint(g) for g in mp)
+        out.insert(0, f"{', '.join(split_kinds)} span {word}s; {n_bad} of {len(mp)} "
                       f"{_KIND_NAME['tp-cp-pp']} groups are split")
     counts: dict[str, list[int]] = defaultdict(list)
     for p in placements:
@@ -183,7 +200,7 @@ def find_violations(layout: Layout, placements: list[Placement]) -> list[str]:
         sizes = ", ".join(f"{rack}: {len(ranks)} (hosts "
                           f"{', '.join(_short(sorted({by_rank[r].host for r in ranks})))})"
                           for rack, ranks in sorted(counts.items()))
-        out.append(f"racks hold different numbers of ranks: {sizes}")
+        out.append(f"{word}s hold different numbers of ranks: {sizes}")
     return out
 
 
@@ -198,7 +215,9 @@ def rack_map(layout: Layout, placements: list[Placement]) -> dict[str, list[int]
     return {rack: sorted(dp_of[rack]) for rack in sorted(dp_of, key=first.__getitem__)}
 
 
-def format_rack_map(layout: Layout, placements: list[Placement]) -> str:
+def format_rack_map(layout: Layout, placements: list[Placement], node_domain: bool = False) -> str:
+    if node_domain:
+        return format_replica_map(layout, placements)
     by_rack: dict[str, list[Placement]] = defaultdict(list)
     for p in placements:
         by_rack[p.rack].append(p)
@@ -215,9 +234,17 @@ def format_rack_map(layout: Layout, placements: list[Placement]) -> str:
     return "\n".join(lines)
 
 
-def error_message(violations: list[str]) -> str:
+def error_message(violations: list[str], node: int | None = None) -> str:
+    """The PlacementError text; `node`: GPUs per node on 8-GPU systems (whose domain is the node)."""
     shown = violations[:MAX_LINES]
     more = len(violations) - len(shown)
+    if node:
+        return ("placement check failed: TP groups (and CP groups while TP x CP <= "
+                f"{node}) must stay inside one node (NVLink domain).\n  " + "\n  ".join(shown)
+                + (f"\n  ... and {more} more" if more > 0 else "")
+                + f"\nFix: start {node} tasks per node in rank order (srun's default block "
+                  "distribution; not --distribution=cyclic or a task count per node that differs "
+                  "from the GPUs per node), one task per GPU.")
     return ("placement check failed: model-parallel groups must stay inside one rack (NVLink "
             "domain).\n  " + "\n  ".join(shown)
             + (f"\n  ... and {more} more" if more > 0 else "")
@@ -255,6 +282,9 @@ def local_placement(cfg, dist_env, environ: Mapping[str, str], *,
         if problems:
             raise PlacementError("; ".join(problems))
         clique = node_clique(node, dist_env.local_rank) or ""
+    if system.node_nvlink_domain:  # the NVLink domain is the node; Slurm's leaf switch beside it
+        return Placement(rank=dist_env.rank, host=dist_env.hostname, rack=dist_env.hostname,
+                         source="host", switch=rack_from_slurm_topology(environ) or "")
     rack, source = detect_rack(dist_env.hostname, cfg.system.rack_of_host, environ,
                                dist_env.local_rank,
                                fabric=(lambda lr: clique or None) if clique else rack_from_fabric)
@@ -282,14 +312,22 @@ def rank_errors_message(errors: list[tuple[int, str, str]]) -> str:
     return text
 
 
-def evaluate(layout: Layout, gathered: list) -> list[Placement]:
+def evaluate(layout: Layout, gathered: list, kinds: tuple[str, ...] = ALL_KINDS,
+             node: int | None = None) -> list[Placement]:
     """The verdict on what the ranks reported (a Placement, or (rank, host, problem) from a rank
-    that could not place itself): the placements when good, PlacementError otherwise. Pure."""
+    that could not place itself): the placements when good, PlacementError otherwise. `kinds`:
+    the groups that must stay inside one NVLink domain (`local_kinds`); `node`: GPUs per node on
+    8-GPU systems, where that domain is the node. Pure."""
     errors = [g for g in gathered if isinstance(g, tuple)]
     if errors:
         raise PlacementError(rank_errors_message(errors))
     placements: list[Placement] = gathered
-    violations = find_violations(layout, placements)
+    if node:
+        violations = find_violations(layout, placements, kinds, word="node")
+        if violations:
+            raise PlacementError(error_message(violations, node=node))
+        return placements
+    violations = find_violations(layout, placements, kinds)
     if not violations and all(p.clique for p in placements) \
             and any(p.rack != p.clique for p in placements):
         # racks came from system.rack_of_host or Slurm: the NVLink cliques must agree with them
@@ -309,7 +347,9 @@ def check_placement(cfg, dist_env, group=None, *, environ: Mapping[str, str] | N
     PlacementError with the same message on every rank otherwise. Rank 0 logs the rack ->
     DP-rank mapping once (to stderr unless `log` is given). On multi-node NVLink systems each rank
     also checks its node's fabric state and IMEX channel (`fabric.mnnvl_problems`), and every
-    model-parallel group must share one NVLink clique."""
+    model-parallel group must share one NVLink clique. On 8-GPU systems the TP (and node-sized
+    CP) groups must stay inside a node, and rank 0 also logs pipelines spanning leaf switches
+    as a warning."""
     env = os.environ if environ is None else environ
     layout = layout_of(cfg)
     if dist_env.world_size != layout.world_size:
@@ -328,8 +368,14 @@ def check_placement(cfg, dist_env, group=None, *, environ: Mapping[str, str] | N
         dist.all_gather_object(gathered, mine, group=group)
     else:
         gathered = [mine]
-    placements = evaluate(layout, gathered)
+    system = cfg.derived.system
+    node = system.gpus_per_node if system.node_nvlink_domain else None
+    placements = evaluate(layout, gathered, local_kinds(system, layout.tp, layout.cp), node)
     if dist_env.rank == 0:
-        (log or (lambda s: print(s, file=sys.stderr, flush=True)))(
-            format_rack_map(layout, placements))
+        say = log or (lambda s: print(s, file=sys.stderr, flush=True))
+        say(format_rack_map(layout, placements, node_domain=node is not None))
+        if node and switch_spans(layout, placements):
+            for line in switch_warnings(layout, placements, hop_traffic(cfg, predicted_step(cfg))):
+                say(line)
     return placements
+

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..config.schema import Config
-from ..config.validate import problems
+from ..config.validate import model_layout_rules, placement_rules, problems
 from ..systems import load_system
 from .context import Context
 from .memory import Memory, memory
@@ -35,8 +35,6 @@ def alternatives(cfg: Config) -> list[tuple[str, Memory]]:
     """Changes to the config that would fit, with their predicted memory (first the ones that
     keep the layout)."""
     p, perf, b = cfg.parallel, cfg.performance, cfg.batch
-    spec = load_system(cfg.system.id)
-    rack = cfg.system.gpus_per_rack or spec.gpus_used_per_rack
     m = cfg.model
     out: list[tuple[str, Config]] = []
     if perf.recompute != "full":
@@ -47,21 +45,22 @@ def alternatives(cfg: Config) -> list[tuple[str, Memory]]:
         smaller = replace(cfg, batch=replace(b, micro_batch_size=mbs))
         out.append((f"batch.micro_batch_size = {mbs}", smaller))
     tp = p.tp * 2
-    if (rack % (tp * p.pp * p.cp) == 0 and m.num_attention_heads % tp == 0
-            and m.num_query_groups % tp == 0):
+    if m.num_attention_heads % tp == 0 and m.num_query_groups % tp == 0:
         out.append((f"parallel.tp = {tp}", replace(cfg, parallel=replace(p, tp=tp))))
     pp = p.pp * 2
-    if rack % (p.tp * pp * p.cp) == 0:
-        for vp in (p.vp, p.vp // 2, 1):
-            flags = pipeline_split_flags(m.num_layers, pp, max(vp, 1)) if vp >= 1 else None
-            if flags is not None:
-                what = f"parallel.pp = {pp}" + (f", parallel.vp = {vp}" if vp != p.vp else "")
-                out.append((what, replace(cfg, parallel=replace(p, pp=pp, vp=vp), performance=replace(
-                    perf, account_for_embedding_in_pipeline_split=flags[0],
-                    account_for_loss_in_pipeline_split=flags[1]))))
-                break
+    for vp in (p.vp, p.vp // 2, 1):
+        flags = pipeline_split_flags(m.num_layers, pp, max(vp, 1)) if vp >= 1 else None
+        if flags is not None:
+            what = f"parallel.pp = {pp}" + (f", parallel.vp = {vp}" if vp != p.vp else "")
+            out.append((what, replace(cfg, parallel=replace(p, pp=pp, vp=vp), performance=replace(
+                perf, account_for_embedding_in_pipeline_split=flags[0],
+                account_for_loss_in_pipeline_split=flags[1]))))
+            break
     fits = []
     for what, alt in out:
+        d = alt.derived
+        if placement_rules(alt, d) or model_layout_rules(alt, d):  # not a layout of this system
+            continue
         try:
             mem = predicted(alt)
         except (ValueError, ZeroDivisionError):

@@ -28,7 +28,9 @@ class Context:
     cp: int
     dp: int
     racks: int
+    """NVLink domains of the job (on 8-GPU systems: nodes)."""
     replicas_per_rack: int
+    """0 when a replica spans racks (8-GPU nodes)."""
     mbs: int
     microbatches: int
     tokens: int
@@ -45,9 +47,11 @@ class Context:
         system = load_system(cfg.system.id)
         p, m, b = cfg.parallel, cfg.model, cfg.batch
         per_rack = cfg.system.gpus_per_rack or system.gpus_used_per_rack
-        rpr = max(per_rack // (p.tp * p.pp * p.cp), 1)
+        mp = p.tp * p.pp * p.cp
+        # on 8-GPU nodes a replica spans racks (nodes): DP = the job's GPUs / one replica's
         return cls(cfg=cfg, system=system, model=m, tp=p.tp, pp=p.pp, vp=p.vp, cp=p.cp,
-                   dp=cfg.system.racks * rpr, racks=cfg.system.racks, replicas_per_rack=rpr,
+                   dp=max(1, cfg.system.racks * per_rack // mp), racks=cfg.system.racks,
+                   replicas_per_rack=per_rack // mp,
                    mbs=b.micro_batch_size, microbatches=b.minibs // b.micro_batch_size,
                    tokens=b.micro_batch_size * m.seq_length // p.cp,
                    vocab=padded_vocab(m, p.tp), precision=cfg.precision.compute,

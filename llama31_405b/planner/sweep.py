@@ -1,6 +1,8 @@
 """Every feasible layout for a system and scale, ranked by predicted time-to-train.
 
-Candidates: TP x PP x CP dividing the GPUs used per rack, every VP and MiniBS (a multiple of PP)
+Candidates: TP x PP x CP dividing the GPUs used per rack (on 8-GPU systems: TP dividing the
+node, CP and PP spanning nodes, the job's GPUs a multiple of TP x PP x CP), every VP and MiniBS
+(a multiple of PP)
 the config validator accepts (pipeline split, microbatches vs PP, the LR rule, GBS <= the largest
 RCP), checked for memory. Every candidate is first estimated with the closed form
 (`step.estimate_step_s`); the layouts of the best `SIMULATED_LAYOUTS` fitting candidates are then
@@ -21,6 +23,17 @@ from .step import Context, Prediction, predict_context
 
 SIMULATED_LAYOUTS = 6
 """Layouts (all their batch sizes) re-predicted by the simulation after the closed-form screen."""
+
+
+NODE_MAX_GBS = 2304
+"""Largest GBS swept on 8-GPU systems: the second RCP batch. Their jobs are small (a replica
+spans 8 nodes or more, DP is often below 8), so a layout has thousands of batch sizes up to
+4608; above 2304 a run needs 368,640 samples or more, which costs more time than a larger step
+saves at these scales."""
+NODE_CP = (1, 2, 4, 8, 16)
+"""CP sizes swept on 8-GPU systems (powers of two that split the 8,192-token sequence)."""
+NODE_PP = (1, 2, 4, 8, 16, 32)
+"""PP sizes swept on 8-GPU systems (divisors of the 405B's 128 pipeline slots, up to 32)."""
 
 
 def divisors(n: int) -> list[int]:
@@ -50,13 +63,18 @@ def layouts(system: str, racks: int, fixed: Fixed = Fixed(), benchmark: str = "l
     rules = rules_for(benchmark)
     per_rack = spec.gpus_used_per_rack
     pick = lambda v, options: [v] if v is not None else options  # noqa: E731
-    for tp, cp, pp in product(pick(fixed.tp, divisors(per_rack)), pick(fixed.cp, divisors(per_rack)),
-                              pick(fixed.pp, divisors(per_rack))):
-        if per_rack % (tp * pp * cp):
+    if spec.node_nvlink_domain:   # 8-GPU nodes: TP in the node, CP and PP may span nodes
+        tps, cps, pps = divisors(per_rack), NODE_CP, NODE_PP
+    else:                         # the model-parallel group inside one NVLink domain
+        tps = cps = pps = divisors(per_rack)
+    for tp, cp, pp in product(pick(fixed.tp, tps), pick(fixed.cp, cps), pick(fixed.pp, pps)):
+        mp = tp * pp * cp
+        if (racks * per_rack) % mp or (not spec.node_nvlink_domain and per_rack % mp):
             continue
-        dp = racks * (per_rack // (tp * pp * cp))
+        dp = racks * per_rack // mp
         unit = pp * fixed.mbs
-        minibs_opts = pick(fixed.minibs, list(range(unit, rules.max_gbs // dp + 1, unit)))
+        top = min(rules.max_gbs, NODE_MAX_GBS) if spec.node_nvlink_domain else rules.max_gbs
+        minibs_opts = pick(fixed.minibs, list(range(unit, top // dp + 1, unit)))
         if not minibs_opts:
             continue
         for vp, rc in product(pick(fixed.vp, divisors(128 // pp) if pp > 1 else [1]), fixed.recompute):

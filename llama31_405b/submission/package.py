@@ -165,15 +165,16 @@ def system_description(cfg, org: str, template: Path = TEMPLATE) -> dict:
         "host_processor_core_count": str(s.cpu_cores_per_node),
         "host_memory_capacity": f"{s.host_memory_gb:g} GB",
         "host_networking": s.interconnect,
-        "accelerators_per_node": str(s.gpus_per_node if s.id != "cpu" else 0),
+        "accelerators_per_node": str(s.gpus_per_node if s.is_gpu else 0),
         "accelerator_model_name": s.accelerator,
         "accelerator_host_interconnect": s.accelerator_host_interconnect,
         "accelerator_memory_capacity": f"{s.hbm_gb:g} GB",
         "accelerator_interconnect": f"NVLink {2 * s.nvlink_gbs:g} GB/s bidirectional per GPU"
-                                    if s.id != "cpu" else "none",
-        "accelerator_interconnect_topology": f"NVLink domain of {s.gpus_per_nvlink_domain} GPUs, "
-                                             f"{d.gpus_per_rack} used per rack"
-                                             if s.id != "cpu" else "none",
+                                    if s.is_gpu else "none",
+        "accelerator_interconnect_topology": (
+            "none" if not s.is_gpu else f"NVLink domain of {s.gpus_per_nvlink_domain} GPUs (one "
+            "node)" if s.node_nvlink_domain else f"NVLink domain of {s.gpus_per_nvlink_domain} "
+            f"GPUs, {d.gpus_per_rack} used per rack"),
         "cooling": s.cooling,
     }
     try:

@@ -131,9 +131,14 @@ def precheck_config(cfg: Config, *, ruleset: str = DEFAULT_RULESET) -> PrecheckR
             out.errors.append(str(e))
         else:
             (out.notes if ref.covered else out.errors).append(f"RCP: {ref.describe()}")
+    p = cfg.parallel
+    node_cp = p.tp * p.cp <= d.gpus_per_rack
+    where = (f"inside one {d.gpus_per_rack}-GPU rack, {d.replicas_per_rack} per rack"
+             if d.replicas_per_rack else
+             f"over {d.racks_per_replica} nodes of {d.gpus_per_rack} GPUs (TP{', CP' if node_cp else ''}"
+             f" inside a node; PP{'' if node_cp else ' and CP'} across nodes)")
     out.notes.append(f"layout: TP{cfg.parallel.tp}-PP{cfg.parallel.pp}-CP{cfg.parallel.cp} = "
-                     f"{d.model_parallel_size} GPUs per model replica inside one "
-                     f"{d.gpus_per_rack}-GPU rack, {d.replicas_per_rack} per rack, DP {d.dp}")
+                     f"{d.model_parallel_size} GPUs per model replica {where}, DP {d.dp}")
     return out
 
 

@@ -1,7 +1,11 @@
 """Hardware as data: one TOML file per system id, read by the config validator and the planner.
 
 Bandwidths are per GPU and unidirectional unless the field name says otherwise. A "rack" is one
-NVLink domain: a model-parallel group (TP x PP x CP) must fit inside one.
+NVLink domain. Where the domain spans nodes (GB200/GB300 NVL72: 72 GPUs over 18 trays), a
+model-parallel group (TP x PP x CP) must fit inside one. Where it is one node (DGX/HGX 8-GPU
+systems, `node_nvlink_domain`), a "rack" is a node: TP stays inside it, CP too when TP x CP fits
+the node, and PP (and wider CP) spans nodes over the scale-out network (config/validate.py,
+parallel/placement.py, planner/topology.py).
 """
 from __future__ import annotations
 
@@ -44,9 +48,10 @@ class SystemSpec:
     """Streaming multiprocessors per GPU (CPU: cores); the planner's GEMM wave and NCCL SM-share
     models use it."""
     gpus_per_nvlink_domain: int
-    """Accelerators in one NVLink domain (rack)."""
+    """Accelerators in one NVLink domain (rack; on 8-GPU systems the node)."""
     gpus_used_per_rack: int
-    """Accelerators a job uses per rack by default (GB200 NVL72: 16 of 18 trays = 64)."""
+    """Accelerators a job uses per rack by default (GB200 NVL72: 16 of 18 trays = 64; 8-GPU
+    systems: the node's 8)."""
     gpus_per_node: int
     """Accelerators per node (Slurm tasks per node)."""
     cpu_cores_per_node: int
@@ -63,6 +68,12 @@ class SystemSpec:
     """Link between accelerator and host CPU (systems/<system>.json)."""
     cooling: str
     """Cooling of the system: liquid or air (systems/<system>.json)."""
+
+    @property
+    def node_nvlink_domain(self) -> bool:
+        """The NVLink domain is (at most) one node: an 8-GPU DGX/HGX system, where model-parallel
+        groups larger than the node span nodes over the scale-out network."""
+        return self.gpus_per_nvlink_domain <= self.gpus_per_node
 
     @property
     def is_gpu(self) -> bool:
