@@ -19,6 +19,8 @@ from ..systems import load_system
 
 DDP_BUCKET_SIZE = 134_217_728
 """Elements per gradient bucket of the shipped GPU configs (configs/base/gb200_405b.toml)."""
+WARMUP_ITERS = 2
+"""Untimed warm-up iterations before run_start, as the base (configs/base/gb200_405b.toml)."""
 
 
 def default_precision(system_id: str) -> str:
@@ -44,7 +46,7 @@ def make_config(system: str, racks: int, *, tp: int, pp: int, vp: int, cp: int, 
     """The Config of a 405B run with this layout (not validated: call `layout_problems`). On the
     'cpu' system the GPU-only settings (CUDA graphs, sequence parallelism, FP8 gather) are off.
     As the base: BF16 gradient reduction, NVFP4 parameters gathered in BF16, full-iteration CUDA
-    graphs, its DDP bucket size, and run.max_steps by the rule of the shipped configs (config.rcp.max_steps_for)."""
+    graphs with its two warm-up iterations, its DDP bucket size, and run.max_steps by the rule of the shipped configs (config.rcp.max_steps_for)."""
     model = model or ModelConfig()
     precision = precision or default_precision(system)
     flags = pipeline_split_flags(model.num_layers, pp, vp) or (False, False)
@@ -69,7 +71,10 @@ def make_config(system: str, racks: int, *, tp: int, pp: int, vp: int, cp: int, 
         system=SystemConfig(id=system, racks=racks),
         source=f"<planner {system} {racks} racks tp{tp} pp{pp} vp{vp} cp{cp} minibs{minibs}>",
     )
-    return replace(cfg, run=RunConfig(max_steps=max_steps_for("llama31_405b", cfg.derived.gbs)))
+    # the base's two warm-up iterations: one eager, then the full-iteration capture, both before
+    # run_start (config.validate_gpu.cuda_graph_rules)
+    return replace(cfg, run=RunConfig(max_steps=max_steps_for("llama31_405b", cfg.derived.gbs),
+                                      warmup_iters=WARMUP_ITERS if gpu else 0))
 
 
 def layout_problems(cfg: Config) -> list[str]:
