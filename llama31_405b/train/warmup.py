@@ -60,12 +60,6 @@ def torch_optimizers(optimizer) -> list:
     return [getattr(o, "optimizer", o) for o in chained]
 
 
-def _unwrap(chunk):
-    while hasattr(chunk, "module"):
-        chunk = chunk.module
-    return chunk
-
-
 # -- random streams -------------------------------------------------------------------------------
 def _capture_rng(gpu: bool) -> dict:
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
@@ -93,7 +87,8 @@ def _te_recipe_buffers(chunks) -> dict[tuple[int, str, str], torch.Tensor]:
     """(module index, fp8_meta key, buffer name) -> tensor, for every TE module's recipe state
     that keeps statistics (RecipeState._persistent_state_buffers)."""
     out = {}
-    modules = [m for c in chunks for m in _unwrap(c).modules()]
+    from ..model.builder import unwrap
+    modules = [m for c in chunks for m in unwrap(c).modules()]
     for i, mod in enumerate(modules):
         meta = getattr(mod, "fp8_meta", None)
         if not isinstance(meta, dict):
