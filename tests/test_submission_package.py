@@ -115,3 +115,16 @@ def test_a_repeated_seed_is_refused(tmp_path):
     with pytest.raises(PackageError, match="result_2.txt logs seed 30472"):
         package(tmp_path / "logs", out=tmp_path / "out", org=ORG, system_desc=SYSTEM_JSON,
                 ruleset="5.1.0")
+
+
+def test_code_files_without_git_include_the_build_files(tmp_path):
+    """Outside a git checkout the code directory still gets the files a submission is built and
+    launched with (Dockerfile, run_and_time.sh), and nothing that does not exist."""
+    from llama31_405b.submission.package import code_files
+    for name in ("Dockerfile", "run_and_time.sh", "Makefile", "llama31_405b/cli/__init__.py",
+                 "constraints/cpu.txt", "work_data/big.bin"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    names = {p.relative_to(tmp_path).as_posix() for p in code_files(tmp_path)}
+    assert names == {"Dockerfile", "run_and_time.sh", "Makefile", "llama31_405b/cli/__init__.py",
+                     "constraints/cpu.txt"}
