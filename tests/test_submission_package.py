@@ -19,6 +19,7 @@ def packaged(tmp_path_factory):
     return rc, out
 
 
+@pytest.mark.slow      # the package checker over three published logs (~40 s)
 def test_real_logs_pass_every_checker(packaged, capsys):
     rc, out = packaged
     assert rc == 0
@@ -35,6 +36,7 @@ def test_real_logs_pass_every_checker(packaged, capsys):
     assert "PACKAGE CHECKER FOUND NO ERRORS" in log and "Skipping" not in log
 
 
+@pytest.mark.slow
 def test_score_matches_the_summarizer(packaged):
     _, out = packaged
     import csv
@@ -60,6 +62,7 @@ def test_two_logs_without_run_stop_are_refused_naming_them(tmp_path, capsys):
     assert "REFUSED" in err and "no run_stop" in err
 
 
+@pytest.mark.slow      # a whole package run (~40 s)
 def test_one_failed_run_is_tolerated_as_the_checkers_do(tmp_path):
     need_fixture()
     logs = copy_logs(tmp_path / "logs")
