@@ -66,14 +66,6 @@ class Run:
     def samples(self):
         return self.state.samples
 
-    @property
-    def run_started(self):
-        return self.state.run_started
-
-    @property
-    def init_stopped(self):
-        return self.state.init_stopped
-
     # -- init -----------------------------------------------------------------------------------
     def _init(self):
         from .. import cpu_compat
