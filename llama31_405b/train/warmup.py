@@ -8,8 +8,9 @@ is put back exactly where it was, without moving any tensor (CUDA graphs capture
 warm-up hold the addresses of parameters, gradient buffers, RNG states and static inputs):
 
 - model weights: the initial checkpoint is read again into the same parameter tensors
-  (Megatron's load, then `load_state_dict`, which copies); without a checkpoint (tests, the tiny
-  pre-training) from a host copy taken before the warm-up;
+  (checkpoint.format.load: Megatron's load, then `load_state_dict`, which copies; extra state is
+  never read, so no Transformer Engine buffer is re-created); without a checkpoint (tests, the
+  tiny pre-training) from a host copy taken before the warm-up;
 - optimizer: FP32 master weights / distributed-optimizer shards copied back from a host copy;
   Adam moments and step counters zeroed in place (equal to the state Adam creates at its first
   step: zero moments, step 0) or, where state existed before, copied back; parameter-group
