@@ -173,13 +173,13 @@ def main() -> int:
     from llama31_405b.config import load_config
     from llama31_405b.data.datasets import build_datasets
     from llama31_405b.data.tiny import ensure_tiny_data
-    from llama31_405b.train.checkpoint import checkpoint_exists
+    from llama31_405b.checkpoint.format import is_complete
     from llama31_405b.train.pretrain import init_checkpoint_path
     import os
     os.chdir(REPO)
     cfg = load_config(args.config)
     ensure_tiny_data(cfg.data.data_dir)
-    if not checkpoint_exists(init_checkpoint_path(cfg)):
+    if not is_complete(init_checkpoint_path(cfg)):
         print("no initial checkpoint: run `python -m llama31_405b train-init --config "
               f"{args.config}` (or make demo) first", file=sys.stderr)
         return 2
@@ -189,9 +189,9 @@ def main() -> int:
     datasets = build_datasets(cfg, seed=args.seed, train_samples=d.max_steps * d.gbs)
     # the initial weights, as Megatron loads them (before training changes them)
     from llama31_405b.model.builder import build_model
-    from llama31_405b.train.checkpoint import load_model_checkpoint
+    from llama31_405b.checkpoint import format as ckpt_format
     chunks = build_model(cfg)
-    load_model_checkpoint(chunks, init_checkpoint_path(cfg), cfg)
+    ckpt_format.load(chunks, init_checkpoint_path(cfg), cfg)
     init_sd = {k: v.detach().clone() for k, v in chunks[0].state_dict().items()
                if not k.endswith("_extra_state")}
     del chunks

@@ -4,7 +4,11 @@
   by all workers, plus a config file `tiny.toml` pointing at them;
 - `tiny_runs`: MLPerf logs of 3 completed tiny runs with seeds drawn from the system's entropy
   (as `launch env` draws them for a config without run.seed_base), run through the real command
-  `python -m llama31_405b train`.
+  `python -m llama31_405b train`; the fixture fails, with the run's stderr, if any run exited
+  non-zero.
+
+Tests that use either fixture train, so they must be marked `slow`: collection stops with an
+error naming any that is not (pytest_collection_modifyitems below).
 """
 from __future__ import annotations
 
@@ -38,6 +42,23 @@ def _locked(path: Path):
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+TRAINING_FIXTURES = ("tiny_env", "tiny_runs")
+
+
+def unmarked_training_tests(items) -> list[str]:
+    """Node ids of collected tests that pull a training fixture but are not marked slow."""
+    return [it.nodeid for it in items
+            if set(TRAINING_FIXTURES) & set(getattr(it, "fixturenames", ()))
+            and it.get_closest_marker("slow") is None]
+
+
+def pytest_collection_modifyitems(config, items):
+    bad = unmarked_training_tests(items)
+    if bad:
+        raise pytest.UsageError("these tests train (tiny_env/tiny_runs) but are not marked "
+                                "slow, so `make test-fast` would run them: " + ", ".join(bad))
 
 
 @pytest.fixture(scope="session")
@@ -107,7 +128,22 @@ def tiny_runs(tiny_env, shared_dir) -> list[Path]:
                 done.write_text(json.dumps({"rc": r.returncode, "seed": seeds[i],
                                             "stderr": r.stderr[-4000:]}))
             logs.append(log)
+    failed = tiny_run_failures(logs)
+    if failed:
+        pytest.fail("tiny runs failed:\n" + "\n".join(failed), pytrace=False)
     return logs
+
+
+def tiny_run_failures(logs: list[Path]) -> list[str]:
+    """One line (+ the end of stderr) per tiny run whose `train` exited non-zero; a failed run
+    must never be read as a result."""
+    out = []
+    for log in logs:
+        rec = json.loads(log.with_suffix(".json").read_text())
+        if rec["rc"] != 0:
+            out.append(f"{log.name}: seed {rec['seed']}, exit status {rec['rc']}; stderr ends:\n"
+                       f"{rec['stderr'][-2000:]}")
+    return out
 
 
 @pytest.fixture(scope="session")

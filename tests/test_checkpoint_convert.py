@@ -147,7 +147,7 @@ def test_tp1_logits_match_hugging_face(converted, hf_dir, tmp_path):
 
 
 def test_training_loader_reads_converted_checkpoint(converted, hf_dir):
-    """train.checkpoint.load_model_checkpoint (what a training run calls) accepts the converted
+    """checkpoint.format.load (what a training run calls) accepts the converted
     checkpoint and yields the Hugging Face logits."""
     import socket
 
@@ -155,7 +155,7 @@ def test_training_loader_reads_converted_checkpoint(converted, hf_dir):
     from llama31_405b.model.builder import build_model
     from llama31_405b.parallel.distributed import DistEnv
     from llama31_405b.parallel.setup import seed_model_parallel, setup_parallel, teardown_parallel
-    from llama31_405b.train.checkpoint import load_model_checkpoint
+    from llama31_405b.checkpoint import format as ckpt_format
     cfg_path, out = converted
     cfg = load_config(cfg_path)
     setup_parallel(cfg, DistEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1",
@@ -164,7 +164,7 @@ def test_training_loader_reads_converted_checkpoint(converted, hf_dir):
     try:
         seed_model_parallel(1)
         chunks = build_model(cfg)
-        info = load_model_checkpoint(chunks, out, cfg)
+        info = ckpt_format.load(chunks, out, cfg)
         tokens = sample_tokens(cfg.model.vocab_size, 2, 8, seed=3)
         diff, _, agree = compare(megatron_logits(cfg, chunks, tokens), hf_logits(hf_dir, tokens))
     finally:

@@ -14,6 +14,7 @@ from llama31_405b.submission.mllog import load_run
 from llama31_405b.submission.package import PackageError, package
 
 REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow      # the tiny_runs fixture trains three tiny runs
 
 
 def _copy(paths, dst: Path) -> list[Path]:

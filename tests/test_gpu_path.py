@@ -351,34 +351,3 @@ def test_context_parallel_split_uses_the_cp_group():
     want = torch.tensor([[4 * r + i for i in range(4)] + [4 * (3 - r) + i for i in range(4)]])
     assert torch.equal(out["tokens"], want) and torch.equal(out["position_ids"], want)
     assert torch.equal(out["labels"], want + 100) and out["loss_mask"].shape == (1, 8)
-
-
-class _TEStyleNorm(torch.nn.Module):
-    """Like TE's RMSNorm (an ops BasicOperation): a weight plus an `_extra_state` entry."""
-
-    def __init__(self):
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.ones(4))
-        self.got = "unset"
-
-    def get_extra_state(self):
-        return torch.empty(0, dtype=torch.uint8)
-
-    def set_extra_state(self, state):
-        self.got = state
-
-
-def test_gpu_model_loads_a_checkpoint_without_te_extra_state():
-    """The GPU model's final norm is TE's RMSNorm, which has an `_extra_state` the CPU-converted
-    checkpoint (PyTorch norm) does not hold; it is filled with None ("no stored state")."""
-    from llama31_405b.train.checkpoint import fill_absent_extra_states
-    m = torch.nn.Module()
-    m.final_layernorm, m.lin = _TEStyleNorm(), torch.nn.Linear(4, 4)
-    ckpt = {"final_layernorm.weight": torch.full((4,), 2.0), "lin.weight": torch.zeros(4, 4),
-            "lin.bias": torch.zeros(4)}
-    with pytest.raises(RuntimeError, match="final_layernorm._extra_state"):
-        m.load_state_dict(ckpt, strict=True)
-    state = fill_absent_extra_states(m, ckpt)
-    m.load_state_dict(state, strict=True)
-    assert m.final_layernorm.got is None and float(m.final_layernorm.weight[0]) == 2.0
-    assert set(state) - set(ckpt) == {"final_layernorm._extra_state"}

@@ -47,6 +47,7 @@ def test_existing_config_file(capsys):
     assert rc == 0 and "TP4-PP8-VP8-CP2 DP40 MiniBS 24" in out and "time-to-train" in out
 
 
+@pytest.mark.slow      # sweeps 11 scales and draws the PNG (~15 s)
 def test_explain_writes_table_and_png(capsys, tmp_path):
     png = tmp_path / "scaling.png"
     rc, out, _ = run(capsys, "--explain", "--out", str(png))

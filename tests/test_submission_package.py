@@ -19,6 +19,7 @@ def packaged(tmp_path_factory):
     return rc, out
 
 
+@pytest.mark.slow      # the package checker over three published logs (~40 s)
 def test_real_logs_pass_every_checker(packaged, capsys):
     rc, out = packaged
     assert rc == 0
@@ -35,6 +36,7 @@ def test_real_logs_pass_every_checker(packaged, capsys):
     assert "PACKAGE CHECKER FOUND NO ERRORS" in log and "Skipping" not in log
 
 
+@pytest.mark.slow
 def test_score_matches_the_summarizer(packaged):
     _, out = packaged
     import csv
@@ -60,6 +62,7 @@ def test_two_logs_without_run_stop_are_refused_naming_them(tmp_path, capsys):
     assert "REFUSED" in err and "no run_stop" in err
 
 
+@pytest.mark.slow      # a whole package run (~40 s)
 def test_one_failed_run_is_tolerated_as_the_checkers_do(tmp_path):
     need_fixture()
     logs = copy_logs(tmp_path / "logs")
@@ -115,3 +118,16 @@ def test_a_repeated_seed_is_refused(tmp_path):
     with pytest.raises(PackageError, match="result_2.txt logs seed 30472"):
         package(tmp_path / "logs", out=tmp_path / "out", org=ORG, system_desc=SYSTEM_JSON,
                 ruleset="5.1.0")
+
+
+def test_code_files_without_git_include_the_build_files(tmp_path):
+    """Outside a git checkout the code directory still gets the files a submission is built and
+    launched with (Dockerfile, run_and_time.sh), and nothing that does not exist."""
+    from llama31_405b.submission.package import code_files
+    for name in ("Dockerfile", "run_and_time.sh", "Makefile", "llama31_405b/cli/__init__.py",
+                 "constraints/cpu.txt", "work_data/big.bin"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    names = {p.relative_to(tmp_path).as_posix() for p in code_files(tmp_path)}
+    assert names == {"Dockerfile", "run_and_time.sh", "Makefile", "llama31_405b/cli/__init__.py",
+                     "constraints/cpu.txt"}

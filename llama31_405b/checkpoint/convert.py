@@ -6,7 +6,7 @@ Flow (details and the memory argument in docs/checkpoint.md):
    output directory and its free space. Any problem stops here, before a byte is written.
 2. Build the model once at TP1/PP1 on the meta device (no memory) with the project's builder and
    take its sharded state dict: Megatron's own keys, global shapes, layer offsets, SwiGLU
-   factory and `_extra_state` objects, i.e. exactly what training will ask for at load.
+   factory and `_extra_state` objects, i.e. exactly what a Megatron save of the model writes.
 3. For each Megatron tensor: read its Hugging Face source(s) one at a time, fuse (QKV, fc1) into
    one buffer, put it in the template's ShardedTensor and save it as its own part with Megatron's
    save; free it. Peak memory ~ the largest fused tensor x 1.5 (+ the interpreter and Megatron).
@@ -32,6 +32,7 @@ from pathlib import Path
 from ..config.schema import Config
 from . import mapping
 from .dcp_parts import METADATA, join, part_done, save_part
+from .format import write_model_info
 from .hf_reader import HFCheckpoint
 from .progress import ByteProgress, human_bytes, human_seconds
 
@@ -204,23 +205,6 @@ def _check_disk(out: Path, pending: list, dtype) -> None:
             "choose another --out")
 
 
-def _write_model_info(out: Path, hf: HFCheckpoint, cfg: Config, result: ConvertResult) -> None:
-    """The model record training's loader checks before reading tensors (train.checkpoint:
-    model shape keys at top level, the full model section, the stored vocab rows), plus where
-    the weights came from. Written last, atomically: its presence marks a complete checkpoint."""
-    from ..train.checkpoint import MODEL_INFO
-    model = dataclasses.asdict(cfg.model)
-    info = {**model, "model": model,
-            "padded_vocab_size_at_save": cfg.model.vocab_size,   # stored unpadded, see mapping
-            "converted_from": {"format": "huggingface-safetensors",
-                               "source": str(hf.dir.resolve()), "config": cfg.source,
-                               "dtype": result.dtype, "tensors": result.tensors,
-                               "source_bytes": hf.total_bytes}}
-    tmp = out / (MODEL_INFO + ".tmp")
-    tmp.write_text(json.dumps(info, indent=2) + "\n")
-    tmp.replace(out / MODEL_INFO)
-
-
 def convert(hf_dir: str | Path, cfg: Config, out_dir: str | Path, *, log=print,
             progress_interval_s: float = 5.0) -> ConvertResult:
     """Convert the Hugging Face checkpoint hf_dir for the model of cfg into out_dir."""
@@ -262,7 +246,11 @@ def convert(hf_dir: str | Path, cfg: Config, out_dir: str | Path, *, log=print,
     result = ConvertResult(out_dir=out, tensors=len(targets), bytes_read=bar.done - already,
                            seconds=time.monotonic() - t0, resumed_parts=resumed,
                            dtype=str(dtype).split(".")[-1])
-    _write_model_info(out, hf, cfg, result)
+    # the model record, last (checkpoint.format); the vocab rows are stored unpadded (mapping)
+    write_model_info(out, cfg, stored_vocab_rows=cfg.model.vocab_size, extra={"converted_from": {
+        "format": "huggingface-safetensors", "source": str(hf.dir.resolve()),
+        "config": cfg.source, "dtype": result.dtype, "tensors": result.tensors,
+        "source_bytes": hf.total_bytes}})
     shutil.rmtree(parts)
     log(f"convert: done, {len(targets)} tensors, {human_bytes(hf.total_bytes)} in "
         f"{human_seconds(result.seconds)} -> {out}")

@@ -23,8 +23,8 @@ import pickle
 import shutil
 from pathlib import Path
 
-METADATA = ".metadata"
-MEGATRON_CONFIG = "metadata.json"
+from .format import DCP_METADATA as METADATA, MEGATRON_CONFIG
+
 PART_DONE = "part.done"
 COMMON_STATE_PREFIX = "common_state"
 

@@ -27,62 +27,6 @@ class VerifyResult:
     """Fraction of positions where both models predict the same next token."""
 
 
-def sharded_model_state(chunks) -> dict:
-    """The sharded state dict of this rank's model chunks, keyed like Megatron-LM (`model`, or
-    `model0`, `model1`, ... with virtual pipeline stages)."""
-    if len(chunks) == 1:
-        return {"model": chunks[0].sharded_state_dict()}
-    return {f"model{i}": c.sharded_state_dict() for i, c in enumerate(chunks)}
-
-
-def _drop_absent_extra_state(sharded: dict, directory: Path) -> list[str]:
-    """Remove `_extra_state` objects the checkpoint does not hold; return their keys.
-
-    `_extra_state` carries per-module runtime state (Transformer Engine's FP8/FP4 scaling
-    history). A converted checkpoint has the objects of the layer spec it was written with;
-    modules of another spec (e.g. TE's attention core on GPU) start from their defaults, which is
-    exactly right for an initial checkpoint. Weights are never dropped."""
-    from megatron.core.dist_checkpointing.mapping import ShardedObject
-    from torch.distributed.checkpoint import FileSystemReader
-    present = set(FileSystemReader(str(directory)).read_metadata().state_dict_metadata)
-    dropped: list[str] = []
-
-    def walk(d: dict) -> None:
-        for k in list(d):
-            v = d[k]
-            if isinstance(v, dict):
-                walk(v)
-            elif (isinstance(v, ShardedObject) and v.key.endswith("._extra_state")
-                  and v.unique_key not in present):
-                del d[k]
-                dropped.append(v.key)
-    walk(sharded)
-    return dropped
-
-
-def load_weights(chunks, directory: str | Path) -> list[str]:
-    """Load the model weights of a Megatron distributed checkpoint into this rank's chunks.
-
-    Returns the `_extra_state` keys the checkpoint lacked (see _drop_absent_extra_state); any
-    other missing or unexpected key is an error."""
-    from megatron.core import dist_checkpointing
-    directory = Path(directory)
-    if not (directory / ".metadata").is_file():
-        raise FileNotFoundError(f"{directory}: not a Megatron distributed checkpoint "
-                                "(no .metadata); run `checkpoint convert` first")
-    sharded = sharded_model_state(chunks)
-    dropped = _drop_absent_extra_state(sharded, directory)
-    state = dist_checkpointing.load(sharded, str(directory))
-    names = ["model"] if len(chunks) == 1 else [f"model{i}" for i in range(len(chunks))]
-    for name, chunk in zip(names, chunks):
-        res = chunk.load_state_dict(state[name], strict=False)
-        bad = [k for k in res.missing_keys if not k.endswith("._extra_state")]
-        if bad or res.unexpected_keys:
-            raise RuntimeError(f"{directory}: checkpoint does not fit the model: missing "
-                               f"{bad[:5]}, unexpected {list(res.unexpected_keys)[:5]}")
-    return dropped
-
-
 def sample_tokens(vocab: int, sequences: int, seq_len: int, seed: int):
     import torch
     g = torch.Generator().manual_seed(seed)
@@ -153,9 +97,10 @@ def verify(cfg: Config, hf_dir: str | Path, megatron_dir: str | Path, *, sequenc
 
     from ..model.builder import build_model
     from ..parallel.setup import seed_model_parallel
+    from .format import load
     seed_model_parallel(seed)   # the build initialises weights before the load
     chunks = build_model(cfg)
-    load_weights(chunks, megatron_dir)
+    load(chunks, megatron_dir, cfg)      # what training calls
     if cfg.parallel.vp > 1:
         # the interleaved schedule runs microbatches in groups of PP
         sequences = -(-sequences // cfg.parallel.pp) * cfg.parallel.pp
@@ -173,5 +118,4 @@ def verify(cfg: Config, hf_dir: str | Path, megatron_dir: str | Path, *, sequenc
                         sequences=sequences, seq_len=seq_len, argmax_agreement=stats[2].item())
 
 
-__all__ = ["VerifyResult", "load_weights", "megatron_logits", "hf_logits", "verify",
-           "sample_tokens", "sharded_model_state", "compare"]
+__all__ = ["VerifyResult", "megatron_logits", "hf_logits", "verify", "sample_tokens", "compare"]

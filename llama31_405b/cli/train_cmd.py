@@ -68,13 +68,13 @@ def _load(args):
 
 def run_init(args) -> int:
     from ..parallel.setup import teardown_parallel
-    from ..train.checkpoint import checkpoint_exists
+    from ..checkpoint.format import is_complete
     from ..train.pretrain import PRETRAIN_STEPS, init_checkpoint_path, make_init_checkpoint
     cfg = _load(args)
     if cfg is None:
         return 2
     path = init_checkpoint_path(cfg)
-    if checkpoint_exists(path) and not args.force:
+    if is_complete(path) and not args.force:
         print(f"initial checkpoint exists: {path}", file=sys.stderr)
         return 0
     make_init_checkpoint(cfg, steps=args.steps or PRETRAIN_STEPS)

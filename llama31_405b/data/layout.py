@@ -24,7 +24,6 @@ VALID_SHARD = "c4-validation.{:05d}-of-00008.json.gz"
 TRAIN_RANGES = {"en_6": range(768, 896), "en_7": range(896, 1024)}
 VALID_DOCS = 91205
 MLCOMMONS_VALID_PREFIX = "c4-validation-91205-samples.en_text_document"
-MLCOMMONS_VALID_MISSPELT = "c4-validationn-91205-samples.en_text_document"
 
 
 @dataclass(frozen=True)

@@ -140,6 +140,3 @@ class Fitted:
 # Starting point of the solver (close to the solution, so it converges in a few rounds).
 INITIAL = Fitted(nvfp4_gemm_peak_fraction=0.56, attention_bf16_fraction=0.77, elementwise_passes=22.0,
                  nvlink_bus_efficiency=0.45)
-# Unit efficiencies: the model's times at efficiency 1 (the solver scales them to the targets).
-UNIT = Fitted(nvfp4_gemm_peak_fraction=1.0, attention_bf16_fraction=1.0, elementwise_passes=1.0,
-              nvlink_bus_efficiency=1.0)

@@ -18,8 +18,6 @@ import types
 
 from .linear import AmaxScope, NVFP4Recipe, nvfp4_linear, tp_amax_groups
 
-LINEAR_NAMES = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
-
 
 def is_bf16_edge_layer(layer_number: int, cfg) -> bool:
     """True if the 1-based GLOBAL transformer layer number is one of the configured BF16 edge

@@ -194,11 +194,13 @@ def code_files(root: Path = REPO) -> list[Path]:
         names = [n for n in out.stdout.decode().split("\0") if n]
         return [root / n for n in names if (root / n).is_file() and not (root / n).is_symlink()]
     except (OSError, subprocess.SubprocessError):
-        keep = ["llama31_405b", "configs", "compliance", "scripts", "docs", "tests"]
+        keep = ["llama31_405b", "configs", "compliance", "scripts", "docs", "tests", "bench",
+                "constraints"]
         files = [p for k in keep if (root / k).is_dir() for p in (root / k).rglob("*")
                  if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"]
         return files + [root / n for n in ("pyproject.toml", "Makefile", "README.md",
-                                           "DEVELOPERS.md") if (root / n).is_file()]
+                                           "Dockerfile", "run_and_time.sh", ".dockerignore")
+                        if (root / n).is_file()]
 
 
 def assemble(runs: list[RunLog], *, out: Path, org: str, system: str, desc: dict,

@@ -159,20 +159,16 @@ class SyntheticTokens:
                 "position_ids": torch.arange(self.seq, dtype=torch.int64)}
 
 
-def _unwrap(chunk):
-    while hasattr(chunk, "module"):
-        chunk = chunk.module
-    return chunk
-
-
 def _weights(chunks) -> dict:
+    from ..model.builder import unwrap
     return {n: p.detach().to("cpu", copy=True) for c in chunks
-            for n, p in _unwrap(c).named_parameters()}
+            for n, p in unwrap(c).named_parameters()}
 
 
 def _same(chunks, ref: dict) -> list[str]:
     """Names of the parameters that differ (bitwise) from `ref`."""
-    return [n for c in chunks for n, p in _unwrap(c).named_parameters()
+    from ..model.builder import unwrap
+    return [n for c in chunks for n, p in unwrap(c).named_parameters()
             if not torch_equal(p.detach().cpu(), ref[n])]
 
 
@@ -286,7 +282,7 @@ def _run_slice(rep: Report, scfg, tmp: Path) -> None:
 
     from ..parallel.setup import seed_model_parallel, setup_parallel, teardown_parallel
     from ..systems.device import decide
-    from .checkpoint import save_model_checkpoint
+    from ..checkpoint import format as ckpt_format
     from .loop import Run
     device = decide(scfg)
     ckpt = tmp / scfg.checkpoint.init
@@ -311,7 +307,7 @@ def _run_slice(rep: Report, scfg, tmp: Path) -> None:
         teardown_parallel()
         return
     with _Timed(rep, "checkpoint_save"):
-        save_model_checkpoint(chunks, ckpt, scfg)
+        ckpt_format.save(chunks, ckpt, scfg)
         size = sum(f.stat().st_size for f in ckpt.rglob("*") if f.is_file())
         rep.passed("checkpoint_save", f"{ckpt} ({size / 2**30:.1f} GiB)")
     del chunks

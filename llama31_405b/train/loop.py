@@ -66,14 +66,6 @@ class Run:
     def samples(self):
         return self.state.samples
 
-    @property
-    def run_started(self):
-        return self.state.run_started
-
-    @property
-    def init_stopped(self):
-        return self.state.init_stopped
-
     # -- init -----------------------------------------------------------------------------------
     def _init(self):
         from .. import cpu_compat
@@ -109,8 +101,8 @@ class Run:
             ckpt = str(Path(cfg.checkpoint.ckpt_dir) / cfg.checkpoint.init)
         self._init_ckpt = ckpt
         if ckpt:
-            from .checkpoint import load_model_checkpoint
-            load_model_checkpoint(chunks, ckpt, cfg)
+            from ..checkpoint import format as ckpt_format
+            ckpt_format.load(chunks, ckpt, cfg)
         self.model = wrap_for_training(cfg, chunks)
         self.optimizer = get_megatron_optimizer(optimizer_config(cfg), self.model)
         self.schedule = LRSchedule.from_config(cfg)
@@ -175,8 +167,8 @@ class Run:
                       reload_weights=self._reload_weights if self._init_ckpt else None)
 
     def _reload_weights(self):
-        from .checkpoint import load_model_checkpoint
-        load_model_checkpoint(self.model, self._init_ckpt, self.cfg)
+        from ..checkpoint import format as ckpt_format
+        ckpt_format.load(self.model, self._init_ckpt, self.cfg)
 
     def _warmup(self, iters: int):
         """`iters` training iterations (forward/backward, gradient reduction, optimizer step at

@@ -39,7 +39,7 @@ def make_init_checkpoint(cfg, *, out: str | Path | None = None, steps: int = PRE
                          stream=sys.stderr) -> Path:
     """Pre-train from random weights and save the model. Runs in the current process group
     (world size of cfg); returns the checkpoint path."""
-    from .checkpoint import save_model_checkpoint
+    from ..checkpoint import format as ckpt_format
     from .loop import Run
     from .schedule import LRSchedule
     out = Path(out) if out is not None else init_checkpoint_path(cfg)
@@ -66,7 +66,7 @@ def make_init_checkpoint(cfg, *, out: str | Path | None = None, steps: int = PRE
     if rank0:
         print(f"[pretrain] validation log perplexity of the initial checkpoint: {value:.4f}",
               file=stream, flush=True)
-    save_model_checkpoint(run.model, out, pcfg,
-                          extra={"pretrain_steps": steps, "pretrain_lr": lr, "seed": seed,
-                                 "valid_log_perplexity": value})
+    ckpt_format.save(run.model, out, pcfg,
+                     extra={"pretrain_steps": steps, "pretrain_lr": lr, "seed": seed,
+                            "valid_log_perplexity": value})
     return out

@@ -2,7 +2,7 @@
 
 Per step: step, samples, loss, LR, grad norm, step time, tokens/s, MFU, ETA to the next eval.
 MFU = model FLOPs per sequence (cfg.derived.model_flops_per_sequence: the non-causal Megatron
-formula of the MLPerf submissions, FACTS.md section 2) x sequences per second / (ranks x the
+formula of the MLPerf submissions, docs/planner.md "FLOPs") x sequences per second / (ranks x the
 system's dense peak for the compute precision).
 """
 from __future__ import annotations

@@ -8,8 +8,9 @@ is put back exactly where it was, without moving any tensor (CUDA graphs capture
 warm-up hold the addresses of parameters, gradient buffers, RNG states and static inputs):
 
 - model weights: the initial checkpoint is read again into the same parameter tensors
-  (Megatron's load, then `load_state_dict`, which copies); without a checkpoint (tests, the tiny
-  pre-training) from a host copy taken before the warm-up;
+  (checkpoint.format.load: Megatron's load, then `load_state_dict`, which copies; extra state is
+  never read, so no Transformer Engine buffer is re-created); without a checkpoint (tests, the
+  tiny pre-training) from a host copy taken before the warm-up;
 - optimizer: FP32 master weights / distributed-optimizer shards copied back from a host copy;
   Adam moments and step counters zeroed in place (equal to the state Adam creates at its first
   step: zero moments, step 0) or, where state existed before, copied back; parameter-group
@@ -60,12 +61,6 @@ def torch_optimizers(optimizer) -> list:
     return [getattr(o, "optimizer", o) for o in chained]
 
 
-def _unwrap(chunk):
-    while hasattr(chunk, "module"):
-        chunk = chunk.module
-    return chunk
-
-
 # -- random streams -------------------------------------------------------------------------------
 def _capture_rng(gpu: bool) -> dict:
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
@@ -93,7 +88,8 @@ def _te_recipe_buffers(chunks) -> dict[tuple[int, str, str], torch.Tensor]:
     """(module index, fp8_meta key, buffer name) -> tensor, for every TE module's recipe state
     that keeps statistics (RecipeState._persistent_state_buffers)."""
     out = {}
-    modules = [m for c in chunks for m in _unwrap(c).modules()]
+    from ..model.builder import unwrap
+    modules = [m for c in chunks for m in unwrap(c).modules()]
     for i, mod in enumerate(modules):
         meta = getattr(mod, "fp8_meta", None)
         if not isinstance(meta, dict):

@@ -1,0 +1,193 @@
+"""The Megatron distributed checkpoint of the model: the one module that writes, reads and
+checks it. Training (initial checkpoint, warm-up reload, tiny pre-training), conversion and
+verification all go through here.
+
+A checkpoint directory holds
+
+- Megatron's torch_dist files: `metadata.json` (Megatron's backend record), `.metadata` (torch
+  DCP's index of every tensor chunk) and the data files. Each chunk's `sharded_state_dict()`
+  names tensors by their global position (global layer numbers, TP offsets), so a checkpoint
+  written at one TP/PP/VP layout loads at any other;
+- `llama31_405b.json` (MODEL_INFO): the model section it was written for, the shape fields at
+  top level, the number of vocab rows stored, and where the weights came from. Written last and
+  atomically by every writer: its presence marks a complete checkpoint, and its shape fields let
+  a checkpoint of another model be refused by name before any tensor is read.
+
+Extra-state policy (the one rule for `*._extra_state`): **written, never read.** Megatron's
+sharded state dict carries each module's `_extra_state` (Transformer Engine's quantization
+metadata; Megatron's own layers return None), and saves keep it, so the files are what
+megatron-core writes. Loading reads weights only: every `_extra_state` request is taken out of
+the sharded state dict before the load, and each module keeps the state it was built with.
+Why, case by case (megatron-core 0.19.2, Transformer Engine 2.20.2):
+
+- a CPU-converted checkpoint loaded by the TE model on GPU: the layer specs differ in which
+  modules have extra state (TE's RMSNorm final norm and attention core have one, the PyTorch
+  ones of the CPU build do not), and what the CPU build stores is None, which TE's
+  `TransformerEngineBaseModule.set_extra_state` and `BasicOperation.set_extra_state` ignore;
+  reading it would only add a key mismatch to explain away;
+- a TE-saved checkpoint read on CPU: Megatron's `ColumnParallelLinear.set_extra_state` and
+  `RowParallelLinear.set_extra_state` ignore whatever they are given;
+- the warm-up's reload into the same tensors (train.warmup): the NVFP4 and current-scaling
+  recipes are stateless (TE's `get_extra_state` saves an empty tensor, `set_extra_state` skips
+  it), while a delayed-scaling FP8 state is a pickle that TE refuses to load unless
+  NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1, and that `TransformerEngineBaseModule.set_extra_state`
+  loads by re-creating the recipe's tensors (`init_fp8_meta_tensors`), which would move
+  buffers that CUDA graphs captured during the warm-up point to. train.warmup puts the recipe
+  statistics back itself.
+
+So a run starts with fresh quantization statistics whatever checkpoint it starts from, as the
+benchmark's timed run does from the BF16 initial checkpoint. Every weight must match exactly in
+both directions: a weight the model asks for and the checkpoint lacks, or one the checkpoint
+holds and no rank asks for, is an error naming the key.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+MODEL_INFO = "llama31_405b.json"
+MEGATRON_CONFIG = "metadata.json"     # megatron-core dist_checkpointing.core.CONFIG_FNAME
+DCP_METADATA = ".metadata"            # torch.distributed.checkpoint's index
+EXTRA_STATE = "_extra_state"
+SHAPE_KEYS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+              "num_query_groups", "kv_channels", "vocab_size")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete, of another model or does not fit the model."""
+
+
+def is_extra_state(key: str) -> bool:
+    return key.rsplit(".", 1)[-1] == EXTRA_STATE
+
+
+def chunk_keys(n: int) -> list[str]:
+    """The top-level keys of n model chunks, as Megatron-LM names them: `model`, or `model0`,
+    `model1`, ... with virtual pipeline stages."""
+    return ["model"] if n == 1 else [f"model{i}" for i in range(n)]
+
+
+def sharded_state(chunks) -> dict:
+    """The sharded state dict of this rank's model chunks (DDP wrappers removed)."""
+    from ..model.builder import unwrap
+    return {k: unwrap(c).sharded_state_dict() for k, c in zip(chunk_keys(len(chunks)), chunks)}
+
+
+# -- completeness and the model-info file --------------------------------------------------------
+def missing_files(path: str | Path) -> list[str]:
+    """The files of a complete checkpoint that `path` lacks (empty: complete)."""
+    p = Path(path)
+    return [n for n in (MEGATRON_CONFIG, DCP_METADATA, MODEL_INFO) if not (p / n).is_file()]
+
+
+def is_complete(path: str | Path) -> bool:
+    return not missing_files(path)
+
+
+def write_model_info(path: str | Path, cfg, *, stored_vocab_rows: int,
+                     extra: dict[str, Any] | None = None) -> None:
+    """Write MODEL_INFO into `path` (rank 0, after every tensor is on disk): the shape fields,
+    the whole model section, the vocab rows the embedding and output layer hold on disk, and
+    `extra` (provenance). Atomic: its presence marks a complete checkpoint."""
+    p = Path(path)
+    info = {k: getattr(cfg.model, k) for k in SHAPE_KEYS}
+    info["model"] = asdict(cfg.model)
+    info["padded_vocab_size_at_save"] = stored_vocab_rows
+    info.update(extra or {})
+    tmp = p / (MODEL_INFO + ".tmp")
+    tmp.write_text(json.dumps(info, indent=2) + "\n")
+    tmp.replace(p / MODEL_INFO)
+
+
+def check_compatible(path: str | Path, cfg) -> dict:
+    """The checkpoint's model info, after checking that it is complete and of cfg's model."""
+    p = Path(path)
+    lacking = missing_files(p)
+    if lacking:
+        raise CheckpointError(f"{p}: no complete Megatron distributed checkpoint (missing "
+                              f"{', '.join(lacking)}); set checkpoint.ckpt_dir/init, or convert "
+                              "or pre-train it first (docs/checkpoint.md)")
+    info = json.loads((p / MODEL_INFO).read_text())
+    diff = [f"{k}: checkpoint {info.get(k)} vs config {getattr(cfg.model, k)}"
+            for k in SHAPE_KEYS if info.get(k) != getattr(cfg.model, k)]
+    if diff:
+        raise CheckpointError(f"{p}: checkpoint does not match the model of {cfg.source}: "
+                              + "; ".join(diff))
+    return info
+
+
+# -- save and load -------------------------------------------------------------------------------
+def save(chunks, path: str | Path, cfg, *, extra: dict | None = None) -> None:
+    """Write the model weights of all ranks to `path` (collective: every rank calls it)."""
+    import torch.distributed as dist
+    from megatron.core import dist_checkpointing
+    p = Path(path)
+    if dist.get_rank() == 0:
+        p.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    dist_checkpointing.save(sharded_state(chunks), str(p))
+    if dist.get_rank() == 0:
+        write_model_info(p, cfg, stored_vocab_rows=cfg.derived.padded_vocab_size, extra=extra)
+    dist.barrier()
+
+
+def drop_extra_states(sharded: dict) -> list[str]:
+    """Take every `_extra_state` request out of a sharded state dict (the extra-state policy in
+    the module docstring); return their keys."""
+    dropped: list[str] = []
+
+    def walk(d: dict) -> None:
+        for k in list(d):
+            if isinstance(d[k], dict):
+                walk(d[k])
+            elif is_extra_state(str(k)):
+                dropped.append(getattr(d.pop(k), "key", str(k)))
+    walk(sharded)
+    return dropped
+
+
+def load_into(module, state: dict, where: str) -> None:
+    """Copy a loaded state dict into `module` in place: every entry of the module must be in
+    `state` except its extra states, and nothing else may be."""
+    own = module.state_dict(keep_vars=True)
+    lacking = sorted(k for k in own.keys() - state.keys() if not is_extra_state(k))
+    unknown = sorted(state.keys() - own.keys())
+    if lacking or unknown:
+        raise CheckpointError(f"{where}: the loaded state does not fit the model: lacking "
+                              f"{lacking[:6]}, not in the model {unknown[:6]}")
+    module.load_state_dict(state, strict=False)
+
+
+def load(chunks, path: str | Path, cfg) -> dict:
+    """Load model weights saved at any layout into this rank's chunks, in place (the parameter
+    tensors stay the same objects). Collective. Returns the checkpoint's model info."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.validation import StrictHandling
+
+    from ..model.builder import unwrap
+    from ..precision.te_recipe import high_precision_load_targets, keep_checkpoint_master_values
+    info = check_compatible(path, cfg)
+    sharded = sharded_state(chunks)
+    drop_extra_states(sharded)
+    # GPU fp8/fp4 parameters (TE quantized tensors): read the checkpoint's BF16 values instead
+    # of quantizing them straight into the parameters (no-op otherwise)
+    high_precision_load_targets(sharded)
+    # RETURN_ALL: megatron-core compares the keys of every rank's request with the checkpoint's
+    # (the metadata exchange its access-integrity check does anyway)
+    loaded, in_ckpt_only, requested_only = dist_checkpointing.load(
+        sharded, str(path), strict=StrictHandling.RETURN_ALL)
+    absent = sorted(requested_only)
+    unread = sorted(k for k in in_ckpt_only if not is_extra_state(k))
+    if absent or unread:
+        raise CheckpointError(f"{path}: the checkpoint does not match the model of {cfg.source}: "
+                              f"absent from the checkpoint {absent[:6]}, not in the model "
+                              f"{unread[:6]}")
+    for key, chunk in zip(chunk_keys(len(chunks)), chunks):
+        module = unwrap(chunk)
+        load_into(module, loaded[key], f"{path} [{key}]")
+        # GPU fp8/fp4 parameters: the checkpoint's BF16 values seed the FP32 master weights
+        # (no-op for plain parameters)
+        keep_checkpoint_master_values(module, loaded[key])
+    return info
