@@ -115,6 +115,8 @@ def _idx_lengths(prefix: str) -> np.ndarray | None:
 def _sizes(datasets: list[DatasetIndex], seq: int) -> None:
     """Fill epochs and index bytes as megatron-core's GPTDataset computes them."""
     for d in datasets:
+        if d.tokens < 1:
+            raise ValueError(f"{d.prefix}: no tokens ({d.source})")
         need = d.samples * seq + 1                  # add_extra_token_to_sequence
         d.epochs = max(1, math.ceil(need / d.tokens))
         doc_entries = d.epochs * d.documents

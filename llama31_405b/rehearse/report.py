@@ -138,15 +138,17 @@ def format_text(rep: dict) -> str:
         per = "; ".join(f"{d['prefix'].rsplit('/', 1)[-1]}: {d['documents']:,} docs, "
                         f"{d['tokens'] / 1e9:.1f} B tokens ({d['source']}), {d['epochs']} epoch(s), "
                         f"{d['total_bytes'] / GB:.2f} GB" for d in ds["datasets"])
-        build = (f"{ds['build_s']:.0f} s ({ds['build_how']})" if ds.get("build_s") is not None
-                 else ds.get("build_how", ""))
+        build = (f"build {ds['build_s']:.0f} s ({ds['build_how']})"
+                 if ds.get("build_s") is not None else ds.get("build_how", ""))
         lines.append(f"dataset: {ds['samples']:,} samples requested ({rep['steps']} steps x GBS "
                      f"{rep['gbs']}); index {ds['total_bytes'] / GB:.2f} GB of "
-                     f"{rep['max_index_bytes'] / GB:g} allowed; build {build}; rank 0 peak "
+                     f"{rep['max_index_bytes'] / GB:g} allowed; {build}; rank 0 peak "
                      f"~{ds['peak_build_bytes'] / GB:.1f} GB")
         lines.append(f"  {per}")
+    elif ds.get("skipped"):
+        lines.append("dataset: skipped")
     elif ds:
-        lines.append(f"dataset: FAILED: {ds.get('error')}")
+        lines.append(f"dataset: FAILED: {ds.get('error') or '; '.join(ds.get('problems', []))}")
     header = {e["key"]: e["value"] for e in rep["header"]}
     lines.append(f"MLPerf header: {len(rep['header'])} events (GBS {header.get('global_batch_size')}"
                  f", lr {header.get('opt_base_learning_rate')}, train_samples "
