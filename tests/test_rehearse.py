@@ -62,7 +62,8 @@ def test_default_ranks_cover_every_stage_and_each_tp_cp_position():
     layout = layout_of(cfg)
     coords = [layout.coords(r) for r in ranks]
     assert [c["pp"] for c in coords] == list(range(8))            # first ... last stage
-    assert sorted((c["tp"], c["cp"]) for c in coords) == [(t, c) for t in range(4) for c in range(2)]
+    positions = sorted((c["tp"], c["cp"]) for c in coords)
+    assert positions == [(t, c) for t in range(4) for c in range(2)]
     assert coords[0]["dp"] == 0 and coords[-1]["dp"] == 127 and ranks[-1] == 8191
 
 
@@ -248,9 +249,48 @@ def test_index_sizes_are_those_of_the_index_megatron_builds_and_saves(tmp_path):
             np.load(path, mmap_mode="r").nbytes)
     assert sorted(by_kind["document_index.npy"]) == sorted(d.document_index_bytes
                                                           for d in plan.datasets)
-    assert sorted(by_kind["sample_index.npy"]) == sorted(d.sample_index_bytes for d in plan.datasets)
+    assert sorted(by_kind["sample_index.npy"]) == sorted(d.sample_index_bytes
+                                                        for d in plan.datasets)
     assert sorted(by_kind["shuffle_index.npy"]) == sorted(d.shuffle_index_bytes
                                                          for d in plan.datasets)
     assert sum(by_kind["dataset_index.npy"] + by_kind["dataset_sample_index.npy"]) == \
         plan.blend_bytes
     assert max(d.epochs for d in plan.datasets) > 1
+
+
+def test_run_and_time_rehearses_first_when_asked(tmp_path):
+    """REHEARSE=1: the rehearsal runs before the pre-flight and any run, with the same --set
+    overrides; without it, no rehearsal."""
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CONT", "NEXP"))}
+    env.update(PYTHONPATH=str(REPO), PYTHON=sys.executable, CONFIG="configs/tiny_cpu.toml",
+               DRY_RUN="1", NEXP="1", LOGDIR=str(tmp_path), DATADIR="/d")
+
+    def dry(**extra) -> list[str]:
+        p = subprocess.run(["bash", str(REPO / "run_and_time.sh")], cwd=REPO, env={**env, **extra},
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        return [ln for ln in p.stderr.splitlines() if ln.startswith("+ ")]
+
+    lines = dry(REHEARSE="1")
+    assert lines[0] == "+ py rehearse configs/tiny_cpu.toml --set data.data_dir=/d", lines
+    assert not any(ln.startswith("+ py rehearse") for ln in dry())
+
+
+def test_planner_prediction_for_each_stage():
+    """The planner beside a rank: the stage's own parameters (15 layers + embedding on the
+    first stage, 16 layers in the middle, 15 + output layer on the last of TP4-PP8-VP8-CP2), BF16
+    weights and gradients, 12 optimizer bytes per parameter over DP x CP, NVFP4 copies apart."""
+    from llama31_405b.rehearse.planner_view import predict
+    cfg = load_config(C2048)
+    first, middle, last = predict(cfg, 0), predict(cfg, 3), predict(cfg, 7)
+    assert (first.stage, middle.stage, last.stage) == ("first", "middle", "last")
+    assert middle.params == pytest.approx(16 * 3_187_703_808 / 4)
+    assert first.params == pytest.approx(15 * 3_187_703_808 / 4 + 128_512 * 16_384 / 4)
+    for p in (first, middle, last):
+        assert p.weights == pytest.approx(2 * p.params) == pytest.approx(p.grads)
+        assert p.optimizer == pytest.approx(12 * p.params / (128 * 2))
+        assert p.te_copies == pytest.approx(2 * 0.5625 * p.params)
+    assert first.activations == middle.activations > 0 and first.capacity == 186e9

@@ -88,14 +88,16 @@ def test_planner_memory_matches_megatron_on_every_shipped_gb200_config(tmp_path)
 
 def test_the_whole_schedule_as_max_steps_is_refused_by_the_index_bound(tmp_path):
     """Open division (no load-time data bound): the index of 1.2 M steps at GBS 1152 is refused
-    by --max-index-gb, before anything is built. (Closed: refused at load, tests/test_rehearse.py.)"""
+    by --max-index-gb, before anything is built. (Closed division: refused at load,
+    tests/test_rehearse.py.)"""
     cfg = tmp_path / "schedule.toml"
     cfg.write_text(f'base = "{C128}"\n[run]\ndivision = "open"\nmax_steps = 1200000\n')
     r = rehearse(cfg, "--ranks", "0")
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
     verdict = r.stdout.strip().splitlines()[-1]
     assert verdict.startswith("verdict: FAIL") and "exceeds --max-index-gb 10" in verdict
-    assert "1,200,000 steps x GBS 1152" in verdict and "not built: larger than --max-index-gb" in r.stdout
+    assert "1,200,000 steps x GBS 1152" in verdict
+    assert "not built: larger than --max-index-gb" in r.stdout
 
 
 def test_an_allocation_interleaving_two_racks_is_refused(tmp_path):

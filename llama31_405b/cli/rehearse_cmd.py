@@ -13,8 +13,8 @@ import sys
 def register(sub) -> None:
     from ..rehearse.run import DEFAULT_MAX_INDEX_GB
     from .options import add_set_option
-    p = sub.add_parser("rehearse", help="rehearse the full-size launch rank by rank on this machine "
-                                        "(fake process groups, meta-device model)")
+    p = sub.add_parser("rehearse", help="rehearse the full-size launch rank by rank on this "
+                                        "machine (fake process groups, meta-device model)")
     p.add_argument("config", metavar="CONFIG")
     p.add_argument("--ranks", metavar="LIST",
                    help="ranks to play, e.g. 0,4095,8188-8191 (default: one per pipeline stage, "

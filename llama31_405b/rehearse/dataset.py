@@ -156,8 +156,13 @@ def plan(cfg) -> tuple[IndexPlan, list[np.ndarray | None]]:
         lens = _idx_lengths(prefix)
         lengths.append(lens)
         if lens is not None:
-            out.datasets.append(DatasetIndex(prefix, "idx", len(lens), int(lens.sum(dtype=np.int64)),
+            out.datasets.append(DatasetIndex(prefix, "idx", len(lens),
+                                             int(lens.sum(dtype=np.int64)),
                                              int(lens.max(initial=0)), samples))
+        elif d.rules.name != "llama31_405b":
+            raise ValueError(f"{prefix}.idx: missing, and the size of {d.rules.name}'s data is "
+                             "not known without it: prepare the data (python -m llama31_405b "
+                             "data prepare) or point data.data_dir at it")
         else:
             out.datasets.append(DatasetIndex(prefix, "C4 estimate", est_docs,
                                              round(est_docs * TOKENS_PER_DOCUMENT), 0, samples))
@@ -223,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-index-gb", type=float, default=None)
     ap.add_argument("--set", action="append", default=[])
     args = ap.parse_args(argv)
+    start = time.perf_counter()
     result: dict = {"ok": False}
     try:
         from ..cli.options import load_with_sets
@@ -236,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
         result.update(p.as_dict(), ok=not p.problems)
     except Exception as e:   # reported by the parent
         result["error"] = f"{type(e).__name__}: {e}"
+    import resource
+    result["wall_s"] = round(time.perf_counter() - start, 2)
+    result["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     tmp = f"{args.out}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
         json.dump(result, f)

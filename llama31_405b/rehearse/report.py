@@ -95,7 +95,8 @@ def _layers(res: dict) -> str:
     parts, count = [], 0
     for c in res.get("layers", []):
         lo_hi = c["layers"]
-        text = "" if not lo_hi else f"L{lo_hi[0]}" if lo_hi[0] == lo_hi[1] else f"L{lo_hi[0]}-{lo_hi[1]}"
+        text = ("" if not lo_hi else f"L{lo_hi[0]}" if lo_hi[0] == lo_hi[1]
+                else f"L{lo_hi[0]}-{lo_hi[1]}")
         held = ["emb"] * c["embedding"] + ([text] if text else []) + ["out+loss"] * c["output"]
         parts.append("+".join(held))
         count += c["count"]
@@ -136,7 +137,8 @@ def format_text(rep: dict) -> str:
                      "racks)" if placed["ok"] else f"placement: FAILED: {placed['error']}")
     if ds.get("datasets"):
         per = "; ".join(f"{d['prefix'].rsplit('/', 1)[-1]}: {d['documents']:,} docs, "
-                        f"{d['tokens'] / 1e9:.1f} B tokens ({d['source']}), {d['epochs']} epoch(s), "
+                        f"{d['tokens'] / 1e9:.1f} B tokens ({d['source']}), "
+                        f"{d['epochs']} epoch(s), "
                         f"{d['total_bytes'] / GB:.2f} GB" for d in ds["datasets"])
         build = (f"build {ds['build_s']:.0f} s ({ds['build_how']})"
                  if ds.get("build_s") is not None else ds.get("build_how", ""))
@@ -150,7 +152,8 @@ def format_text(rep: dict) -> str:
     elif ds:
         lines.append(f"dataset: FAILED: {ds.get('error') or '; '.join(ds.get('problems', []))}")
     header = {e["key"]: e["value"] for e in rep["header"]}
-    lines.append(f"MLPerf header: {len(rep['header'])} events (GBS {header.get('global_batch_size')}"
+    lines.append(f"MLPerf header: {len(rep['header'])} events "
+                 f"(GBS {header.get('global_batch_size')}"
                  f", lr {header.get('opt_base_learning_rate')}, train_samples "
                  f"{header.get('train_samples')}, max_steps {header.get('max_steps')}); "
                  f"precheck {'PASS' if rep['precheck']['ok'] else 'FAIL'}")
@@ -160,7 +163,8 @@ def format_text(rep: dict) -> str:
     if first is not None:
         changed = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in first["config_changes"].items())
         gpu = ", ".join(f"{k}={v}" for k, v in first["gpu_only_fields"].items())
-        lines.append(f"built with Megatron's local spec on the meta device: {changed or 'no change'}"
+        lines.append("built with Megatron's local spec on the meta device: "
+                     f"{changed or 'no change'}"
                      f" (same parameter shapes); GPU-only fields not built: {gpu or 'none'}")
     lines.append("planner check (weights, gradients, optimizer within "
                  f"{PLANNER_TOLERANCE:.0%}): " + ("ok" if not rep["planner_check"]
