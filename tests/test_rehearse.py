@@ -294,3 +294,24 @@ def test_planner_prediction_for_each_stage():
         assert p.optimizer == pytest.approx(12 * p.params / (128 * 2))
         assert p.te_copies == pytest.approx(2 * 0.5625 * p.params)
     assert first.activations == middle.activations > 0 and first.capacity == 186e9
+
+
+def test_planner_memory_of_fp32_parameters():
+    """FP32 parameters (the tiny CPU configs) take 4 bytes, their gradient buffers 4, and they
+    are their own master weights: Adam adds 8 bytes, not 12 (the rehearsal's measurement of
+    Megatron's buffers; the planner used to count 2, and 12)."""
+    from llama31_405b.planner.context import Context
+    from llama31_405b.planner.memory import memory
+    cfg = load_config(REPO / "configs" / "tiny_cpu_2racks.toml")
+    assert cfg.precision.params == "fp32"
+    ctx = Context.of(cfg)
+    m, params = memory(ctx), ctx.params_per_gpu
+    shards = ctx.dp * ctx.cp
+    assert m.weights_gb == pytest.approx(4 * params / 1e9)
+    assert m.grads_gb == pytest.approx(4 * params / 1e9)
+    assert m.optimizer_gb == pytest.approx(8 * params / shards / 1e9)
+    gb200 = memory(Context.of(load_config(C128)))     # BF16 parameters: unchanged
+    p = Context.of(load_config(C128)).params_per_gpu
+    assert gb200.grads_gb == pytest.approx(2 * p / 1e9)
+    assert gb200.optimizer_gb == pytest.approx(12 * p / 16 / 1e9)
+    assert gb200.weights_gb == pytest.approx((2 + 2 * 0.5625) * p / 1e9)

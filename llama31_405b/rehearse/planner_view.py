@@ -50,17 +50,15 @@ def stage_of(ctx, pp_rank: int):
 
 
 def predict(cfg, pp_rank: int) -> PlannerMemory:
-    from ..planner.comm import param_gather_bytes_per_param
     from ..planner.context import Context
-    from ..planner.memory import memory, weight_bytes_per_param
+    from ..planner.memory import memory, stored_bytes_per_param, weight_bytes_per_param
     ctx = Context.of(cfg)
     mem = memory(ctx)
     stage = stage_of(ctx, pp_rank)
     params = ctx.stage_params(stage)
     scale = params / ctx.params_per_gpu
-    # the stored part of memory.weight_bytes_per_param: the parameter as gathered (BF16 unless
-    # the FP8/NVFP4 parameter gather is on); the rest of it is the quantized copies
-    stored = param_gather_bytes_per_param(ctx) if ctx.precision in ("fp8", "nvfp4") else 2.0
+    # the stored parameter; the rest of the planner's weight bytes are the quantized copies
+    stored = stored_bytes_per_param(ctx)
     copies = weight_bytes_per_param(ctx) - stored
     return PlannerMemory(
         stage=stage.name, params=params, weights=params * stored, te_copies=params * copies,

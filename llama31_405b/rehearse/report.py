@@ -3,7 +3,8 @@
 Per rank, the bytes one GPU holds: weights, gradients, master weights and optimizer state as
 Megatron's buffers hold them, TE's NVFP4 weight copies computed from the rank's linear layers,
 and, from the planner (labelled so), activations, allocator fragmentation and the reserve.
-Their sum must fit the system's memory. Beside each, the planner's prediction for the rank's
+On GPU systems their sum must fit the GPU's memory (CPU systems: reported, not checked: the
+planner's reserve is a GPU's). Beside each, the planner's prediction for the rank's
 pipeline stage; weights, gradients and optimizer state must agree within PLANNER_TOLERANCE.
 """
 from __future__ import annotations
@@ -78,7 +79,7 @@ def verdict(rep: dict) -> dict:
                          f"{res.get('error', 'no result')}")
             continue
         total = rank_total(res)
-        if total > rep["capacity_bytes"]:
+        if rep.get("gpu_system", True) and total > rep["capacity_bytes"]:
             fails.append(f"rank {res['rank']}: needs {total / GB:.0f} GB of "
                          f"{rep['capacity_bytes'] / GB:.0f} GB per GPU (stage "
                          f"{res['planner']['stage']}): the layout does not fit in memory")
@@ -103,7 +104,7 @@ def _layers(res: dict) -> str:
     return f"{count} layers in {len(parts)} chunk(s): {', '.join(parts)}"
 
 
-def format_rank(res: dict, capacity: float) -> list[str]:
+def format_rank(res: dict, capacity: float, gpu: bool = True) -> list[str]:
     c = res.get("coords", {})
     head = (f"rank {res['rank']} (tp{c.get('tp')} cp{c.get('cp')} pp{c.get('pp')} "
             f"dp{c.get('dp')}, host {res.get('host', '?')}, planner stage "
@@ -122,7 +123,8 @@ def format_rank(res: dict, capacity: float) -> list[str]:
         out.append(f"  {label:<18}{_gb(b.get(key)):>12}  {_gb(p):>11}  {diff}  {src}")
     for label, key, src in PLANNER_ONLY:
         out.append(f"  {label:<18}{'-':>12}  {_gb(pl[key]):>11}          {src}")
-    out.append(f"  {'total':<18}{_gb(rank_total(res)):>12}  of {capacity / GB:.0f} GB")
+    out.append(f"  {'total':<18}{_gb(rank_total(res)):>12}  of {capacity / GB:.0f} GB"
+               + ("" if gpu else " (CPU system: the planner's GPU reserve; not checked)"))
     return out
 
 
@@ -158,7 +160,7 @@ def format_text(rep: dict) -> str:
                  f"{header.get('train_samples')}, max_steps {header.get('max_steps')}); "
                  f"precheck {'PASS' if rep['precheck']['ok'] else 'FAIL'}")
     for res in rep["ranks"]:
-        lines += format_rank(res, rep["capacity_bytes"])
+        lines += format_rank(res, rep["capacity_bytes"], rep.get("gpu_system", True))
     first = next((r for r in rep["ranks"] if r.get("ok")), None)
     if first is not None:
         changed = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in first["config_changes"].items())

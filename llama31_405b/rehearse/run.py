@@ -160,7 +160,7 @@ def rehearse(config: str, opts: Options) -> dict:
     out = {"config": config, "world_size": d.world_size, "nodes": d.nodes,
            "layout": f"TP{p.tp} PP{p.pp} VP{p.vp} CP{p.cp} DP{d.dp}",
            "allocation": alloc.describe(), "placement": placement,
-           "capacity_bytes": d.system.hbm_gb * 1e9,
+           "capacity_bytes": d.system.hbm_gb * 1e9, "gpu_system": d.system.is_gpu,
            "max_index_bytes": opts.max_index_gb * 1e9, "steps": d.max_steps, "gbs": d.gbs,
            "dataset": data_job.result if opts.dataset else {"ok": True, "skipped": True},
            "header": header,
