@@ -168,6 +168,9 @@ def format_text(rep: dict) -> str:
         lines.append("built with Megatron's local spec on the meta device: "
                      f"{changed or 'no change'}"
                      f" (same parameter shapes); GPU-only fields not built: {gpu or 'none'}")
+        lines.append("Transformer Engine's spec differs by: the RMSNorm weights fused into "
+                     "linear_qkv and linear_fc1 (same bytes), no attention parameters either way, "
+                     "and the NVFP4 weight copies (the 'TE NVFP4 copies' row, not built here)")
     lines.append("planner check (weights, gradients, optimizer within "
                  f"{PLANNER_TOLERANCE:.0%}): " + ("ok" if not rep["planner_check"]
                                                    else "; ".join(rep["planner_check"])))
