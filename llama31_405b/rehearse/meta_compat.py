@@ -15,6 +15,10 @@ answered on the CPU), then:
    (`DistributedOptimizer._build_model_and_main_param_groups`); a meta tensor reports
    'torch.meta.BFloat16Tensor' and would be rejected with a TypeError. The mode answers the CUDA
    name of the meta tensor's dtype instead.
+4. The fake backend takes no NCCL options, but `initialize_model_parallel` hands each group
+   the `ProcessGroupNCCL.Options` that `parallel_state.get_nccl_options` derives from the
+   config's NCCL communicator YAML. The wrapper lets Megatron derive them (its own checks run),
+   records them in NCCL_OPTIONS for the report, and creates the group without them.
 The model is then built under `torch.device("meta")` (see rehearse/rank.py), so CPU placements
 (`use_cpu_initialization`) stay free of storage too.
 """
@@ -26,6 +30,9 @@ from torch.overrides import TorchFunctionMode
 _CUDA_TYPE = {torch.float32: "torch.cuda.FloatTensor", torch.float16: "torch.cuda.HalfTensor",
               torch.bfloat16: "torch.cuda.BFloat16Tensor"}
 _applied = False
+NCCL_OPTIONS: dict = {"asked": [], "configured": [], "options": {}}
+"""Group names Megatron asked options for, the names the communicator YAML configures, and the
+options Megatron derived for each configured group (patch 4)."""
 
 
 def _is_cuda(device) -> bool:
@@ -61,4 +68,24 @@ def apply() -> None:
     cpu_compat.apply()
     torch.cuda.current_device = lambda: "meta"
     _CudaToMeta().__enter__()   # on top of cpu_compat's mode: it sees CUDA placements first
+    _record_nccl_options()
     _applied = True
+
+
+def _record_nccl_options() -> None:
+    """Patch 4 of the module docstring."""
+    from megatron.core import parallel_state as ps
+    derive = ps.get_nccl_options
+
+    def get_nccl_options(pg_name, nccl_comm_cfgs):
+        opts = derive(pg_name, nccl_comm_cfgs)
+        NCCL_OPTIONS["asked"].append(pg_name)
+        NCCL_OPTIONS["configured"] = sorted(nccl_comm_cfgs or {})
+        if opts is not None:
+            c = opts.config
+            NCCL_OPTIONS["options"][pg_name] = {
+                "cga_cluster_size": c.cga_cluster_size, "min_ctas": c.min_ctas,
+                "max_ctas": c.max_ctas, "high_priority": opts.is_high_priority_stream}
+        return None
+
+    ps.get_nccl_options = get_nccl_options

@@ -68,12 +68,42 @@ def _short(ranks: list[int]) -> str:
                                                f"({len(ranks)} ranks)"
 
 
+def _nccl_summary() -> dict:
+    """The NCCL options Megatron derived from the communicator YAML (meta_compat patch 4), and
+    the YAML's entries no group of this layout asked for."""
+    from .meta_compat import NCCL_OPTIONS as n
+    asked = set(n["asked"])
+    return {"options": n["options"], "unused": [k for k in n["configured"] if k not in asked]}
+
+
+def run_seed(cfg) -> int:
+    """The rehearsed run's seed: the first of the config's runs (seed_base, or one drawn from
+    the system's entropy where the config leaves it unset, config.seeds)."""
+    try:
+        from ..config.seeds import run_seeds
+    except ImportError:
+        return cfg.run.seed_base
+    return run_seeds(cfg.run.seed_base, 1)[0]
+
+
+def cpu_decision(cfg) -> dict:
+    """Keyword arguments that give the project's setup and model code the CPU decision: the
+    rehearsal runs a GPU config's code on the CPU (gloo-free fake groups, Megatron's local spec,
+    the meta device). `systems.device` is the project's one device decision where present;
+    without it the code decides from CUDA's visibility, which the rehearsal hides."""
+    try:
+        from ..systems.device import Device
+    except ImportError:
+        return {}
+    return {"device": Device(gpu=False, system=cfg.system.id, cuda_visible=False)}
+
+
 def _transformer_config(cfg):
     """(config to build with, {field: [run value, rehearsal value]}, GPU-only fields absent)."""
     import dataclasses
 
     from ..model.builder import transformer_config
-    run = transformer_config(cfg)
+    run = transformer_config(cfg, **cpu_decision(cfg))
     changes = {k: [getattr(run, k), v] for k, v in CONFIG_CHANGES.items() if getattr(run, k) != v}
     built = dataclasses.replace(run, **CONFIG_CHANGES)
     gpu_only = {}
@@ -110,17 +140,17 @@ def rehearse_rank(cfg, rank: int, alloc, clock: dict[str, float]) -> dict:
     lap("process group")
     info = setup_parallel(cfg, fake_world.dist_env(rank, d.world_size, host,
                                                    d.system.gpus_per_node),
-                          create_gloo_process_groups=False)
+                          create_gloo_process_groups=False, **cpu_decision(cfg))
     groups, wrong = _groups(cfg, rank)
     if wrong:
         raise RuntimeError("; ".join(wrong))
     lap("setup_parallel")
     allocation.check(cfg, alloc)
     lap("placement")
-    seed_model_parallel(cfg.run.seed_base)
+    seed_model_parallel(run_seed(cfg))
     tcfg, changes, gpu_only = _transformer_config(cfg)
     with torch.device("meta"):
-        chunks = build_model(cfg, config=tcfg)
+        chunks = build_model(cfg, config=tcfg, **cpu_decision(cfg))
     lap("model")
     with torch.device("meta"):
         model = wrap_for_training(cfg, chunks)
@@ -135,6 +165,7 @@ def rehearse_rank(cfg, rank: int, alloc, clock: dict[str, float]) -> dict:
             "bytes": {**measure.buffer_bytes(model), **measure.optimizer_bytes(opt),
                       "te_nvfp4_copies": measure.te_copy_bytes(chunks, cfg)},
             "params": measure.param_count(chunks), "config_changes": changes,
+            "nccl": _nccl_summary(),
             "gpu_only_fields": gpu_only}
 
 

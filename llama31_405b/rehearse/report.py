@@ -104,6 +104,16 @@ def _layers(res: dict) -> str:
     return f"{count} layers in {len(parts)} chunk(s): {', '.join(parts)}"
 
 
+def _nccl(n: dict) -> str:
+    """The NCCL options Megatron derived from the config's communicator YAML."""
+    if not n.get("options") and not n.get("unused"):
+        return ""
+    opts = ", ".join(f"{k} cga {o['cga_cluster_size']} ctas {o['min_ctas']}-{o['max_ctas']}"
+                     for k, o in n["options"].items())
+    unused = f"; YAML entries no group asked for: {', '.join(n['unused'])}" if n["unused"] else ""
+    return f"\n  NCCL options from the communicator YAML: {opts or 'none'}{unused}"
+
+
 def format_rank(res: dict, capacity: float, gpu: bool = True) -> list[str]:
     c = res.get("coords", {})
     head = (f"rank {res['rank']} (tp{c.get('tp')} cp{c.get('cp')} pp{c.get('pp')} "
@@ -112,7 +122,8 @@ def format_rank(res: dict, capacity: float, gpu: bool = True) -> list[str]:
     if not res.get("ok"):
         return [head + f": FAILED in {res.get('phase', '?')}: {res.get('error', 'no result')}"]
     out = [head, f"  holds {_layers(res)}",
-           "  groups: " + ", ".join(f"{k} {v}" for k, v in res["groups"].items() if v),
+           "  groups: " + ", ".join(f"{k} {v}" for k, v in res["groups"].items() if v)
+           + _nccl(res.get("nccl") or {}),
            "  init: " + ", ".join(f"{k} {v:.1f} s" for k, v in res["phases"].items())
            + f" (process {res['wall_s']:.0f} s, peak RSS {res['peak_rss'] / GB:.2f} GB)",
            f"  {'bytes per GPU':<18}{'rehearsal':>12}  {'planner':>11}  diff    source"]

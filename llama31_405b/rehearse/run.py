@@ -113,6 +113,7 @@ def rehearse(config: str, opts: Options) -> dict:
     from ..mlperf.header import header_events
     from ..submission.precheck import precheck_config
     from . import allocation, planner_view, report
+    from .rank import run_seed
     from .ranks import coords_of, default_ranks
 
     cfg = load_with_sets(config, opts.sets)
@@ -139,7 +140,7 @@ def rehearse(config: str, opts: Options) -> dict:
         if opts.allocation:
             argv += ["--allocation", opts.allocation]
         rank_jobs.append(_Job(f"rank {r}", argv, work / f"rank{r}.json", work / f"rank{r}.log"))
-    header = [{"key": e.key, "value": e.value} for e in header_events(cfg, seed=cfg.run.seed_base)]
+    header = [{"key": e.key, "value": e.value} for e in header_events(cfg, seed=run_seed(cfg))]
     pre: list = []
     checker = threading.Thread(target=lambda: pre.append(precheck_config(cfg)), daemon=True)
     checker.start()    # the compliance checker runs here while the children work
