@@ -74,13 +74,31 @@ def test_parse_ranks():
             parse_ranks(bad, 16)
 
 
-def test_synthetic_allocation_places_every_group_in_one_rack():
+def test_synthetic_allocation_passes_the_placement_check():
+    """The project's check_placement, as rank 8191 runs it, on the synthetic allocation: every
+    rank places itself from its (synthetic) NVLink fabric, with the config's launch_env."""
     cfg = load_config(C2048)
     alloc = allocation.synthetic(cfg)
     assert len(alloc.hosts) == 2048 and len(set(alloc.racks)) == 128
-    found = allocation.check(cfg, alloc)
-    assert len(found) == 8192 and {p.source for p in found} == {"slurm-topology"}
-    assert found[8191].rack == "rack127" and found[63].rack == "rack000" != found[64].rack
+    found, _ = allocation.check(cfg, alloc, rank=8191)
+    assert len(found) == 8192 and {p.source for p in found} == {"fabric"}
+    assert found[8191].rack.endswith("/rack127") and found[63].rack != found[64].rack
+    _, logged = allocation.check(cfg, alloc, rank=0)          # rank 0 logs the rack map
+    assert logged.startswith("placement: 128 rack(s), world 8192")
+
+
+def test_the_gather_is_answered_only_with_the_callers_own_row():
+    import torch.distributed as dist
+    from llama31_405b.parallel.placement import Placement
+    table = [Placement(rank=0, host="a", rack="r", source="host"),
+             Placement(rank=1, host="b", rack="r", source="host")]
+    out, real = [None, None], dist.all_gather_object
+    with allocation.answered_gather(table):
+        dist.all_gather_object(out, table[1])
+        assert out == table
+        with pytest.raises(RuntimeError, match="rank 1 reports"):
+            dist.all_gather_object(out, Placement(rank=1, host="c", rack="r", source="host"))
+    assert dist.all_gather_object is real
 
 
 def _interleaved(path: Path) -> Path:
@@ -97,8 +115,8 @@ def _interleaved(path: Path) -> Path:
 def test_interleaved_allocation_is_refused_naming_the_split_groups(tmp_path):
     cfg = load_config(C128)
     alloc = allocation.read_allocation(_interleaved(tmp_path / "alloc.txt"))
-    with pytest.raises(PlacementError, match=r"CP group ranks 0,4 spans racks: rack rack000 "
-                                             r"\(rank 0 on r000n01\); rack rack001"):
+    with pytest.raises(PlacementError, match=r"CP group ranks 0,4 spans racks: rack \S+/rack000 "
+                                             r"\(rank 0 on r000n01\); rack \S+/rack001"):
         allocation.check(cfg, alloc)
 
 
@@ -122,7 +140,7 @@ def test_allocation_file_errors_name_file_and_line(tmp_path):
 def test_rack_of_host_in_the_config_wins_over_slurm(tmp_path):
     cfg = load_config(C128, overrides={"system": {"rack_of_host": {"r00[0-2]*": "A",
                                                                    "r00[3-7]*": "B"}}})
-    found = allocation.placements(cfg, allocation.synthetic(cfg))
+    found = allocation.report(cfg, allocation.synthetic(cfg))
     assert {p.source for p in found} == {"config"}
     with pytest.raises(PlacementError, match="racks hold different numbers of ranks"):
         allocation.check(cfg, allocation.synthetic(cfg))   # 3 racks + 5 racks

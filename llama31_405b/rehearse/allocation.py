@@ -1,5 +1,4 @@
-"""The Slurm allocation a rehearsal places its ranks on: hosts in the job's node order and the
-rack (topology block or leaf switch) of each.
+"""The Slurm allocation a rehearsal places its ranks on, and the placement check run on it.
 
 Default: a synthetic allocation of the config's nodes, whole racks in order (what
 `sbatch --segment=<nodes per rack>` gives on Slurm >= 23.11 with topology/block), hosts named
@@ -8,21 +7,28 @@ order `scontrol show hostnames $SLURM_JOB_NODELIST` prints the job's nodes (`#` 
 comment). Tasks are distributed as `srun --ntasks-per-node` does (block): rank r runs on node
 r // gpus_per_node with local rank r % gpus_per_node.
 
-Each rank's rack is found by the placement check's own `detect_rack` (parallel/placement.py):
-`system.rack_of_host` when the config has it, else Slurm's SLURM_TOPOLOGY_ADDR, written here as
-Slurm would for the host ("rehearsal.<rack>.<host>"). The driver's NVLink clique, which the real
-check prefers on GB200, does not exist without the GPUs: the allocation's racks stand for it.
-The collective part of the check (all_gather_object) is skipped: fake collectives move no data.
-`placements` hands the table to `placement.evaluate`, the verdict every rank computes.
+The check is the project's own `placement.check_placement`, for each rank as that rank would
+run it. What a rank reads from its node is synthesised from the allocation:
+- the environment: the config's launch_env (what run_and_time.sh exports) and Slurm's topology
+  address, "rehearsal.<rack>.<host>";
+- the NVLink fabric (GB200: `nvidia-smi -q` and the IMEX channels): every GPU registered,
+  Completed/Success, in the clique of its rack, and one IMEX channel.
+`local_placement` turns that into each rank's Placement (`report`); fake collectives move no
+data, so the check's `all_gather_object` is answered with that table (`answered_gather`), after
+checking that the calling rank's own report is its row. The verdict is then the check's own.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..parallel.placement import Placement, PlacementError, detect_rack, evaluate, layout_of
+from ..parallel.fabric import GpuFabric, NodeFabric
+from ..parallel.placement import Placement, PlacementError, check_placement, local_placement
 
 TOPOLOGY_PATTERN = "switch.switch.node"
+CLUSTER_UUID = "5e4ea25a-0000-4000-8000-000000000001"
+"""The synthetic fabric's ClusterUUID (any non-zero UUID; the clique id is the rack's name)."""
 
 
 class AllocationError(ValueError):
@@ -86,27 +92,77 @@ def host_of_rank(cfg, alloc: Allocation, rank: int) -> str:
     return alloc.hosts[rank // cfg.derived.system.gpus_per_node]
 
 
-def placements(cfg, alloc: Allocation) -> list[Placement]:
-    """Every rank's Placement on `alloc`, as each rank's `local_placement` would find it from
-    Slurm's topology (or system.rack_of_host). PlacementError when the allocation has too few
-    nodes."""
+def node_environ(cfg, alloc: Allocation, node: int) -> dict[str, str]:
+    """What a rank on `node` finds in its environment."""
+    from ..config.env import launch_env
+    env = dict(launch_env(cfg)) if cfg.derived.system.is_gpu else {}
+    host = alloc.hosts[node].split(".")[0]
+    env.update(SLURM_TOPOLOGY_ADDR=f"rehearsal.{alloc.racks[node]}.{host}",
+               SLURM_TOPOLOGY_ADDR_PATTERN=TOPOLOGY_PATTERN)
+    return env
+
+
+def node_fabric(cfg, alloc: Allocation, node: int) -> NodeFabric:
+    """A healthy multi-node NVLink node of the allocation's rack: every GPU registered in the
+    rack's clique, one IMEX channel."""
+    gpus = [GpuFabric(gpu=f"00000000:{0x10 + i:02X}:00.0", state="Completed", status="Success",
+                      cluster_uuid=CLUSTER_UUID, clique_id=alloc.racks[node], bandwidth="Full")
+            for i in range(cfg.derived.system.gpus_per_node)]
+    return NodeFabric(gpus=gpus, channels=["channel0"])
+
+
+def report(cfg, alloc: Allocation) -> list:
+    """What every rank of the job reports to the check: its Placement, or (rank, host, problem)
+    when it cannot place itself (as check_placement gathers them). PlacementError when the
+    allocation has too few nodes."""
+    from .fake_world import dist_env
     d = cfg.derived
     per_node = d.system.gpus_per_node
     if len(alloc.hosts) < d.nodes:
         raise PlacementError(f"the allocation ({alloc.describe()}) has fewer nodes than the "
                              f"{d.nodes} the config needs")
-    out = []
-    for rank in range(d.world_size):
-        node = rank // per_node
-        host, rack = alloc.hosts[node], alloc.racks[node]
-        env = {"SLURM_TOPOLOGY_ADDR": f"rehearsal.{rack}.{host.split('.')[0]}",
-               "SLURM_TOPOLOGY_ADDR_PATTERN": TOPOLOGY_PATTERN}
-        found, source = detect_rack(host, cfg.system.rack_of_host, env, rank % per_node,
-                                    fabric=lambda _local_rank: None)
-        out.append(Placement(rank=rank, host=host, rack=found, source=source))
+    out: list = []
+    for node in range(d.nodes):
+        env, fabric = node_environ(cfg, alloc, node), node_fabric(cfg, alloc, node)
+        for rank in range(node * per_node, min((node + 1) * per_node, d.world_size)):
+            de = dist_env(rank, d.world_size, alloc.hosts[node], per_node)
+            try:
+                out.append(local_placement(cfg, de, env, probe=lambda f=fabric: f))
+            except PlacementError as e:
+                out.append((rank, de.hostname, str(e)))
     return out
 
 
-def check(cfg, alloc: Allocation) -> list[Placement]:
-    """The placement check's verdict on `alloc` (PlacementError naming groups, ranks, hosts)."""
-    return evaluate(layout_of(cfg), placements(cfg, alloc))
+@contextmanager
+def answered_gather(table: list):
+    """torch.distributed.all_gather_object answers with `table` while the check runs."""
+    import torch.distributed as dist
+    real = dist.all_gather_object
+
+    def gather(out, obj, group=None):
+        rank = obj.rank if isinstance(obj, Placement) else obj[0]
+        if table[rank] != obj:
+            raise RuntimeError(f"rank {rank} reports {obj}, the allocation's table {table[rank]}")
+        out[:] = table
+
+    dist.all_gather_object = gather
+    try:
+        yield
+    finally:
+        dist.all_gather_object = real
+
+
+def check(cfg, alloc: Allocation, rank: int = 0) -> tuple[list[Placement], str]:
+    """`placement.check_placement` as rank `rank` runs it on `alloc`: (placements, what rank 0
+    logs), or PlacementError with the check's own message."""
+    from .fake_world import dist_env
+    d = cfg.derived
+    node = rank // d.system.gpus_per_node
+    table = report(cfg, alloc)
+    logged: list[str] = []
+    with answered_gather(table):
+        found = check_placement(
+            cfg, dist_env(rank, d.world_size, alloc.hosts[node], d.system.gpus_per_node),
+            environ=node_environ(cfg, alloc, node), log=logged.append,
+            probe=lambda: node_fabric(cfg, alloc, node))
+    return found, "\n".join(logged)

@@ -145,7 +145,7 @@ def rehearse_rank(cfg, rank: int, alloc, clock: dict[str, float]) -> dict:
     if wrong:
         raise RuntimeError("; ".join(wrong))
     lap("setup_parallel")
-    allocation.check(cfg, alloc)
+    allocation.check(cfg, alloc, rank)
     lap("placement")
     seed_model_parallel(run_seed(cfg))
     tcfg, changes, gpu_only = _transformer_config(cfg)

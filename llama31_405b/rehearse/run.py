@@ -100,10 +100,10 @@ def _placement(cfg, alloc) -> dict:
     from ..parallel.placement import PlacementError
     from . import allocation
     try:
-        found = allocation.check(cfg, alloc)
+        found, logged = allocation.check(cfg, alloc)
     except PlacementError as e:
         return {"ok": False, "error": str(e)}
-    return {"ok": True, "racks": len({p.rack for p in found})}
+    return {"ok": True, "racks": len({p.rack for p in found}), "log": logged}
 
 
 def rehearse(config: str, opts: Options) -> dict:
