@@ -191,7 +191,8 @@ def _rank(rank=0, **bytes_):
     b = dict(weights=25e9, grads=25e9, master_weights=3e9, optimizer_state=6e9,
              te_nvfp4_copies=14e9)
     b.update(bytes_)
-    return {"rank": rank, "ok": True, "bytes": b, "planner": dict(
+    return {"rank": rank, "ok": True, "bytes": b, "groups": {"tp": 4}, "phases": {"model": 1.0},
+            "wall_s": 9.0, "peak_rss": 8e8, "layers": [], "planner": dict(
         stage="middle", weights=25e9, grads=25e9, optimizer=9e9, te_copies=14e9,
         activations=58e9, fragmentation=12e9, reserved=10e9)}
 
@@ -333,3 +334,15 @@ def test_planner_memory_of_fp32_parameters():
     assert gb200.grads_gb == pytest.approx(2 * p / 1e9)
     assert gb200.optimizer_gb == pytest.approx(12 * p / 16 / 1e9)
     assert gb200.weights_gb == pytest.approx((2 + 2 * 0.5625) * p / 1e9)
+
+
+def test_quantized_parameters_take_the_planners_weights():
+    """FP8/NVFP4 parameters are TE tensors the local spec builds in BF16: the weight figure is
+    not compared, and the total counts the planner's."""
+    res = _rank(weights=50e9)
+    res["quantized_params"] = "fp8"
+    res["planner"]["weights"] = 12e9
+    rep = report.verdict(_rep(ranks=[res]))
+    assert rep["planner_check"] == [] and rep["ok"]
+    assert report.rank_total(res) == pytest.approx((12 + 25 + 9 + 14 + 58 + 12 + 10) * 1e9)
+    assert "the total takes the planner's" in "\n".join(report.format_rank(res, 186e9))

@@ -68,6 +68,14 @@ def _short(ranks: list[int]) -> str:
                                                f"({len(ranks)} ranks)"
 
 
+def _quantized_params(cfg) -> str | None:
+    """"fp8" / "nvfp4" when the run's parameters are Transformer Engine's quantized tensors
+    (the FP8/NVFP4 parameter gather), which Megatron's local spec cannot build: the rehearsal's
+    parameter buffers are then BF16, not the run's."""
+    perf = cfg.performance
+    return "nvfp4" if perf.fp4_param_gather else "fp8" if perf.fp8_param_gather else None
+
+
 def _nccl_summary() -> dict:
     """The NCCL options Megatron derived from the communicator YAML (meta_compat patch 4), and
     the YAML's entries no group of this layout asked for."""
@@ -165,7 +173,7 @@ def rehearse_rank(cfg, rank: int, alloc, clock: dict[str, float]) -> dict:
             "bytes": {**measure.buffer_bytes(model), **measure.optimizer_bytes(opt),
                       "te_nvfp4_copies": measure.te_copy_bytes(chunks, cfg)},
             "params": measure.param_count(chunks), "config_changes": changes,
-            "nccl": _nccl_summary(),
+            "nccl": _nccl_summary(), "quantized_params": _quantized_params(cfg),
             "gpu_only_fields": gpu_only}
 
 

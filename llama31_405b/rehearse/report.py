@@ -36,9 +36,11 @@ def rank_bytes(res: dict) -> dict[str, float]:
 
 def rank_total(res: dict) -> float:
     """Bytes one GPU of this rank needs: Megatron's buffers + the computed TE copies + the
-    planner's activations, fragmentation and reserve."""
+    planner's activations, fragmentation and reserve (and the planner's weights where the run's
+    parameters are TE's FP8/NVFP4 tensors, which the local spec builds in BF16)."""
     b, pl = rank_bytes(res), res["planner"]
-    return (b["weights"] + b["grads"] + b["optimizer"] + b["te_nvfp4_copies"]
+    weights = pl["weights"] if res.get("quantized_params") else b["weights"]
+    return (weights + b["grads"] + b["optimizer"] + b["te_nvfp4_copies"]
             + pl["activations"] + pl["fragmentation"] + pl["reserved"])
 
 
@@ -46,6 +48,8 @@ def planner_differences(res: dict) -> list[str]:
     """Checked categories where the planner is more than PLANNER_TOLERANCE off."""
     b, pl, out = rank_bytes(res), res["planner"], []
     for key in CHECKED:
+        if key == "weights" and res.get("quantized_params"):
+            continue       # BF16 here, FP8/NVFP4 tensors in the run: nothing to compare
         if b.get(key):
             dev = (pl[key] - b[key]) / b[key]
             if abs(dev) > PLANNER_TOLERANCE:
@@ -130,6 +134,9 @@ def format_rank(res: dict, capacity: float, gpu: bool = True) -> list[str]:
     b, pl = rank_bytes(res), res["planner"]
     for label, key, pkey, src in ROWS:
         p = pl.get(pkey) if pkey else None
+        if key == "weights" and res.get("quantized_params"):
+            src += (f" (BF16 here; the run's parameters are {res['quantized_params'].upper()}: "
+                    "the total takes the planner's)")
         diff = f"{(p - b[key]) / b[key]:+6.1%}" if p is not None and b.get(key) else "      "
         out.append(f"  {label:<18}{_gb(b.get(key)):>12}  {_gb(p):>11}  {diff}  {src}")
     for label, key, src in PLANNER_ONLY:
@@ -146,8 +153,8 @@ def format_text(rep: dict) -> str:
              f"{rep['wall_s']:.0f} s"]
     placed = rep.get("placement") or {}
     if placed:
-        lines.append(f"placement: every TP, CP and PP group inside one rack ({placed['racks']} "
-                     "racks)" if placed["ok"] else f"placement: FAILED: {placed['error']}")
+        lines.append(f"placement: the placement check passes ({placed['racks']} NVLink "
+                     "domain(s))" if placed["ok"] else f"placement: FAILED: {placed['error']}")
     if ds.get("datasets"):
         per = "; ".join(f"{d['prefix'].rsplit('/', 1)[-1]}: {d['documents']:,} docs, "
                         f"{d['tokens'] / 1e9:.1f} B tokens ({d['source']}), "
