@@ -189,7 +189,7 @@ def test_shipped_config_index_from_the_c4_size_and_the_whole_schedule_is_far_lar
 
 def _rank(rank=0, **bytes_):
     b = dict(weights=25e9, grads=25e9, master_weights=3e9, optimizer_state=6e9,
-             te_nvfp4_copies=14e9)
+             te_copies=14e9)
     b.update(bytes_)
     return {"rank": rank, "ok": True, "bytes": b, "groups": {"tp": 4}, "phases": {"model": 1.0},
             "wall_s": 9.0, "peak_rss": 8e8, "layers": [], "planner": dict(

@@ -7,13 +7,15 @@
   (`shard_fp32_from_float16_groups`; FP32 parameters' shards are views, not counted);
 - optimizer state: the tensors of the inner optimizer's state (Adam's exp_avg and exp_avg_sq),
   created by Megatron's `init_state_fn`.
-Plus, computed (no TE here): the NVFP4 copies Transformer Engine keeps of each transformer linear
-weight, rowwise and columnwise, 4-bit values and one E4M3 scale per 16 (0.5625 B per element).
+Plus, computed (no TE here): the quantized copies Transformer Engine keeps of each transformer
+linear weight for its GEMMs, rowwise and columnwise: NVFP4 (4-bit values and one E4M3 scale per
+16: 0.5625 B per element) or FP8 (1 B); none of FP8 parameters, one of NVFP4 parameters (the
+copies the planner counts, planner/memory.py).
 """
 from __future__ import annotations
 
-NVFP4_BYTES_PER_ELEMENT = 0.5625
-"""4 bits per value + an 8-bit E4M3 scale per 16 values (docs/nvfp4.md)."""
+COPY_BYTES_PER_ELEMENT = {"nvfp4": 0.5625, "fp8": 1.0}
+"""NVFP4: 4 bits per value + an 8-bit E4M3 scale per 16 values (docs/nvfp4.md); FP8: 1 byte."""
 TE_LINEARS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 
 
@@ -75,12 +77,16 @@ def layers_held(chunks) -> list[dict]:
 
 
 def te_copy_bytes(chunks, cfg) -> int:
-    """NVFP4 copies of the transformer linear weights under TE (0 unless compute is nvfp4; BF16
-    edge layers excluded; one copy when the parameter itself is gathered in NVFP4)."""
-    if cfg.precision.compute != "nvfp4":
+    """TE's quantized copies of the transformer linear weights (0 in BF16/FP32 compute; BF16 edge
+    layers excluded)."""
+    compute, perf = cfg.precision.compute, cfg.performance
+    if compute not in COPY_BYTES_PER_ELEMENT:
         return 0
+    if compute == "nvfp4":
+        copies = 1 if perf.fp4_param_gather else 2
+    else:
+        copies = 0 if perf.fp8_param_gather else 2
     from ..precision.emulation import is_bf16_edge_layer
-    copies = 1 if cfg.performance.fp4_param_gather else 2
     total = 0
     for _, layers in _layer_modules(chunks):
         for layer in layers:
@@ -89,7 +95,7 @@ def te_copy_bytes(chunks, cfg) -> int:
             for name, p in layer.named_parameters():
                 if name.endswith(".weight") and any(f".{n}." in f".{name}" for n in TE_LINEARS):
                     total += p.numel()
-    return int(total * copies * NVFP4_BYTES_PER_ELEMENT)
+    return int(total * copies * COPY_BYTES_PER_ELEMENT[compute])
 
 
 def param_count(chunks) -> int:

@@ -171,7 +171,7 @@ def rehearse_rank(cfg, rank: int, alloc, clock: dict[str, float]) -> dict:
                        "dp": info.dp_rank},
             "groups": groups, "layers": measure.layers_held(chunks),
             "bytes": {**measure.buffer_bytes(model), **measure.optimizer_bytes(opt),
-                      "te_nvfp4_copies": measure.te_copy_bytes(chunks, cfg)},
+                      "te_copies": measure.te_copy_bytes(chunks, cfg)},
             "params": measure.param_count(chunks), "config_changes": changes,
             "nccl": _nccl_summary(), "quantized_params": _quantized_params(cfg),
             "gpu_only_fields": gpu_only}

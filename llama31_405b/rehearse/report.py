@@ -1,7 +1,7 @@
 """The rehearsal's verdict and its text report (pure functions of the report dict of run.py).
 
 Per rank, the bytes one GPU holds: weights, gradients, master weights and optimizer state as
-Megatron's buffers hold them, TE's NVFP4 weight copies computed from the rank's linear layers,
+Megatron's buffers hold them, TE's quantized weight copies computed from the rank's linear layers,
 and, from the planner (labelled so), activations, allocator fragmentation and the reserve.
 On GPU systems their sum must fit the GPU's memory (CPU systems: reported, not checked: the
 planner's reserve is a GPU's). Beside each, the planner's prediction for the rank's
@@ -19,7 +19,8 @@ ROWS = (  # (label, rehearsal key, planner key, source of the rehearsal figure)
     ("master weights", "master_weights", None, "dist. optimizer FP32 shards"),
     ("optimizer state", "optimizer_state", None, "Adam exp_avg + exp_avg_sq"),
     ("optimizer total", "optimizer", "optimizer", "master + state"),
-    ("TE NVFP4 copies", "te_nvfp4_copies", "te_copies", "computed: linear weights x 2 x 0.5625 B"),
+    ("TE weight copies", "te_copies", "te_copies",
+     "computed: linear weights, rowwise + columnwise NVFP4/FP8"),
 )
 PLANNER_ONLY = (("activations", "activations", "planner, fullest rank"),
                 ("fragmentation", "fragmentation", "planner"),
@@ -40,7 +41,7 @@ def rank_total(res: dict) -> float:
     parameters are TE's FP8/NVFP4 tensors, which the local spec builds in BF16)."""
     b, pl = rank_bytes(res), res["planner"]
     weights = pl["weights"] if res.get("quantized_params") else b["weights"]
-    return (weights + b["grads"] + b["optimizer"] + b["te_nvfp4_copies"]
+    return (weights + b["grads"] + b["optimizer"] + b["te_copies"]
             + pl["activations"] + pl["fragmentation"] + pl["reserved"])
 
 
@@ -188,7 +189,7 @@ def format_text(rep: dict) -> str:
                      f" (same parameter shapes); GPU-only fields not built: {gpu or 'none'}")
         lines.append("Transformer Engine's spec differs by: the RMSNorm weights fused into "
                      "linear_qkv and linear_fc1 (same bytes), no attention parameters either way, "
-                     "and the NVFP4 weight copies (the 'TE NVFP4 copies' row, not built here)")
+                     "and the quantized weight copies (the 'TE weight copies' row, not built here)")
     lines.append("planner check (weights, gradients, optimizer within "
                  f"{PLANNER_TOLERANCE:.0%}): " + ("ok" if not rep["planner_check"]
                                                    else "; ".join(rep["planner_check"])))
