@@ -188,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     clock: dict[str, float] = {}
     out: dict = {"rank": args.rank, "ok": False, "phases": clock}
+    loaded = False
     try:
         from ..cli.options import load_with_sets
         from . import allocation
@@ -195,11 +196,13 @@ def main(argv: list[str] | None = None) -> int:
         alloc = (allocation.read_allocation(args.allocation) if args.allocation
                  else allocation.synthetic(cfg))
         out["host"] = allocation.host_of_rank(cfg, alloc, args.rank)
+        loaded = True
         out.update(rehearse_rank(cfg, args.rank, alloc, clock))
         out["ok"] = True
     except Exception as e:   # reported, with the phase it happened in, by the parent
         from ..parallel.placement import PlacementError
-        out["phase"] = next((p for p in PHASES if p not in clock), "setup")
+        out["phase"] = (next((p for p in PHASES if p not in clock), "report") if loaded
+                        else "config")
         out["error"] = f"{type(e).__name__}: {e}"
         out["placement_failed"] = isinstance(e, PlacementError)
         out["traceback"] = traceback.format_exc()[-4000:]
