@@ -27,6 +27,9 @@
 #                 on GB200, the multi-node NVLink fabric and IMEX channel of every node
 #   VERIFY_DATA=0 skip the data verification step (on by default: once per job, before the runs,
 #                 `python -m llama31_405b data verify CONFIG` checks the data against its manifest)
+#   REHEARSE=1    before the pre-flight, rehearse the launch rank by rank on one node (fake
+#                 process groups, meta-device model: groups, placement, memory, dataset index;
+#                 `python -m llama31_405b rehearse`, docs/rehearsal.md); off by default
 #   DRY_RUN=1     print the commands instead of running them
 #
 # Exit status: 0 when every run ended with run_stop status success and its log passed the
@@ -208,6 +211,14 @@ fi
 # --- pre-flight (Slurm): the checks of `train`'s start alone (placement; on GPU the launch_env;
 # on GB200 the NVLink fabric and IMEX channel of every node), before any run, so a bad allocation
 # stops the job with exit 3 (train repeats the check; this one costs no run) ---------------------
+if [ "${REHEARSE:-0}" = 1 ]; then   # opt-in: minutes on one node, no GPU used
+  rc=0
+  run py rehearse "$CONFIG" "${SETS[@]}" || rc=$?
+  if [ "$rc" != 0 ]; then
+    say "FAILED: rehearsal exited $rc; no run was started"
+    case "$rc" in 2|3) exit "$rc" ;; *) exit 1 ;; esac
+  fi
+fi
 if [ "$IN_SLURM" = 1 ] && [ "${PREFLIGHT:-1}" = 1 ]; then
   rc=0
   # 600 s for all ranks to join: on hundreds of nodes the container starts are minutes apart.

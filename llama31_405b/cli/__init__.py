@@ -21,6 +21,7 @@ COMMANDS = {
     "plan": "llama31_405b.cli.plan_cmd",
     "launch": "llama31_405b.cli.launch_cmd",
     "train": "llama31_405b.cli.train_cmd",
+    "rehearse": "llama31_405b.cli.rehearse_cmd",
 }
 
 

@@ -1,6 +1,8 @@
 """Command-line options shared by commands that load a config (`train`, `launch ...`)."""
 from __future__ import annotations
 
+from ..config.overrides import load_with_sets  # noqa: F401  (the commands' loader)
+
 
 def add_set_option(p) -> None:
     """`--set SECTION.KEY=VALUE` (repeatable): config overrides, checked like a file's keys.
@@ -8,13 +10,6 @@ def add_set_option(p) -> None:
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a config value (TOML value; repeatable), e.g. "
                         "--set data.data_dir=/data --set run.seed_base=7")
-
-
-def load_with_sets(path: str, sets: list[str] | None):
-    """load_config(path) with the `--set` overrides merged last; raises ConfigError."""
-    from ..config import load_config
-    from ..config.overrides import parse_sets
-    return load_config(path, overrides=parse_sets(sets))
 
 
 def load_or_report(path: str, sets: list[str] | None):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import tomllib
 
 from .errors import ConfigError
+from .load import load_config
 
 
 def parse_sets(items: list[str] | None) -> dict:
@@ -29,3 +30,9 @@ def parse_sets(items: list[str] | None) -> dict:
                 raise ConfigError(f"--set {item!r}: {p!r} was set to a value, not a table")
         node[parts[-1]] = value
     return out
+
+
+def load_with_sets(path: str, sets: list[str] | None):
+    """load_config(path) with the `--set SECTION.KEY=VALUE` overrides merged last; raises
+    ConfigError."""
+    return load_config(path, overrides=parse_sets(sets))

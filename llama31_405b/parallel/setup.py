@@ -58,9 +58,13 @@ def megatron_parallel_kwargs(cfg: Config) -> dict:
 
 
 def setup_parallel(cfg: Config, dist_env: DistEnv | None = None, *,
-                   timeout_s: float = 600.0, device: Device | None = None) -> ParallelInfo:
+                   timeout_s: float = 600.0, device: Device | None = None,
+                   create_gloo_process_groups: bool = True) -> ParallelInfo:
     """Start torch.distributed for this process and Megatron's groups for cfg.parallel, on
-    `device` (default: decide(cfg), which refuses a GPU config in a process without CUDA)."""
+    `device` (default: decide(cfg), which refuses a GPU config in a process without CUDA).
+
+    `create_gloo_process_groups=False`: no gloo side groups (the rehearsal's fake backend, which
+    cannot host them; llama31_405b/rehearse)."""
     import torch
     import torch.distributed as dist
 
@@ -88,7 +92,8 @@ def setup_parallel(cfg: Config, dist_env: DistEnv | None = None, *,
         init_process_group(de, backend=backend, timeout_s=timeout_s)
     if not ps.model_parallel_is_initialized():
         ps.initialize_model_parallel(**megatron_parallel_kwargs(cfg),
-                                     distributed_timeout_minutes=max(1, int(timeout_s // 60)))
+                                     distributed_timeout_minutes=max(1, int(timeout_s // 60)),
+                                     create_gloo_process_groups=create_gloo_process_groups)
     info = ParallelInfo(dist_env=de, backend=backend,
                         tp_rank=ps.get_tensor_model_parallel_rank(),
                         pp_rank=ps.get_pipeline_model_parallel_rank(),

@@ -61,9 +61,18 @@ class Memory:
                 f"reserved {self.reserved_gb:.0f}")
 
 
+def stored_bytes_per_param(ctx: Context) -> float:
+    """The parameter as stored: FP8/NVFP4 with the low-precision parameter gather, else its dtype
+    (precision.params: FP32 parameters take 4 bytes, as the rehearsal measures)."""
+    perf = ctx.cfg.performance
+    if ctx.precision in ("fp8", "nvfp4") and (perf.fp8_param_gather or perf.fp4_param_gather):
+        return param_gather_bytes_per_param(ctx)
+    return 4.0 if ctx.cfg.precision.params == "fp32" else 2.0
+
+
 def weight_bytes_per_param(ctx: Context) -> float:
     prec = ctx.precision
-    stored = param_gather_bytes_per_param(ctx) if prec in ("fp8", "nvfp4") else 2.0
+    stored = stored_bytes_per_param(ctx)
     if prec == "nvfp4":
         copies = OPERAND_BYTES["nvfp4"] * (1 if ctx.cfg.performance.fp4_param_gather else 2)
     elif prec == "fp8":
@@ -87,7 +96,11 @@ def activation_bytes_per_token(ctx: Context) -> float:
 def memory(ctx: Context) -> Memory:
     params = ctx.params_per_gpu
     cfg = ctx.cfg
-    grad = 4.0 if cfg.precision.grad_reduce_in_fp32 else 2.0
+    fp32_params = cfg.precision.params == "fp32"
+    # gradient buffers: FP32 with grad_reduce_in_fp32, else the parameter dtype
+    grad = 4.0 if cfg.precision.grad_reduce_in_fp32 or fp32_params else 2.0
+    # FP32 master weights + Adam m, v; FP32 parameters are their own master weights
+    opt_bytes = 8.0 if fp32_params else 12.0
     shards = ctx.dp * ctx.cp if cfg.optimizer.distributed else 1
     per_layer = activation_bytes_per_token(ctx) * ctx.tokens
     layers = peak_layer_microbatches(ctx)
@@ -98,6 +111,6 @@ def memory(ctx: Context) -> Memory:
     logits = ctx.tokens * ctx.vocab / ctx.tp * 6.0  # BF16 logits + FP32 softmax gradient, last rank
     act_gb = (act + logits) / GB
     return Memory(weights_gb=params * weight_bytes_per_param(ctx) / GB, grads_gb=params * grad / GB,
-                  optimizer_gb=params * 12.0 / shards / GB, activations_gb=act_gb,
+                  optimizer_gb=params * opt_bytes / shards / GB, activations_gb=act_gb,
                   fragmentation_gb=act_gb * ASSUMED.activation_fragmentation,
                   reserved_gb=ASSUMED.memory_reserved_gb, capacity_gb=ctx.system.hbm_gb)
