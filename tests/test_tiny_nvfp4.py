@@ -1,12 +1,12 @@
 """The tiny benchmark trained in emulated NVFP4 (configs/tiny_cpu_nvfp4.toml: the GB200 configs'
 recipe through the bit-exact PyTorch emulation) reaches the tiny target, and its validation curve
 stays close to the FP32 run of the same seed from the same initial checkpoint."""
-import json
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO, run_train
+from llama31_405b.mlperf.log import load_run
 
 pytestmark = pytest.mark.slow
 
@@ -17,15 +17,11 @@ MAX_RELATIVE_GAP = 0.02
 
 
 def _evals(log: Path) -> dict[int, float]:
-    ev = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in log.read_text().splitlines()
-          if ":::MLLOG " in line]
-    return {e["metadata"]["samples_count"]: e["value"] for e in ev if e["key"] == "eval_accuracy"}
+    return {int(s): v for s, v in load_run(log).evals}
 
 
 def _status(log: Path) -> str:
-    stops = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in log.read_text().splitlines()
-             if '"run_stop"' in line]
-    return stops[-1]["metadata"]["status"]
+    return load_run(log).status
 
 
 def test_nvfp4_tiny_run_reaches_target_close_to_fp32(tiny_env, tiny_runs, tmp_path):
