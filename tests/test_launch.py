@@ -130,7 +130,8 @@ def test_script_master_addr_is_the_first_node(tmp_path):
     (fake / "srun").chmod(0o755)
     env["PATH"] = f"{fake}:{env['PATH']}"
     p = _script(env)
-    assert p.returncode == 1 and "FAILED" in p.stderr        # the fake step failed: no success
+    # the fake step failed and wrote no log: no success, and no run_stop (exit 4)
+    assert p.returncode == 4 and "FAILED" in p.stderr
     first = out.read_text().splitlines()[0]
     assert first.startswith("gb-r07-n15 --nodes=4 --ntasks=4"), first
 
