@@ -97,10 +97,6 @@ class SignalWatch:
         self._r = self._w = None
         self._old_fd = -1
 
-    @property
-    def stop_requested(self) -> bool:
-        return self.received is not None
-
     def reason(self) -> str:
         return f"received {signal.Signals(self.received).name}" if self.received else ""
 

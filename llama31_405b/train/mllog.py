@@ -28,20 +28,12 @@ class MLPerfLogHook(Hook):
         self.cfg, self.seed, self.log_file, self.rank = cfg, seed, log_file, rank
         self.cache_cleared = cache_cleared
         # created here (opens nothing) so the watchdog thread and the loop share one writer
-        self._writer = MLLogWriter(log_file, echo=echo) if self.active else None
+        self.writer = MLLogWriter(log_file, echo=echo) if self.active else None
 
     # -- plumbing -------------------------------------------------------------------------------
     @property
     def active(self) -> bool:
         return self.rank == 0
-
-    @property
-    def writer(self) -> MLLogWriter | None:
-        return self._writer
-
-    @property
-    def run_stopped(self) -> bool:
-        return self._writer is not None and self._writer.stopped
 
     def _log(self, run, key, value=None, metadata=None, *, sync=False):
         if not self.active:
@@ -100,8 +92,8 @@ class MLPerfLogHook(Hook):
 
     def on_run_stop(self, run, status, reason):
         self._run_stop(run, status, reason)
-        if self._writer is not None:
-            self._writer.close()
+        if self.writer is not None:
+            self.writer.close()
 
     def _run_stop(self, run, status, reason):
         if not self.active:
