@@ -32,10 +32,16 @@
 #                 `python -m llama31_405b rehearse`, docs/rehearsal.md); off by default
 #   DRY_RUN=1     print the commands instead of running them
 #
-# Exit status: 0 when every run ended with run_stop status success and its log passed the
-# compliance check; 1 otherwise (also: the data verification failed, no run started); 2 bad config
-# or variables; 3 the pre-flight check failed (placement, environment or, on GB200, multi-node
-# NVLink: retrying the same nodes is pointless).
+# Exit status (the summary at the end gives each run's outcome from its log: success, aborted
+# with the logged reason, or no run_stop):
+#   0  every run ended with run_stop status success and its log passed the compliance check
+#   1  a run ended with run_stop aborted (NaN, signal, failed log write, target not reached) or
+#      its log failed the compliance check, or the job was stopped by a signal, or the data
+#      verification failed (no run started)
+#   2  bad config or variables
+#   3  the pre-flight check failed (placement, environment or, on GB200, multi-node NVLink:
+#      retrying the same nodes is pointless)
+#   4  a run's log has no run_stop: the run was killed (SIGKILL, OOM, node failure) or wrote no log
 #
 #SBATCH --job-name=llama31_405b
 #SBATCH --exclusive
@@ -251,7 +257,7 @@ if [ "${VERIFY_DATA:-1}" = 1 ]; then
   fi
 fi
 
-failed=0; summary=()
+failed=0; killed=0; summary=()
 for i in "${!LAUNCH_SEEDS[@]}"; do
   seed=${LAUNCH_SEEDS[$i]}
   log=$LOGDIR/result_$i.txt
@@ -268,14 +274,18 @@ for i in "${!LAUNCH_SEEDS[@]}"; do
   t0=$SECONDS; rc=0
   run "${launcher[@]}" "${train_cmd[@]}" "${flags[@]}" || rc=$?
   say "run $i: train exited $rc after $((SECONDS - t0)) s"
-  verdict=FAIL
-  if [ "$DRY" = 1 ]; then verdict=DRY
-  elif [ "$rc" = 0 ] && py launch check-log --config "$CONFIG" "${SETS[@]}" --require-success \
-         --report-dir "$STEP_LOGDIR" "$STEP_LOGDIR/result_$i.txt"; then
-    verdict=PASS
+  # --- the run's outcome, from its log: success, aborted (the logged reason) or no run_stop
+  # (killed before it could log one); check-log exits 0 ok, 1 failed, 4 no run_stop
+  verdict="DRY"; vrc=0
+  if [ "$DRY" != 1 ]; then
+    verdict=$(py launch check-log --config "$CONFIG" "${SETS[@]}" --require-success \
+                --report-dir "$STEP_LOGDIR" "$STEP_LOGDIR/result_$i.txt") || vrc=$?
+    [ -n "$verdict" ] || verdict="no verdict: launch check-log exited $vrc"
+    case "$vrc" in 0|1|4) ;; *) vrc=1 ;; esac
+    if [ "$rc" != 0 ] && [ "$vrc" = 0 ]; then vrc=1; fi   # a clean log, but train failed
   fi
-  summary+=("run $i seed $seed: train exit $rc, $verdict, $log")
-  [ "$verdict" = FAIL ] && failed=$((failed + 1))
+  summary+=("run $i seed $seed: train exit $rc; $verdict")
+  case "$vrc" in 4) killed=$((killed + 1)) ;; 1) failed=$((failed + 1)) ;; esac
   if [ "$rc" = 2 ] || [ "$rc" = 3 ]; then
     say "run $i: exit $rc (bad config or placement): the remaining runs would fail the same way"
     break
@@ -285,9 +295,14 @@ done
 
 say "summary ($LOGDIR):"
 for line in "${summary[@]}"; do echo "  $line" >&2; done
-if [ "$failed" -gt 0 ] || [ "$ABORT" = 1 ] || [ "${#summary[@]}" -lt "${#LAUNCH_SEEDS[@]}" ]; then
-  say "FAILED: $failed failed run(s), ${#summary[@]} of ${#LAUNCH_SEEDS[@]} run(s) done"
+done_runs=${#summary[@]}
+if [ "$failed" -gt 0 ] || [ "$killed" -gt 0 ] || [ "$ABORT" = 1 ] \
+   || [ "$done_runs" -lt "${#LAUNCH_SEEDS[@]}" ]; then
+  say "FAILED: $failed run(s) aborted or not compliant, $killed run(s) without run_stop" \
+      "(killed), $done_runs of ${#LAUNCH_SEEDS[@]} run(s) done"
   [ "${rc:-0}" = 3 ] && exit 3
+  [ "${rc:-0}" = 2 ] && exit 2
+  [ "$killed" -gt 0 ] && exit 4
   exit 1
 fi
 if [ "$DRY" = 1 ]; then say "dry run: nothing was executed"; exit 0; fi

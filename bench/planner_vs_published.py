@@ -62,7 +62,7 @@ def uf_measured(folder: Path) -> dict:
     block timing, all blocks' wall time over all their steps."""
     from statistics import median
 
-    from llama31_405b.submission.mllog import load_run
+    from llama31_405b.mlperf.log import load_run
     medians, block_ms, block_steps, ttt, val_s = [], 0.0, 0, [], []
     for path in sorted(folder.glob("result_*.txt")):
         run = load_run(path)

@@ -133,6 +133,8 @@ MailProg=/bin/true
 ReturnToService=2
 # a finished job leaves squeue after 5 s, so `sbatch --wait` returns promptly
 MinJobAge=5
+# SIGTERM -> SIGKILL in 10 s, as strict as sites set it (Slurm's default is 30 s): the fault
+# tests (tests/test_slurm.py) check that a cancelled run still ends its log with run_stop
 KillWait=10
 InactiveLimit=0
 SlurmctldDebug=info

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from llama31_405b.mlperf.log import TOKEN
+
 _REPO = Path(__file__).resolve().parents[1]
 _NAME = "mlperf_v5.1_llama31_405b_uf_b200_n32"
 # ../shared/fixtures next to the checkout (a worktree sits one level deeper)
@@ -44,11 +46,11 @@ def set_value(path: Path, key: str, value) -> None:
     """Rewrite the value of the (first) MLLOG line with `key`."""
     lines = path.read_text().splitlines(keepends=True)
     for i, line in enumerate(lines):
-        pos = line.find(":::MLLOG ")
+        pos = line.find(TOKEN)
         if pos >= 0 and f'"key": "{key}"' in line:
-            rec = json.loads(line[pos + 9:])
+            rec = json.loads(line[pos + len(TOKEN):])
             rec["value"] = value
-            lines[i] = line[:pos] + ":::MLLOG " + json.dumps(rec) + "\n"
+            lines[i] = line[:pos] + TOKEN + json.dumps(rec) + "\n"
             path.write_text("".join(lines))
             return
     raise KeyError(key)

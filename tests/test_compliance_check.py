@@ -4,8 +4,8 @@ from pathlib import Path
 from mlperf_logs import LOGS, copy_logs, line_of, need_fixture, set_value
 
 from llama31_405b.cli import main
-from llama31_405b.submission.checker import check_log
-from llama31_405b.submission.mllog import load_run, read_events
+from llama31_405b.mlperf.checker import check_log
+from llama31_405b.mlperf.log import load_run, read_events
 
 
 def test_real_logs_pass_ruleset_6_and_5_1():

@@ -70,7 +70,7 @@ def test_rcp_records_from_runs_are_read_by_the_rcp_checker(tmp_path):
     """The generator behind `compliance tiny-rcp`, on real converged runs."""
     from mlperf_logs import LOGS, need_fixture
 
-    from llama31_405b.submission.mllog import load_run
+    from llama31_405b.mlperf.log import load_run
     need_fixture()
     recs = rcp.rcp_records([load_run(p) for p in LOGS], creator="t", when="w", platform="p",
                            precision="NVFP4")

@@ -9,8 +9,8 @@ import pytest
 from mlperf_logs import set_value
 
 from llama31_405b.config import load_config
-from llama31_405b.submission.checker import check_log
-from llama31_405b.submission.mllog import load_run
+from llama31_405b.mlperf.checker import check_log
+from llama31_405b.mlperf.log import load_run
 from llama31_405b.submission.package import PackageError, package
 
 REPO = Path(__file__).resolve().parents[1]

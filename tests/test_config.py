@@ -324,3 +324,11 @@ def test_rule_functions_are_small():
             if fn.__module__ == mod.__name__:
                 lines = len(inspect.getsource(fn).splitlines())
                 assert lines <= 45, f"{mod.__name__}.{name}: {lines} lines"
+
+
+def test_test_only_delays_are_refused_on_a_gpu_system(gb200, repo_root):
+    with pytest.raises(ConfigError, match=r"\[testing\] step_delay_s"):
+        load_config(gb200(extra="[testing]\nstep_delay_s = 1.0\n"))
+    tiny = load_config(repo_root / "configs" / "tiny_cpu.toml",
+                       overrides={"testing": {"step_delay_s": 1.0}})
+    assert tiny.testing.step_delay_s == 1.0

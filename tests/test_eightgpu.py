@@ -166,7 +166,7 @@ def test_published_dgx_b200_step_within_10_percent_of_its_logs():
     TP4-PP8-CP2, MiniBS 144): the logs are a test of the model, never an input."""
     from mlperf_logs import LOGS, need_fixture
 
-    from llama31_405b.submission.mllog import load_run
+    from llama31_405b.mlperf.log import load_run
     need_fixture()
     steps = [median(s for _, s in load_run(p).step_times()[1][1:]) for p in LOGS]
     measured = sum(steps) / len(steps)

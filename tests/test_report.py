@@ -2,7 +2,7 @@
 from mlperf_logs import LOGS, need_fixture
 
 from llama31_405b.cli import main
-from llama31_405b.submission.mllog import load_run
+from llama31_405b.mlperf.log import load_run
 from llama31_405b.submission.report import summarize
 
 

@@ -95,7 +95,7 @@ def test_train_without_seed(monkeypatch, capsys):
 def test_package_accepts_three_tiny_runs_with_entropy_seeds(tiny_runs, tmp_path):
     """The session's three tiny runs (seeds drawn from the system's entropy, as for a config
     without run.seed_base) log their seeds, and `submission package`'s seed check passes."""
-    from llama31_405b.submission.mllog import load_run
+    from llama31_405b.mlperf.log import load_run
     from llama31_405b.submission.package import package
     drawn = [json.loads(p.with_suffix(".json").read_text())["seed"] for p in tiny_runs]
     logged = [load_run(p).seed for p in tiny_runs]

@@ -1,9 +1,14 @@
 """run_and_time.sh and the placement check on a real Slurm cluster: 4 fake nodes in 2 racks on
-this machine (scripts/local_slurm_cluster.sh, started once per session by conftest_slurm)."""
+this machine (scripts/local_slurm_cluster.sh, started once per session by conftest_slurm).
+
+The fault tests run the way production does: the cluster's KillWait (SIGTERM -> SIGKILL) is 10 s,
+as strict as sites set it, and the config's test-only [testing] delays make a step or an
+evaluation outlast it, so a run that logged run_stop only at the next step boundary would be
+SIGKILLed first on any machine."""
 from __future__ import annotations
 
-import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,19 +18,15 @@ from pathlib import Path
 import pytest
 
 from conftest_slurm import REPO, slurm_cluster  # noqa: F401  (the session fixture)
+from llama31_405b.mlperf.log import load_run, log_events
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 
 CONFIG = "configs/tiny_cpu_2racks.toml"       # TP1 PP2: one model replica per rack, DP 2
 
 
-def mllog(path: Path) -> list[dict]:
-    out = []
-    for line in path.read_text(errors="replace").splitlines():
-        at = line.find(":::MLLOG ")
-        if at >= 0:
-            out.append(json.loads(line[at + len(":::MLLOG "):]))
-    return out
+KILL_WAIT_MAX = 10     # seconds from SIGTERM to SIGKILL at a strict site
+REPEATS = 10           # scancels in a row per phase (step, evaluation)
 
 
 def test_preflight_through_srun(slurm_cluster):
@@ -76,10 +77,12 @@ def test_runs_converge_and_pass_compliance(slurm_cluster, tiny_env, tmp_path):
     text = out.read_text()
     assert job.returncode == 0, text
     assert f"PASS {logs}/result_0.txt: compliant, run_stop status success" in text
-    events = mllog(logs / "result_0.txt")
-    keys = [e["key"] for e in events]
+    events = load_run(logs / "result_0.txt").events
+    keys = [e.key for e in events]
     assert "cache_clear" in keys and keys[-1] == "run_stop"
-    assert events[-1]["metadata"]["status"] == "success"
+    assert events[-1].metadata["status"] == "success"
+    assert (logs / "result_0.compliance.log").read_text().startswith(
+        f"PASS {logs}/result_0.txt")                            # --report-dir kept the verdict
     # the MLPerf checker itself, independently of the script's verdict
     check = subprocess.run([sys.executable, "-m", "llama31_405b", "launch", "check-log",
                             "--config", CONFIG, "--require-success", str(logs / "result_0.txt")],
@@ -87,15 +90,17 @@ def test_runs_converge_and_pass_compliance(slurm_cluster, tiny_env, tmp_path):
     assert check.returncode == 0, check.stdout + check.stderr
 
 
-def _start_training(cluster, tiny_env, tmp_path) -> tuple[subprocess.Popen, int, Path]:
+def _start_training(cluster, tiny_env, tmp_path, config: str = CONFIG, wait_for: str = "run_start",
+                    preflight: bool = True) -> tuple[subprocess.Popen, int, Path]:
     logs = tmp_path / "logs"
     job = cluster.sbatch(["--wait", "-N", "4", "-o", str(tmp_path / "job.out"), "run_and_time.sh"],
-                         env=cluster.env(CONFIG=CONFIG, NEXP="1", LOGDIR=str(logs),
+                         env=cluster.env(CONFIG=config, NEXP="1", LOGDIR=str(logs),
+                                         PREFLIGHT="1" if preflight else "0",
                                          **_data_env(tiny_env)))
     job_id = cluster.job_id(job.stdout.readline())
     log = logs / "result_0.txt"
-    cluster.wait_for(lambda: log.is_file() and '"run_start"' in log.read_text(errors="replace"),
-                     timeout=240, what="run_start in the MLPerf log")
+    cluster.wait_for(lambda: any(e.key == wait_for for e in log_events(log)), timeout=240,
+                     what=f"{wait_for} in the MLPerf log")
     return job, job_id, log
 
 
@@ -114,15 +119,47 @@ def _rank_pid(job_id: int, rank: int) -> int | None:
     return None
 
 
-def test_scancel_leaves_an_aborted_log(slurm_cluster, tiny_env, tmp_path):
-    job, job_id, log = _start_training(slurm_cluster, tiny_env, tmp_path)
-    subprocess.run(["scancel", str(job_id)], check=True)
-    job.communicate(timeout=90)       # (sbatch --wait may report 0 for a cancelled job)
-    # sbatch returns once the job is CANCELLED; its steps may still be completing
-    slurm_cluster.wait_for(lambda: not slurm_cluster.job_active(job_id), timeout=60,
-                           what=f"job {job_id} to finish completing")
-    last = mllog(log)[-1]
-    assert last["key"] == "run_stop" and last["metadata"]["status"] == "aborted", last
+def _kill_wait() -> int:
+    out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True,
+                         check=True).stdout
+    return int(re.search(r"^KillWait\s*=\s*(\d+)", out, re.M).group(1))
+
+
+def _slow_config(tmp_path: Path, phase: str, delay: float) -> str:
+    """tiny_cpu_2racks with a step (phase "step") or an evaluation after the first step (phase
+    "eval", open division) slowed down past KillWait."""
+    cfg = tmp_path / f"slow_{phase}.toml"
+    if phase == "step":
+        extra = f"[testing]\nstep_delay_s = {delay}\n"
+    else:
+        extra = ('[run]\ndivision = "open"\n\n[eval]\nfirst_step = 1\ninterval_steps = 1\n\n'
+                 f"[testing]\neval_delay_s = {delay}\n")
+    cfg.write_text(f'base = "{REPO / CONFIG}"\n\n{extra}')
+    return str(cfg)
+
+
+@pytest.mark.parametrize("phase", ["step", "eval"])
+def test_scancel_leaves_an_aborted_log_every_time(slurm_cluster, tiny_env, tmp_path, phase):
+    """scancel inside a step (or an evaluation) that outlasts KillWait, REPEATS times in a row:
+    every log ends with run_stop aborted, the signal named, although SIGKILL follows within
+    KillWait and the step never finishes."""
+    kill_wait = _kill_wait()
+    assert kill_wait <= KILL_WAIT_MAX, f"the local cluster's KillWait is {kill_wait} s"
+    config = _slow_config(tmp_path, phase, delay=kill_wait + 5)
+    for i in range(REPEATS):
+        (tmp_path / f"try{i}").mkdir()
+        job, job_id, log = _start_training(slurm_cluster, tiny_env, tmp_path / f"try{i}", config,
+                                           wait_for="block_start" if phase == "step"
+                                           else "eval_start", preflight=False)
+        subprocess.run(["scancel", str(job_id)], check=True)
+        job.communicate(timeout=120)      # (sbatch --wait may report 0 for a cancelled job)
+        # sbatch returns once the job is CANCELLED; its steps may still be completing
+        slurm_cluster.wait_for(lambda: not slurm_cluster.job_active(job_id), timeout=90,
+                               what=f"job {job_id} to finish completing")
+        last = load_run(log, strict=False).events[-1]
+        assert last.key == "run_stop", f"try {i} ({phase}): the log ends with {last.key}"
+        assert last.metadata["status"] == "aborted", f"try {i}: {last}"
+        assert last.metadata["reason"] == "received SIGTERM", f"try {i}: {last}"
 
 
 def test_killing_one_rank_ends_the_job(slurm_cluster, tiny_env, tmp_path):

@@ -95,7 +95,7 @@ def test_rcp_decision_equals_the_checkers_own(ruleset):
     need_fixture()
     from mlperf_logging.rcp_checker import rcp_checker as rc
 
-    from llama31_405b.submission.mllog import load_run
+    from llama31_405b.mlperf.log import load_run
     from llama31_405b.submission.rcp import check_runs
     ours = check_runs([load_run(p) for p in LOGS], ruleset=ruleset)
     ok, msg, norm = rc.check_directory(str(LOGS[0].parent), "training", ruleset, False, False,

@@ -2,12 +2,12 @@
 recipe through the bit-exact PyTorch emulation) reaches the tiny target, and its validation curve
 stays close to the FP32 run of the same seed (the first of the session's tiny_runs) from the same
 initial checkpoint."""
-import json
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO, run_train
+from llama31_405b.mlperf.log import load_run
 
 pytestmark = pytest.mark.slow
 
@@ -17,20 +17,12 @@ pytestmark = pytest.mark.slow
 MAX_RELATIVE_GAP = 0.02
 
 
-def _events(log: Path) -> list[dict]:
-    return [json.loads(line.split(":::MLLOG ", 1)[1]) for line in log.read_text().splitlines()
-            if ":::MLLOG " in line]
-
-
 def _evals(log: Path) -> dict[int, float]:
-    return {e["metadata"]["samples_count"]: e["value"] for e in _events(log)
-            if e["key"] == "eval_accuracy"}
+    return {int(s): v for s, v in load_run(log).evals}
 
 
 def _status(log: Path) -> str:
-    stops = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in log.read_text().splitlines()
-             if '"run_stop"' in line]
-    return stops[-1]["metadata"]["status"]
+    return load_run(log).status
 
 
 def test_nvfp4_tiny_run_reaches_target_close_to_fp32(tiny_env, tiny_runs, tmp_path):
@@ -39,7 +31,7 @@ def test_nvfp4_tiny_run_reaches_target_close_to_fp32(tiny_env, tiny_runs, tmp_pa
                    f'[data]\ndata_dir = "{tiny_env["data_dir"]}"\n\n'
                    f'[checkpoint]\nckpt_dir = "{tiny_env["ckpt_dir"]}"\n')
     log = tmp_path / "nvfp4.txt"
-    seed = next(e["value"] for e in _events(tiny_runs[0]) if e["key"] == "seed")
+    seed = load_run(tiny_runs[0]).seed
     r = run_train(cfg, seed, log)       # the seed of the first of tiny_runs (an entropy seed)
     assert r.returncode == 0, r.stderr[-3000:]
     assert _status(log) == "success"

@@ -1,22 +1,17 @@
 """The tiny benchmark end to end (the session's `tiny_runs`: 3 seeds through
 `python -m llama31_405b train`): each run is continued pre-training that reaches the target after
 dozens of steps, with a complete MLPerf log; the log passes the tiny compliance rules."""
-import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from conftest import REPO
+from llama31_405b.mlperf.checker import RULESET
+from llama31_405b.mlperf.log import load_run
 
 pytestmark = pytest.mark.slow
 TINY_RULES = REPO / "compliance" / "tiny_llama31.yaml"
-
-
-def _events(log: Path) -> list[dict]:
-    return [json.loads(l.split(":::MLLOG ", 1)[1]) for l in log.read_text().splitlines()
-            if ":::MLLOG " in l]
 
 
 def test_tiny_runs_converge_as_continued_pretraining(tiny_runs, tiny_env):
@@ -24,23 +19,23 @@ def test_tiny_runs_converge_as_continued_pretraining(tiny_runs, tiny_env):
     d = load_config(tiny_env["config"]).derived
     seeds = set()
     for log in tiny_runs:
-        ev = _events(log)
-        keys = [e["key"] for e in ev]
+        ev = load_run(log).events
+        keys = [e.key for e in ev]
         for k in ("cache_clear", "init_start", "init_stop", "run_start", "run_stop",
                   "block_start", "block_stop", "eval_start", "eval_stop", "eval_accuracy"):
             assert k in keys, f"{log}: no {k}"
         assert keys.index("init_stop") < keys.index("run_start") < keys.index("run_stop")
-        stop = [e for e in ev if e["key"] == "run_stop"][-1]
-        assert stop["metadata"]["status"] == "success", f"{log}: {stop}"
-        evals = [(e["metadata"]["step"], e["value"]) for e in ev if e["key"] == "eval_accuracy"]
+        stop = [e for e in ev if e.key == "run_stop"][-1]
+        assert stop.metadata["status"] == "success", f"{log}: {stop}"
+        evals = [(e.metadata["step"], e.value) for e in ev if e.key == "eval_accuracy"]
         assert evals[0][0] == d.first_eval_step
         assert evals[0][1] > d.target, "the initial checkpoint must not already meet the target"
         assert evals[-1][1] <= d.target and all(v > d.target for _, v in evals[:-1])
         assert evals[-1][0] >= 100, "target reached too early to be a benchmark"
-        assert [e["metadata"]["samples_count"] for e in ev if e["key"] == "eval_accuracy"] == [
+        assert [e.metadata["samples_count"] for e in ev if e.key == "eval_accuracy"] == [
             s * d.gbs for s, _ in evals]
-        seeds.add([e["value"] for e in ev if e["key"] == "seed"][0])
-        steps = [e for e in ev if e["key"] == "tracked_stats"]
+        seeds.add([e.value for e in ev if e.key == "seed"][0])
+        steps = [e for e in ev if e.key == "tracked_stats"]
         assert len(steps) == evals[-1][0]
     assert len(seeds) == len(tiny_runs)
 
@@ -48,6 +43,6 @@ def test_tiny_runs_converge_as_continued_pretraining(tiny_runs, tiny_env):
 def test_tiny_logs_pass_the_mlperf_checker_with_tiny_rules(tiny_runs):
     for log in tiny_runs:
         r = subprocess.run([sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage",
-                            "training", "--ruleset", "6.0.0", "--config", str(TINY_RULES),
+                            "training", "--ruleset", RULESET, "--config", str(TINY_RULES),
                             str(log)], capture_output=True, text=True, timeout=120)
         assert r.returncode == 0 and "SUCCESS" in (r.stdout + r.stderr), r.stdout + r.stderr

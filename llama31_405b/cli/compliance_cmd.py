@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import sys
 
+from ..mlperf.checker import RULESET
+
 
 def register(sub) -> None:
     p = sub.add_parser("compliance", help="MLPerf compliance: before launch and on finished logs")
     s = p.add_subparsers(dest="compliance_command", required=True, metavar="ACTION")
     pre = s.add_parser("precheck", help="run the real checker on the events a config will log")
     pre.add_argument("configs", nargs="+", metavar="CONFIG")
-    pre.add_argument("--ruleset", default="6.0.0")
+    pre.add_argument("--ruleset", default=RULESET)
     pre.set_defaults(func=precheck)
     chk = s.add_parser("check", help="run the compliance checker on finished logs")
     chk.add_argument("logs", nargs="+", metavar="LOG")
-    chk.add_argument("--ruleset", default="6.0.0")
+    chk.add_argument("--ruleset", default=RULESET)
     chk.add_argument("--config", default=None,
                      help="rule file (default: by the log's submission_benchmark)")
     chk.add_argument("-v", "--verbose", action="store_true", help="the checker's full messages")
@@ -66,7 +68,7 @@ def precheck(args) -> int:
 
 
 def check(args) -> int:
-    from ..submission.checker import check_log
+    from ..mlperf.checker import check_log
     bad = 0
     for path in args.logs:
         res = check_log(path, ruleset=args.ruleset, config=args.config)
@@ -90,7 +92,7 @@ def tiny_rules(args) -> int:
 def tiny_rcp(args) -> int:
     import datetime
 
-    from ..submission.mllog import LogError, load_run
+    from ..mlperf.log import LogError, load_run
     from ..submission.rcp import TINY_RCP_FILE, rcp_records, write_rcps
     try:
         runs = [load_run(p) for p in args.logs]

@@ -3,12 +3,12 @@
 1. tiny data (corpus -> tokenizer -> indexed datasets), if missing;
 2. the tiny initial checkpoint (short pre-training on the separate shard), if missing;
 3. one timed tiny run to the target, with progress lines, then its time-to-train;
-4. the compliance verdict and the report plot, when those commands are installed.
-Each phase runs as `python -m llama31_405b ...`, exactly as a user or the launcher would.
+4. the compliance verdict and the report plot (in-process: `mlperf.checker`, `submission.report`).
+The initial checkpoint and the timed run are `python -m llama31_405b ...` commands, exactly as a
+user or the launcher would run them.
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -39,22 +39,6 @@ def _say(msg: str) -> None:
     print(f"[demo] {msg}", flush=True)
 
 
-def time_to_train(log: Path) -> tuple[float | None, str | None]:
-    """Minutes from run_start to run_stop, and the run_stop status, read from an MLPerf log."""
-    start = stop = status = None
-    for line in log.read_text(errors="replace").splitlines():
-        if ":::MLLOG " not in line:
-            continue
-        ev = json.loads(line.split(":::MLLOG ", 1)[1])
-        if ev["key"] == "run_start":
-            start = ev["time_ms"]
-        elif ev["key"] == "run_stop":
-            stop, status = ev["time_ms"], ev["metadata"].get("status")
-    if start is None or stop is None:
-        return None, status
-    return (stop - start) / 60000.0, status
-
-
 def run(args) -> int:
     from ..config import ConfigError, load_config
     os.chdir(REPO)
@@ -80,18 +64,16 @@ def run(args) -> int:
     _say(f"timed run: {args.config}, seed {seed}, MLPerf log {log}")
     rc = _py("train", "--config", args.config, "--seed", str(seed), "--log", str(log),
              quiet_stdout=True)
-    minutes, status = time_to_train(log) if log.exists() else (None, None)
+    from ..mlperf.log import load_run
+    from .report_cmd import verdict_and_report
+    run_log = load_run(log, strict=False) if log.exists() else None
+    minutes = run_log.time_to_train_min if run_log is not None else None
     if minutes is None:
         _say(f"run failed before run_stop (exit {rc}); see {log}")
         return 1
-    _say(f"time to train: {minutes:.2f} min (run_start -> run_stop), status {status}")
-    result = 0 if (rc == 0 and status == "success") else 1
-    try:   # the compliance verdict and the report plot (compliance package)
-        from .report_cmd import verdict_and_report
-    except ImportError:
-        verdict_and_report = None
-    if verdict_and_report is not None:
-        crc = verdict_and_report([str(log)], str(logdir / "report.png"))
-        result = result or int(crc != 0)
+    _say(f"time to train: {minutes:.2f} min (run_start -> run_stop), status {run_log.status}")
+    result = 0 if (rc == 0 and run_log.status == "success") else 1
+    crc = verdict_and_report([str(log)], str(logdir / "report.png"))
+    result = result or int(crc != 0)
     _say(f"demo finished in {(time.perf_counter() - t_all) / 60:.1f} min")
     return int(result)

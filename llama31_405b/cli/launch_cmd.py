@@ -4,7 +4,8 @@ the pieces of run_and_time.sh that need the config; `launch hostnames NODELIST` 
 missing (a machine or container without Slurm's tools).
 
 Exit codes (shared with `train`): 0 ok, 1 failure, 2 bad config or arguments, 3 placement check
-failed (the layout of the job cannot work; retrying the same allocation is pointless).
+failed (the layout of the job cannot work; retrying the same allocation is pointless); check-log
+also 4: a log without run_stop (the run was killed before it could log one).
 """
 from __future__ import annotations
 
@@ -48,13 +49,14 @@ def register(sub) -> None:
     hl.add_argument("hosts", nargs="+", metavar="HOST", help="hosts, or comma-separated lists")
     hl.set_defaults(func=hostlist)
 
-    c = s.add_parser("check-log", help="compliance checker + run_stop status of result logs")
+    c = s.add_parser("check-log", help="compliance checker + run_stop status of result logs "
+                                        "(exit 0 ok, 1 a log fails, 4 a log has no run_stop)")
     c.add_argument("--config", required=True, metavar="CONFIG",
                    help="the config the runs used (selects the benchmark's rules)")
     c.add_argument("--require-success", action="store_true",
                    help="fail a log whose run_stop status is not success")
     c.add_argument("--report-dir", default=None, metavar="DIR",
-                   help="keep the checker's output here as <log>.compliance.log")
+                   help="keep the checker's whole verdict here as <log stem>.compliance.log")
     c.add_argument("logs", nargs="+", metavar="LOG")
     add_set_option(c)
     c.set_defaults(func=check_log)
@@ -126,23 +128,21 @@ def preflight(args) -> int:
 
 
 def check_log(args) -> int:
-    from pathlib import Path
-
-    from ..launch.logcheck import check_log as check_one
+    """One line per log: PASS/FAIL, compliance, and how the run ended (success, aborted with the
+    logged reason, or no run_stop). Exit 0 all good, 1 a log fails, 4 a log has no run_stop
+    (the run was killed), 2 bad config."""
+    from ..launch.logcheck import check_log as check_one, exit_code
+    from ..mlperf.log import LogError
     cfg = load_or_report(args.config, args.set)
     if cfg is None:
         return EXIT_CONFIG
-    bad = 0
+    verdicts = []
     for log in args.logs:
         try:
-            v = check_one(Path(log), cfg.run.benchmark,
-                          Path(args.report_dir) if args.report_dir else None)
-        except FileNotFoundError as e:
+            v = check_one(log, cfg.run.benchmark, args.report_dir)
+        except LogError as e:          # e.g. the project's rules file for the benchmark missing
             print(f"error: {e}", file=sys.stderr)
             return EXIT_CONFIG
-        ok = v.success if args.require_success else v.compliant
-        bad += not ok
-        print(f"{'PASS' if ok else 'FAIL'} {log}: "
-              f"{'compliant' if v.compliant else 'NOT compliant'}, run_stop status "
-              f"{v.status or 'missing'}{'' if v.compliant else ' -- ' + v.detail}", flush=True)
-    return EXIT_FAIL if bad else EXIT_OK
+        verdicts.append(v)
+        print(v.line(args.require_success), flush=True)
+    return exit_code(verdicts, args.require_success)

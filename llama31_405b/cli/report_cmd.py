@@ -3,17 +3,19 @@ from __future__ import annotations
 
 import sys
 
+from ..mlperf.checker import RULESET
+
 
 def register(sub) -> None:
     p = sub.add_parser("report", help="PNG + text summary of finished runs")
     p.add_argument("logs", nargs="+", metavar="LOG")
     p.add_argument("--out", default="report.png", help="PNG path (default: report.png)")
-    p.add_argument("--ruleset", default="6.0.0", help="ruleset of the RCP data")
+    p.add_argument("--ruleset", default=RULESET, help="ruleset of the RCP data")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from ..submission.mllog import LogError, load_run
+    from ..mlperf.log import LogError, load_run
     from ..submission.report import draw
     try:
         runs = [load_run(p) for p in args.logs]
@@ -30,11 +32,11 @@ def run(args) -> int:
     return 0
 
 
-def verdict_and_report(logs: list[str], out_png: str, ruleset: str = "6.0.0") -> int:
+def verdict_and_report(logs: list[str], out_png: str, ruleset: str = RULESET) -> int:
     """What `make demo` ends with: one compliance verdict line per log (tiny logs get the tiny
     rules), the report summary and the PNG path. Returns 0 only when every log passes."""
-    from ..submission.checker import check_log
-    from ..submission.mllog import LogError, load_run
+    from ..mlperf.checker import check_log
+    from ..mlperf.log import LogError, load_run
     from ..submission.report import draw
     bad = 0
     for path in logs:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import sys
 
+from ..mlperf.checker import RULESET
+
 
 def register(sub) -> None:
     p = sub.add_parser("submission", help="assemble and check an MLPerf submission package")
@@ -12,7 +14,7 @@ def register(sub) -> None:
     k.add_argument("--config", default=None, help="the config the runs used (system data, checks)")
     k.add_argument("--org", required=True, help="submitting organisation (top directory)")
     k.add_argument("--out", required=True, help="output directory")
-    k.add_argument("--ruleset", default="6.0.0")
+    k.add_argument("--ruleset", default=RULESET)
     k.add_argument("--system-desc", default=None,
                    help="use this systems/<system>.json instead of generating one")
     k.add_argument("--system", default=None, help="system directory name (default: derived)")

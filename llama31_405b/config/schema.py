@@ -281,6 +281,17 @@ class _DerivedSlot:
 
 
 @dataclass(kw_only=True, slots=True)
+class TestingConfig:
+    """TEST ONLY: knobs of the fault tests (tests/test_slurm.py, tests/test_train_failure.py).
+    Leave them at 0 in every real config: they slow the run down on purpose."""
+    step_delay_s: float = 0.0
+    """TEST ONLY: seconds slept before every training step, so a signal lands inside a step
+    that outlasts Slurm's KillWait on any machine."""
+    eval_delay_s: float = 0.0
+    """TEST ONLY: seconds slept at the start of every evaluation (after eval_start is logged)."""
+
+
+@dataclass(kw_only=True, slots=True)
 class Config(_DerivedSlot):
     model: ModelConfig = field(default_factory=ModelConfig)
     """Model shape."""
@@ -306,6 +317,8 @@ class Config(_DerivedSlot):
     """Run control and submission metadata."""
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment variables for the launcher (merged last by config.env.launch_env)."""
+    testing: TestingConfig = field(default_factory=TestingConfig)
+    """TEST ONLY: delays for the fault tests; leave unset."""
     source: str = ""
     """Path of the file this config was loaded from (set by the loader, not by files)."""
 

@@ -220,6 +220,12 @@ def run_rules(cfg: Config, d: Derived) -> list[str]:
     bad_env = [k for k in cfg.env if not k.replace("_", "").isalnum() or k[0].isdigit()]
     if bad_env:
         out.append(f"env: invalid variable name(s) {bad_env}")
+    t = cfg.testing
+    if t.step_delay_s < 0 or t.eval_delay_s < 0:
+        out.append("testing.step_delay_s / eval_delay_s must be >= 0")
+    elif (t.step_delay_s or t.eval_delay_s) and d.system.is_gpu:
+        out.append(f"[testing] step_delay_s / eval_delay_s slow a run down on purpose for the CPU "
+                   f"fault tests; remove them from a {d.system.name} config")
     return out
 
 

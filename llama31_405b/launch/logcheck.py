@@ -1,21 +1,18 @@
-"""The verdict on one finished run: the MLPerf compliance checker on its log, and its run_stop
-status. run_and_time.sh counts a run as successful only when both pass.
-
-The checker is the project's `compliance check` command when it is installed (llama31_405b.cli
-COMMANDS), otherwise mlperf-logging's checker (ruleset 6.0.0) run directly, with the project's
-rules file for benchmarks other than llama31_405b (the tiny CPU benchmark).
+"""The verdict on one finished run: the MLPerf compliance checker on its log (in-process, with the
+rules of the config's benchmark: `mlperf.checker`), and how the run ended, from its run_stop.
+run_and_time.sh counts a run as successful only when both pass, and reports the outcome of every
+run: success, aborted (with the logged reason), or no run_stop (the run was killed).
 """
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-RULESET = "6.0.0"
-REPO = Path(__file__).resolve().parents[2]
+from ..mlperf.checker import RULESET, CheckResult, check_log as run_compliance, config_for
+from ..mlperf.log import LogError, load_run
+
+# `launch check-log` exit codes, shared with run_and_time.sh (see its header)
+EXIT_OK, EXIT_FAILED, EXIT_NO_RUN_STOP = 0, 1, 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,76 +21,58 @@ class Verdict:
     compliant: bool
     status: str | None
     """run_stop status in the log ("success", "aborted"), None when the log has no run_stop."""
+    outcome: str
+    """'success', 'aborted (<reason>)' or 'no run_stop'."""
     detail: str
+    """The checker's first problem and a count of the others; '' when compliant."""
 
     @property
     def success(self) -> bool:
         return self.compliant and self.status == "success"
 
-
-def run_status(log: Path) -> str | None:
-    """The status of the last run_stop event of an MLPerf log (lines may carry `srun -l`
-    prefixes); None without one."""
-    status = None
-    try:
-        text = log.read_text(errors="replace")
-    except OSError:
-        return None
-    for line in text.splitlines():
-        at = line.find(":::MLLOG ")
-        if at < 0 or '"run_stop"' not in line:
-            continue
-        try:
-            event = json.loads(line[at + len(":::MLLOG "):])
-        except json.JSONDecodeError:
-            continue
-        if event.get("key") == "run_stop":
-            status = str(event.get("metadata", {}).get("status"))
-    return status
+    def line(self, require_success: bool) -> str:
+        ok = self.success if require_success else self.compliant
+        return (f"{'PASS' if ok else 'FAIL'} {self.log}: "
+                f"{'compliant' if self.compliant else 'NOT compliant'}, run_stop status "
+                f"{self.outcome if self.status else 'missing'}"
+                + ("" if self.compliant else f" -- {self.detail}"))
 
 
-def rules_file(benchmark: str) -> Path | None:
-    """The checker's --config for `benchmark`: None for llama31_405b (the checker's own chain),
-    the project's rules file under compliance/ otherwise."""
-    if benchmark == "llama31_405b":
-        return None
-    root = REPO / "compliance"
-    candidates = [root / f"{benchmark}.yaml", root / benchmark / "common.yaml",
-                  *sorted(root.glob(f"**/*{benchmark}*.yaml"))]
-    for c in candidates:
-        if c.is_file():
-            return c
-    raise FileNotFoundError(
-        f"no compliance rules for benchmark {benchmark!r}: expected {candidates[0]} or "
-        f"{candidates[1]} (the tiny rules file of the compliance work)")
+def report_path(report_dir: str | Path, log: str | Path) -> Path:
+    return Path(report_dir) / f"{Path(log).stem}.compliance.log"
 
 
-def _project_command_available() -> bool:
-    from ..cli import COMMANDS
-    return "compliance" in COMMANDS
-
-
-def check_log(log: Path, benchmark: str, report_dir: Path | None = None) -> Verdict:
-    """Check one log; the checker's own output goes to `report_dir`/<log name>.compliance.log
-    (a temporary directory when None: never next to a log that may be read-only)."""
-    if report_dir is None:
-        with tempfile.TemporaryDirectory() as tmp:
-            return check_log(log, benchmark, Path(tmp))
+def check_log(log: str | Path, benchmark: str, report_dir: str | Path | None = None,
+              ruleset: str = RULESET) -> Verdict:
+    """Check one log with the rules of `benchmark`. report_dir: the checker's whole verdict is
+    kept there as <log stem>.compliance.log."""
     log = Path(log)
     if not log.is_file():
-        return Verdict(str(log), False, None, "log file missing: the run wrote no MLPerf log")
-    if _project_command_available():
-        cmd = [sys.executable, "-m", "llama31_405b", "compliance", "check", str(log)]
+        v = Verdict(str(log), False, None, "no run_stop",
+                    "log file missing: the run wrote no MLPerf log")
+        res = None
     else:
-        rules = rules_file(benchmark)
-        cmd = [sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training",
-               "--ruleset", RULESET, "--log_output", str(Path(report_dir) / f"{log.stem}.compliance.log")]
-        if rules is not None:
-            cmd += ["--config", str(rules)]
-        cmd.append(str(log))
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
-    out = (proc.stdout + proc.stderr).strip().splitlines()
-    problems = [ln.strip() for ln in out if ln.strip()
-                and not ln.startswith(("INFO", "** Logging output"))]
-    detail = "; ".join(problems[-5:]) if proc.returncode else "compliance checker passed"
-    return Verdict(str(log), proc.returncode == 0, run_status(log), detail)
+        res: CheckResult = run_compliance(log, ruleset=ruleset, config=config_for(benchmark, ruleset))
+        try:
+            run = load_run(log, strict=False)
+            status, outcome = run.status, run.outcome()
+        except LogError:
+            status, outcome = None, "no run_stop"
+        problems = res.summary()
+        detail = "" if res.ok else (problems[0] if problems else "failed") + (
+            f" (+{len(problems) - 1} more)" if len(problems) > 1 else "")
+        v = Verdict(str(log), res.ok, status, outcome, detail)
+    if report_dir is not None:
+        Path(report_dir).mkdir(parents=True, exist_ok=True)
+        text = res.report() if res is not None else f"FAIL {log}: {v.detail}\n"
+        report_path(report_dir, log).write_text(text + f"outcome: {v.outcome}\n")
+    return v
+
+
+def exit_code(verdicts: list[Verdict], require_success: bool) -> int:
+    """EXIT_NO_RUN_STOP when a log lacks run_stop (killed), else EXIT_FAILED when one fails."""
+    if any(v.status is None for v in verdicts):
+        return EXIT_NO_RUN_STOP
+    if any(not (v.success if require_success else v.compliant) for v in verdicts):
+        return EXIT_FAILED
+    return EXIT_OK

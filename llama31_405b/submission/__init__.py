@@ -1,10 +1,7 @@
-"""MLPerf compliance and submission: read finished logs, run the real mlperf-logging checkers,
-assemble a submission package, draw the report.
+"""MLPerf compliance and submission: the checks before a launch, the submission package, the report.
+The log format itself (reading, writing, the compliance checker, the ruleset) is `llama31_405b.mlperf`.
 
 One module per concern:
-- `mllog`: read MLPerf logs (file and line for every malformed line; `srun -l` prefixes accepted)
-  and the numbers a run produced (time to train, evaluations, step times).
-- `checker`: the real compliance checker (ruleset 6.0.0 by default, the tiny rules for tiny logs).
 - `tiny_rules`: the tiny benchmark's rules file for the checker's `--config`, generated from
   `config.rules.TINY_LLAMA31` and the checker's own common rules.
 - `rcp`: reference convergence points (the package's for llama31_405b, the project's for tiny).

@@ -26,8 +26,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .checker import DEFAULT_RULESET, REPO, USAGE, check_log
-from .mllog import RunLog, read_events
+from ..mlperf.checker import REPO, RULESET, USAGE, check_log
+from ..mlperf.log import RunLog, read_events
 
 TEMPLATE = REPO / "compliance" / "system_description.json"
 STATUS = {"available": "Available on-premise", "onprem": "Available on-premise",
@@ -311,7 +311,7 @@ def tiny_checks(org_dir: Path, res_dir: Path, runs: list[RunLog], desc_path: Pat
 
 def package(logs_dir: str | Path, *, out: str | Path, org: str, cfg=None,
             system_desc: str | Path | None = None, system: str | None = None,
-            impl: str = "megatron-core", ruleset: str = DEFAULT_RULESET) -> PackageResult:
+            impl: str = "megatron-core", ruleset: str = RULESET) -> PackageResult:
     """Assemble and check; PackageError when refused before the checkers."""
     if cfg is None and system_desc is None:
         raise PackageError("give --config (system data from llama31_405b/systems) or --system-desc")

@@ -29,8 +29,8 @@ from typing import Any
 from ..config.schema import Config
 from ..config.seeds import run_seeds, seed_is_drawn
 from ..mlperf.header import Event, header_events
-from .checker import DEFAULT_RULESET, CheckResult, config_for, run_checker
-from .mllog import format_line
+from ..mlperf.checker import RULESET, CheckResult, config_for, run_checker
+from ..mlperf.log import format_line
 
 HEADER_SOURCE = "llama31_405b/mlperf/header.py"
 
@@ -69,7 +69,7 @@ def log_lines(header: list[Event], cfg: Config) -> list[str]:
     return out
 
 
-def check_events(header: list[Event], cfg: Config, *, ruleset: str = DEFAULT_RULESET,
+def check_events(header: list[Event], cfg: Config, *, ruleset: str = RULESET,
                  workdir: str | Path | None = None) -> CheckResult:
     """Run the real checker on `header` plus the synthetic run events."""
     bench = next((str(e.value) for e in header if e.key == "submission_benchmark"), None)
@@ -96,7 +96,7 @@ class PrecheckResult:
         return not self.errors
 
 
-def precheck_config(cfg: Config, *, ruleset: str = DEFAULT_RULESET) -> PrecheckResult:
+def precheck_config(cfg: Config, *, ruleset: str = RULESET) -> PrecheckResult:
     from ..config.validate import problems
     from .package import run_count
     from .rcp import reference

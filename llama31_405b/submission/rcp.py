@@ -20,8 +20,8 @@ from pathlib import Path
 
 from ..config.rcp import TINY_RCP_FILE, rcp_file_for
 from ..config.rules import BENCHMARKS, TINY_LLAMA31, hparams
-from .checker import COMPLIANCE_DIR, DEFAULT_RULESET, USAGE
-from .mllog import RunLog
+from ..mlperf.checker import COMPLIANCE_DIR, RULESET, USAGE
+from ..mlperf.log import RunLog
 
 RUNS_PER_SUBMISSION = {TINY_LLAMA31.name: 3}
 
@@ -57,7 +57,7 @@ class RcpRef:
         return f"no RCPs for GBS {self.gbs}"
 
 
-def make_checker(benchmark: str, ruleset: str = DEFAULT_RULESET, rcp_file: str | Path | None = None):
+def make_checker(benchmark: str, ruleset: str = RULESET, rcp_file: str | Path | None = None):
     """mlperf_logging's RCP_Checker loaded with the benchmark's RCPs (project file for tiny)."""
     from mlperf_logging.rcp_checker import rcp_checker as rc
     if benchmark in RUNS_PER_SUBMISSION:
@@ -84,7 +84,7 @@ def _min_samples(ck, rec: dict) -> float:
     return float(rec["Min Epochs"])
 
 
-def reference(benchmark: str, gbs: int, ruleset: str = DEFAULT_RULESET,
+def reference(benchmark: str, gbs: int, ruleset: str = RULESET,
               rcp_file: str | Path | None = None, checker=None) -> RcpRef:
     """The RCP the checker compares runs at `gbs` with (pruned RCPs, as the package checker)."""
     ck = checker or make_checker(benchmark, ruleset, rcp_file)
@@ -118,7 +118,7 @@ class RcpResult:
     ref: RcpRef | None
 
 
-def check_runs(runs: list[RunLog], *, ruleset: str = DEFAULT_RULESET,
+def check_runs(runs: list[RunLog], *, ruleset: str = RULESET,
                rcp_file: str | Path | None = None, results_dir: str | Path | None = None) -> RcpResult:
     """The RCP checker's `check_directory` decision for these runs (pruned RCPs). With
     results_dir, writes/removes scaling.json there as the checker does."""
@@ -196,7 +196,7 @@ def first_tiny_rcps() -> dict:
     294,912 / 313,344 x4 / 331,776 samples = 16 / 17 x4 / 18 evaluation intervals of 18,432
     samples. The same counts of tiny evaluation intervals (tiny_llama31: 160 samples at GBS 8) give
     the tiny points. The real tiny runs replace this file via `compliance tiny-rcp LOG...`."""
-    ck = make_checker("llama31_405b", DEFAULT_RULESET)
+    ck = make_checker("llama31_405b", RULESET)
     ref = next(r for r in ck.rcp_data.values() if r["BS"] == 1152)
     real = hparams(BENCHMARKS["llama31_405b"], 1152)
     interval_real = real.eval_interval_steps * 1152

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config.rules import BENCHMARKS
-from .checker import DEFAULT_RULESET
-from .mllog import RunLog
+from ..mlperf.checker import RULESET
+from ..mlperf.log import RunLog
 from .rcp import RcpRef, olympic_score, reference
 
 
@@ -51,7 +51,7 @@ class Summary:
         return "\n".join(lines)
 
 
-def summarize(runs: list[RunLog], ruleset: str = DEFAULT_RULESET) -> Summary:
+def summarize(runs: list[RunLog], ruleset: str = RULESET) -> Summary:
     bench = runs[0].benchmark if runs else None
     gbs = runs[0].gbs if runs else None
     target = BENCHMARKS[bench].target if bench in BENCHMARKS else runs[0].value("target_accuracy")
@@ -72,7 +72,7 @@ def summarize(runs: list[RunLog], ruleset: str = DEFAULT_RULESET) -> Summary:
     return Summary(bench, gbs, target, ref, rows, score, norm, msg)
 
 
-def draw(runs: list[RunLog], out_png: str | Path, ruleset: str = DEFAULT_RULESET) -> Summary:
+def draw(runs: list[RunLog], out_png: str | Path, ruleset: str = RULESET) -> Summary:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

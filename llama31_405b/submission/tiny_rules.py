@@ -20,9 +20,7 @@ import json
 from pathlib import Path
 
 from ..config.rules import TINY_LLAMA31, BenchmarkRules
-from .checker import COMPLIANCE_DIR, PROJECT_RULES
-
-RULESET = "6.0.0"
+from ..mlperf.checker import COMPLIANCE_DIR, PROJECT_RULES, RULESET
 TINY_RULES_FILE = COMPLIANCE_DIR / PROJECT_RULES[TINY_LLAMA31.name]
 
 

@@ -2,12 +2,20 @@
 
 - NaN/Inf loss or gradient norm: `check_finite` raises RunAborted (all ranks see the same global
   loss, so all stop at the same step).
-- SIGTERM/SIGINT (Slurm walltime, scancel, torchrun tearing down a failed job): the loop stops at
-  the next step boundary. If the main thread is stuck in a collective whose peer died, a watchdog
-  thread (woken by the signal through a wakeup fd, which works while the main thread is blocked
-  in C++) logs run_stop aborted itself after `grace_s` and exits the process.
+- SIGTERM/SIGINT (Slurm walltime, scancel, torchrun tearing down a failed job): the signal wakes
+  a watchdog thread through the interpreter's wakeup fd, which the C-level handler writes even
+  while the main thread is blocked inside C++ (a collective, a kernel). The watchdog logs run_stop
+  aborted at once (`on_signal`), before anything that can block, then the run stops as gracefully
+  as time allows: every step's loss all-reduce carries each rank's `StopRequest`, so all ranks
+  leave at the same step boundary and none waits on a rank that left. If the main thread has not
+  finished `grace_s` after the signal, the watchdog exits the process. Slurm's SIGKILL (KillWait
+  after SIGTERM) may come first: the log is already complete.
+- A failed write of the MLPerf log: the log hook asks for the stop (see train/mllog.py).
 - A killed rank: the surviving ranks' next collective fails (gloo: connection closed; NCCL:
   process-group timeout), the exception ends the loop, run_stop aborted is logged.
+
+Nothing runs in the Python-level signal handler but an assignment: it runs in the main thread
+between two bytecodes, possibly inside the log writer's own lock.
 """
 from __future__ import annotations
 
@@ -15,6 +23,7 @@ import math
 import os
 import signal
 import socket
+import sys
 import threading
 
 
@@ -29,23 +38,64 @@ def check_finite(step: int, loss: float, grad_norm: float | None) -> None:
         raise RunAborted(f"non-finite gradient norm {grad_norm} at step {step}")
 
 
+class StopRequest:
+    """Why this rank wants the run to stop, set from any thread, read by the loop (which agrees on
+    it with every rank at the next step).
+
+    - `request(reason, error=)`: the first reason wins; `error`: the run can no longer succeed
+      (its log is broken), whatever an evaluation says next.
+    - `signal(reason, log)`: a signal. Unless the run already reached its target, records the
+      stop and calls `log(reason)` (run_stop aborted) while holding the lock, so a run that
+      reached its target keeps its success and one logged aborted never turns into a success.
+    - `finish()`: the run reached its target; True when it may end in success.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.reason = ""
+        self.error = False
+        self.signalled = False
+        self.finished = False
+
+    @property
+    def requested(self) -> bool:
+        return bool(self.reason)
+
+    def request(self, reason: str, *, error: bool = False) -> None:
+        with self._lock:
+            self.reason = self.reason or reason
+            self.error = self.error or error
+
+    def signal(self, reason: str, log) -> None:
+        with self._lock:
+            if self.finished:
+                return
+            self.signalled = True
+            self.reason = self.reason or reason
+            log(reason)
+
+    def finish(self) -> bool:
+        with self._lock:
+            if self.signalled or self.error:
+                return False
+            self.finished = True
+            return True
+
+
 class SignalWatch:
-    """Turns SIGTERM/SIGINT into a stop request; forces the exit if the loop cannot react."""
+    """Turns SIGTERM/SIGINT into `on_signal(reason)`, called at once from a watchdog thread, and
+    exits the process if the run has not finished `grace_s` later."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-    def __init__(self, *, on_force_exit, grace_s: float = 20.0):
-        self.on_force_exit = on_force_exit   # callable(reason) -> None, logs run_stop aborted
+    def __init__(self, *, on_signal, grace_s: float = 20.0):
+        self.on_signal = on_signal   # callable(reason) -> None; must not block on a collective
         self.grace_s = grace_s
         self.received: int | None = None
         self.done = threading.Event()
         self._old = {}
         self._r = self._w = None
         self._old_fd = -1
-
-    @property
-    def stop_requested(self) -> bool:
-        return self.received is not None
 
     def reason(self) -> str:
         return f"received {signal.Signals(self.received).name}" if self.received else ""
@@ -63,23 +113,30 @@ class SignalWatch:
         return self
 
     def _handler(self, signum, frame):
-        self.received = signum
+        # main thread, between bytecodes: an assignment only (see the module docstring)
+        self.received = self.received or signum
 
     def _watch(self):
-        try:
-            data = self._r.recv(1)
-        except OSError:
-            return
-        if not data or self.done.is_set():
-            return
+        while True:
+            try:
+                data = self._r.recv(1)
+            except OSError:
+                return
+            if not data or self.done.is_set():
+                return
+            if data[0] in self.SIGNALS:     # the wakeup fd carries every handled signal's number
+                break
         self.received = self.received or data[0]
+        timer = threading.Thread(target=self._exit_after_grace, name="signal-grace", daemon=True)
+        timer.start()
+        self.on_signal(self.reason())
+
+    def _exit_after_grace(self):
         if self.done.wait(self.grace_s):
             return
-        # the main thread did not get back to Python in time (blocked in a collective)
-        try:
-            self.on_force_exit(f"{self.reason()}; main loop unresponsive for {self.grace_s:.0f} s")
-        finally:
-            os._exit(128 + (self.received or signal.SIGTERM))
+        print(f"error: {self.reason()}: the run did not stop within {self.grace_s:.0f} s "
+              "(blocked in a collective?); exiting", file=sys.stderr, flush=True)
+        os._exit(128 + (self.received or signal.SIGTERM))
 
     def uninstall(self):
         self.done.set()

@@ -5,7 +5,12 @@ them in this order:
     -> (on_block_start -> on_step_end* -> on_block_stop -> on_eval_start -> on_eval_end)*
   -> on_run_stop (always, also when the run fails)
 
-Hooks never raise into the loop for cosmetic reasons; a hook that must stop the run raises.
+  on_signal(reason): SIGTERM/SIGINT, called at once from the signal watchdog THREAD, whatever the
+  main thread is doing (see train/failure.py): thread-safe, nothing that can block on a peer.
+
+Hooks never raise into the loop for cosmetic reasons; a hook that must stop the run at once
+raises; one that wants every rank to stop together at the next step calls
+`run.request_stop(reason)`.
 """
 from __future__ import annotations
 
@@ -36,6 +41,7 @@ class Hook:
     def on_eval_start(self, run, step: int) -> None: ...
     def on_eval_end(self, run, step: int, value: float, eval_time_s: float) -> None: ...
     def on_run_stop(self, run, status: str, reason: str) -> None: ...
+    def on_signal(self, run, reason: str) -> None: ...
 
 
 class Hooks(Hook):
@@ -57,3 +63,4 @@ class Hooks(Hook):
     def on_eval_start(self, run, step): self._call("on_eval_start", run, step)
     def on_eval_end(self, run, step, value, eval_time_s): self._call("on_eval_end", run, step, value, eval_time_s)
     def on_run_stop(self, run, status, reason): self._call("on_run_stop", run, status, reason)
+    def on_signal(self, run, reason): self._call("on_signal", run, reason)

@@ -13,13 +13,14 @@ step's batch while the current one computes.
 """
 from __future__ import annotations
 
+import sys
 import time
 import traceback
 from dataclasses import dataclass, field
 
 import torch
 
-from .failure import RunAborted, SignalWatch, check_finite
+from .failure import RunAborted, SignalWatch, StopRequest, check_finite
 from .hooks import Hook, Hooks, StepStats
 from .manual_gc import ManualGC
 from .schedule import LRSchedule
@@ -35,6 +36,8 @@ class RunState:
     losses: list = field(default_factory=list)
     status: str | None = None
     reason: str = ""
+    stop_agreed: bool = False
+    """Some rank asked to stop (signal, log failure): known to every rank after a step's all-reduce."""
 
 
 class Run:
@@ -48,6 +51,7 @@ class Run:
         self.init_checkpoint = init_checkpoint
         self._datasets = datasets
         self.state = RunState()
+        self.stop = StopRequest()
         self.info = None
         self.device = None
         self.model = None
@@ -242,8 +246,10 @@ class Run:
         local = self._forward_backward(batch)
         lr = self.schedule.apply(self.optimizer, k)
         _ok, grad_norm, _zeros = self.optimizer.step()
+        # the loss sums carry every rank's stop request: all ranks stop after the same step
         total = global_sum(local, contributes=self.last_stage and self.info.tp_rank == 0,
-                           gpu=self.device.gpu)
+                           gpu=self.device.gpu, flags=(float(self.stop.requested),))
+        self.state.stop_agreed = bool(total[2] > 0)
         if self.device.gpu:
             torch.cuda.synchronize()
         loss = float(total[0] / total[1]) if total[1] > 0 else float("nan")
@@ -283,23 +289,29 @@ class Run:
                         forward_only_fn=self._graphs.eval if self._graphs else None)
 
     # -- the run --------------------------------------------------------------------------------
-    def _force_abort(self, reason: str):
-        self.state.status, self.state.reason = "aborted", reason
-        self.hooks.on_run_stop(self, "aborted", reason)
+    def request_stop(self, reason: str, *, error: bool = False) -> None:
+        """Stop every rank at the next step boundary (any thread). error: the run can no longer
+        succeed (e.g. its MLPerf log cannot be written)."""
+        self.stop.request(reason, error=error)
+
+    def _on_signal(self, reason: str):
+        # the signal watchdog thread: run_stop aborted now (unless the target was reached),
+        # then the loop stops with the other ranks at the next step
+        self.stop.signal(reason, lambda r: self.hooks.on_signal(self, r))
 
     def execute(self) -> str:
-        watch = SignalWatch(on_force_exit=self._force_abort, grace_s=self.signal_grace_s).install()
+        watch = SignalWatch(on_signal=self._on_signal, grace_s=self.signal_grace_s).install()
         status, reason = "aborted", ""
         try:
             self.hooks.on_init_start(self)
             self._init()
             self.gc.start()
-            self._stop_if_signalled(watch)
+            self._stop_if_requested(agreed=False)
             self.hooks.on_init_stop(self)
             self.state.init_stopped = True
             self.hooks.on_run_start(self)
             self.state.run_started = True
-            status, reason = self._train(watch)
+            status, reason = self._train()
         except RunAborted as e:
             reason = str(e)
         except Exception as e:  # noqa: BLE001 - any failure must end in run_stop aborted
@@ -314,30 +326,47 @@ class Run:
             watch.uninstall()
         return status
 
-    def _stop_if_signalled(self, watch):
-        if watch.stop_requested:
-            raise RunAborted(watch.reason())
+    def _stop_if_requested(self, *, agreed: bool = True):
+        """agreed: the stop every rank learnt from the last step's all-reduce; else this rank's
+        own request (init, where no step agrees on it)."""
+        if self.state.stop_agreed if agreed else self.stop.requested:
+            raise RunAborted(self.stop.reason or "stopped with the other ranks: another rank "
+                                                 "received a signal or could not write its log")
 
-    def _train(self, watch) -> tuple[str, str]:
+    def _test_delay(self, seconds: float):
+        """TEST ONLY (config [testing]): slow a step or an evaluation down on purpose."""
+        if seconds > 0:
+            time.sleep(seconds)
+
+    def _train(self) -> tuple[str, str]:
         d = self.cfg.derived
+        testing = self.cfg.testing
+        if (testing.step_delay_s or testing.eval_delay_s) and self.info.is_rank0:
+            print(f"[train] TEST ONLY: testing.step_delay_s {testing.step_delay_s} s, "
+                  f"testing.eval_delay_s {testing.eval_delay_s} s slow this run down",
+                  file=sys.stderr, flush=True)
         block_start_step = 0
         self.hooks.on_block_start(self, 0, self._block_len(0))
         while self.state.step < d.max_steps:
-            self._stop_if_signalled(watch)
+            self._test_delay(testing.step_delay_s)
             stats = self.train_step()
             self.hooks.on_step_end(self, stats)
+            self._stop_if_requested()
             step = self.state.step
             self.gc.after_train_step(step)
             if self.is_eval_step(step):
                 self.hooks.on_block_stop(self, step, (step - block_start_step) * d.gbs)
                 self.hooks.on_eval_start(self, step)
                 t0 = time.perf_counter()
+                self._test_delay(testing.eval_delay_s)
                 value = self.evaluate()
                 self.gc.after_eval()
                 self.state.evals.append((step, self.state.samples, value))
                 self.hooks.on_eval_end(self, step, value, time.perf_counter() - t0)
                 if value <= d.target:
-                    return "success", ""
+                    if self.stop.finish():   # not if a signal or a failed log write came first
+                        return "success", ""
+                    raise RunAborted(self.stop.reason)
                 if step < d.max_steps:
                     block_start_step = step
                     self.hooks.on_block_start(self, step, self._block_len(step))

@@ -1,108 +1,112 @@
-"""The MLPerf logger as one hook: rank 0 only, lines on stdout and in the log file.
+"""The MLPerf logger as one hook: rank 0 only, lines in the log file and on stdout.
 
 Nothing is logged when the hook is constructed. The header comes from
 `llama31_405b.mlperf.header.header_events` (the same events the compliance precheck checks).
 Block and eval events follow the published llama31_405b logs: block_start/stop carry the block's
 sample count and the step, eval events and eval_accuracy the cumulative training samples, and
-every step logs `tracked_stats` (step time, loss, LR, gradient norm).
+every step logs `tracked_stats` (step time, loss, LR, gradient norm). Lines go through
+`mlperf.writer.MLLogWriter`: unbuffered, run_stop exactly once, from the loop or at once from the
+signal watchdog (`on_signal`).
+
+A failed write prints ONE error line (path and cause) on stderr and stops the run: at once
+before run_start, else through `run.request_stop`, so every rank stops at the next step; the log
+then ends with run_stop aborted where the file still takes it, and never with success.
 """
 from __future__ import annotations
 
-import logging
 import sys
 
 from ..mlperf.header import header_events
+from ..mlperf.writer import LogWriteError, MLLogWriter
+from .failure import RunAborted
 from .hooks import Hook
 
 
 class MLPerfLogHook(Hook):
     def __init__(self, cfg, *, seed: int, log_file: str | None, rank: int,
-                 cache_cleared: bool = False):
+                 cache_cleared: bool = False, echo=None):
         self.cfg, self.seed, self.log_file, self.rank = cfg, seed, log_file, rank
         self.cache_cleared = cache_cleared
-        self._ml = None
-        self._constants = None
-        self.run_stopped = False
+        # created here (opens nothing) so the watchdog thread and the loop share one writer
+        self.writer = MLLogWriter(log_file, echo=echo) if self.active else None
 
     # -- plumbing -------------------------------------------------------------------------------
     @property
     def active(self) -> bool:
         return self.rank == 0
 
-    def _logger(self):
-        if self._ml is None:
-            from mlperf_logging.mllog import constants
-            from mlperf_logging.mllog.mllog import MLLogger
-            pylog = logging.getLogger(f"llama31_405b.mllog.{id(self)}")
-            pylog.propagate = False
-            pylog.setLevel(logging.INFO)
-            pylog.addHandler(logging.StreamHandler(sys.stdout))
-            if self.log_file:
-                pylog.addHandler(logging.FileHandler(self.log_file, mode="a"))
-            self._ml = MLLogger(logger=pylog, default_stack_offset=2)
-            self._constants = constants
-        return self._ml
+    def _log(self, run, key, value=None, metadata=None, *, sync=False):
+        if not self.active:
+            return
+        try:
+            # stack_offset 2: the metadata names the hook method's line, as MLLogger did
+            self.writer.write(key, value, metadata, sync=sync, stack_offset=2)
+        except LogWriteError as e:
+            self._failed(run, e)
 
-    def event(self, key, value=None, metadata=None):
-        if self.active:
-            self._logger().event(key=key, value=value, metadata=metadata)
-
-    def start(self, key, value=None, metadata=None):
-        if self.active:
-            self._logger().start(key=key, value=value, metadata=metadata)
-
-    def end(self, key, value=None, metadata=None):
-        if self.active:
-            self._logger().end(key=key, value=value, metadata=metadata)
-
-    def flush(self):
-        if self._ml is not None:
-            for h in self._ml.logger.handlers:
-                h.flush()
+    def _failed(self, run, e: LogWriteError):
+        print(f"error: {e}; stopping the run", file=sys.stderr, flush=True)
+        if run is not None and getattr(run, "run_started", False):
+            run.request_stop(str(e), error=True)
+        else:
+            raise RunAborted(str(e)) from None
 
     # -- hook points ----------------------------------------------------------------------------
     def on_init_start(self, run):
-        self.event("cache_clear", self.cache_cleared)
-        self.start("init_start")
+        self._log(run, "cache_clear", self.cache_cleared)
+        self._log(run, "init_start")
         for ev in header_events(self.cfg, seed=self.seed):
-            self.event(ev.key, ev.value, ev.metadata or None)
+            self._log(run, ev.key, ev.value, ev.metadata or None)
 
     def on_init_stop(self, run):
-        self.end("init_stop")
+        self._log(run, "init_stop")
 
     def on_run_start(self, run):
-        self.start("run_start")
-        self.flush()
+        self._log(run, "run_start", sync=True)
 
     def on_block_start(self, run, step, block_samples):
-        self.start("block_start", metadata={"samples_count": block_samples, "step": step})
+        self._log(run, "block_start", metadata={"samples_count": block_samples, "step": step})
 
     def on_step_end(self, run, stats):
         # per-step statistics, as the published logs carry them (the report plots step time)
-        self.event("tracked_stats", {"train_step_time": round(stats.step_time_s, 6),
-                                     "train_loss": round(stats.loss, 6), "lr": stats.lr,
-                                     "grad_norm": round(stats.grad_norm, 6)},
-                   metadata={"samples_count": stats.samples, "step": stats.step})
+        self._log(run, "tracked_stats", {"train_step_time": round(stats.step_time_s, 6),
+                                         "train_loss": round(stats.loss, 6), "lr": stats.lr,
+                                         "grad_norm": round(stats.grad_norm, 6)},
+                  metadata={"samples_count": stats.samples, "step": stats.step})
 
     def on_block_stop(self, run, step, block_samples):
-        self.end("block_stop", metadata={"samples_count": block_samples, "step": step})
+        self._log(run, "block_stop", metadata={"samples_count": block_samples, "step": step})
 
     def on_eval_start(self, run, step):
-        self.start("eval_start", metadata={"samples_count": run.samples, "step": step})
+        self._log(run, "eval_start", metadata={"samples_count": run.samples, "step": step})
 
     def on_eval_end(self, run, step, value, eval_time_s):
-        self.event("eval_accuracy", value, metadata={"samples_count": run.samples, "step": step})
-        self.end("eval_stop", metadata={"samples_count": run.samples, "step": step})
-        self.flush()
+        self._log(run, "eval_accuracy", value,
+                  metadata={"samples_count": run.samples, "step": step})
+        self._log(run, "eval_stop", metadata={"samples_count": run.samples, "step": step},
+                  sync=True)
+
+    def on_signal(self, run, reason):
+        # the signal watchdog thread, at once: run_stop before anything that can block
+        self._run_stop(run, "aborted", reason)
 
     def on_run_stop(self, run, status, reason):
-        if self.run_stopped:
+        self._run_stop(run, status, reason)
+        if self.writer is not None:
+            self.writer.close()
+
+    def _run_stop(self, run, status, reason):
+        if not self.active:
             return
-        self.run_stopped = True
+        w = self.writer
+        if w.failed is not None and status != "aborted":
+            status, reason = "aborted", str(w.failed)
         # a run that failed during init gets run_stop without run_start: the log ends in
         # status aborted and the checker rejects it, as it should
         meta = {"samples_count": run.samples, "step": run.step, "status": status}
         if reason:
             meta["reason"] = reason[:500]
-        self.end("run_stop", metadata=meta)
-        self.flush()
+        try:
+            w.run_stop(meta, stack_offset=2)
+        except LogWriteError as e:     # the first failed write: say it, nothing else to stop
+            print(f"error: {e}", file=sys.stderr, flush=True)

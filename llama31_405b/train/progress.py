@@ -65,6 +65,9 @@ class ProgressHook(Hook):
         self._print(f"[eval]  step {step:5d} | samples {run.samples:8d} | log perplexity {value:.4f} "
                     f"({mark} {target}) | {eval_time_s:.1f} s")
 
+    def on_signal(self, run, reason):
+        self._print(f"[train] {reason}: run_stop aborted logged; stopping at the next step")
+
     def on_run_stop(self, run, status, reason):
         el = time.perf_counter() - self._t_run if self._t_run else 0.0
         self._print(f"[train] run_stop: status {status} after {run.step} steps, {run.samples} "

@@ -65,12 +65,16 @@ def run_schedule(model_chunks, microbatches: list[dict], *, seq_length: int, mbs
     return total
 
 
-def global_sum(local: torch.Tensor, *, contributes: bool, gpu: bool) -> torch.Tensor:
+def global_sum(local: torch.Tensor, *, contributes: bool, gpu: bool,
+               flags=()) -> torch.Tensor:
     """Sum a small [loss_sum, tokens] vector over the whole world; only ranks holding the last
     pipeline stage with TP rank 0 contribute (TP ranks hold identical losses). Every rank gets
-    the result, so all stop together on NaN or at the target."""
+    the result, so all stop together on NaN or at the target. `flags` (every rank's, e.g. its
+    stop request) ride along in the same all-reduce, summed after the two sums."""
     import torch.distributed as dist
     vec = (local if contributes else torch.zeros_like(local)).to(torch.float64)
+    if flags:
+        vec = torch.cat([vec, torch.tensor(flags, dtype=torch.float64)])
     if gpu:
         vec = vec.cuda()
     dist.all_reduce(vec)

@@ -1,10 +1,13 @@
-"""The real MLPerf compliance checker (mlperf_logging.compliance_checker), run in-process.
+"""The real MLPerf compliance checker (mlperf_logging.compliance_checker), run in-process, with the
+ruleset this project submits under (`RULESET`, written once in `config.rules` beside the rules it
+mirrors, and passed to every checker call from here).
 
 `check_log(path)` runs the checker exactly as `python -m mlperf_logging.compliance_checker --usage
 training --ruleset R [--config FILE] LOG` does (same ComplianceChecker, same rule files) and keeps
 its words: the failure messages, the warnings and the list of rule files that ran. Rules:
 - llama31_405b logs: the package's `training_<R>/common.yaml` chain (common -> closed_common ->
-  closed_llama31_405b), default ruleset 6.0.0 (the checker's own default, 6.1.0, has dropped it);
+  closed_llama31_405b), ruleset `RULESET` by default (the checker's own default, 6.1.0, has
+  dropped the benchmark);
 - tiny_llama31 logs: the project's `compliance/tiny_llama31.yaml` (see `tiny_rules`), chosen by
   the log's submission_benchmark.
 
@@ -21,11 +24,11 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .mllog import TOKEN, LogError, LogEvent, parse_line, read_events
+from ..config.rules import RULESET
+from .log import TOKEN, LogError, LogEvent, parse_line, read_events
 
 REPO = Path(__file__).resolve().parents[2]
 COMPLIANCE_DIR = REPO / "compliance"
-DEFAULT_RULESET = "6.0.0"
 USAGE = "training"
 
 # Project benchmarks that are not MLPerf benchmarks: their rule file in compliance/.
@@ -83,6 +86,18 @@ class CheckResult:
     def details(self) -> str:
         return "\n".join([*self.parse_errors, *self.errors, *(f"warning: {w}" for w in self.warnings)])
 
+    def report(self) -> str:
+        """The whole verdict as text (what `launch check-log --report-dir` keeps): the verdict
+        line, the rule files that ran, every problem located in the file, then the checker's
+        own messages and warnings verbatim."""
+        out = [self.verdict(), f"ruleset {self.ruleset}, rule file {self.config or '-'}",
+               "rule files run: " + (", ".join(self.rule_files) or "none")]
+        if not self.ok:
+            out += ["problems:", *(f"  {p}" for p in self.summary())]
+        if self.errors or self.warnings:
+            out += ["checker messages:", *(f"  {ln}" for ln in self.details().splitlines())]
+        return "\n".join(out) + "\n"
+
 
 def project_rules_path(benchmark: str) -> Path:
     """Absolute path of a project benchmark's rule file; LogError when it is missing."""
@@ -93,7 +108,7 @@ def project_rules_path(benchmark: str) -> Path:
     return path
 
 
-def config_for(benchmark: str | None, ruleset: str = DEFAULT_RULESET) -> str:
+def config_for(benchmark: str | None, ruleset: str = RULESET) -> str:
     """The rule file the checker starts from for a log of `benchmark`."""
     if benchmark in PROJECT_RULES:
         return str(project_rules_path(benchmark))
@@ -124,7 +139,7 @@ class _Capture(logging.Handler):
         self.records.append(record)
 
 
-def run_checker(path: str | Path, config: str, ruleset: str = DEFAULT_RULESET) -> CheckResult:
+def run_checker(path: str | Path, config: str, ruleset: str = RULESET) -> CheckResult:
     """Run mlperf_logging's ComplianceChecker on one file with one starting rule file."""
     from mlperf_logging.compliance_checker import mlp_compliance
 
@@ -161,7 +176,7 @@ def run_checker(path: str | Path, config: str, ruleset: str = DEFAULT_RULESET) -
     return res
 
 
-def check_log(path: str | Path, *, ruleset: str = DEFAULT_RULESET,
+def check_log(path: str | Path, *, ruleset: str = RULESET,
               config: str | None = None) -> CheckResult:
     """Check one finished log: our reader first (file:line of malformed lines), then the checker
     with the rules of the log's benchmark (or `config`)."""

@@ -1,4 +1,5 @@
-"""Read MLPerf logs: every `:::MLLOG {json}` line, with the file and line of anything malformed.
+"""The MLPerf log line format, and the reader: every `:::MLLOG {json}` line of a file, with the file
+and line of anything malformed.
 
 Anything before `:::MLLOG ` on a line is ignored, as the checkers do, so `srun -l` prefixes
 ("  0: :::MLLOG ...") and timestamps from other loggers are fine. Lines without the token are other
@@ -6,8 +7,9 @@ output and are skipped. A line with the token whose JSON does not parse (a trunc
 garbage bytes, a missing field) is a `LogProblem` naming file and line; the checkers would only say
 "Log lines had parsing errors" or crash.
 
-`RunLog` answers the questions the package, the RCP check and the report ask of one run: benchmark,
-GBS, seed, status, time to train, the evaluations and the step times.
+`RunLog` answers the questions the package, the RCP check, the report, `launch check-log` and
+`demo` ask of one run: benchmark, GBS, seed, status (and why it stopped), time to train, the
+evaluations and the step times. `format_line` is the one writer of a line (see `writer`).
 """
 from __future__ import annotations
 
@@ -117,6 +119,15 @@ def read_events(path: str | Path) -> tuple[list[LogEvent], list[LogProblem]]:
     return events, problems
 
 
+def log_events(path: str | Path) -> list[LogEvent]:
+    """The well-formed events of a log that may still be growing: [] while the file does not
+    exist, malformed lines (a line being written) left out."""
+    try:
+        return read_events(path)[0]
+    except LogError:
+        return []
+
+
 @dataclass(slots=True)
 class RunLog:
     """One run's MLLOG events and what follows from them."""
@@ -152,6 +163,21 @@ class RunLog:
         """run_stop's metadata status ('success', 'aborted'), or None without run_stop."""
         e = self.first("run_stop")
         return None if e is None else e.metadata.get("status")
+
+    @property
+    def stop_reason(self) -> str:
+        """run_stop's metadata reason ('' when none was logged)."""
+        e = self.first("run_stop")
+        return "" if e is None else str(e.metadata.get("reason", ""))
+
+    def outcome(self) -> str:
+        """How the run ended, in words: 'success', 'aborted (<reason>)', or 'no run_stop' (the
+        process was killed before it could log one, or the log was cut)."""
+        if self.status is None:
+            return "no run_stop"
+        if self.status == "aborted" and self.stop_reason:
+            return f"aborted ({self.stop_reason})"
+        return str(self.status)
 
     @property
     def converged(self) -> bool:

@@ -1,0 +1,185 @@
+"""Write an MLPerf log: one `:::MLLOG` line per event, straight to the file.
+
+Not through Python logging (what mlperf_logging.mllog.MLLogger writes with): a logging handler
+that cannot write prints a traceback per event and carries on, so a full disk went unnoticed
+until a later flush; and its buffers and locks are not meant for the thread that logs run_stop on
+a signal while the main thread may be anywhere (inside a collective, or inside a log write).
+
+- Each line goes to the file with `os.write` on an O_APPEND descriptor: nothing waits in a
+  process buffer, so a line written survives a SIGKILL a moment later. The file is fsync'ed where
+  it matters (run_start, evaluations, run_stop) and at least every `sync_interval_s` seconds, so
+  an error a network filesystem reports late (at fsync) is seen within seconds too.
+- The first failed write (full disk, lost mount, permission) raises `LogWriteError`, once, naming
+  the path and the cause. After it the writer takes nothing but one last run_stop attempt (on a
+  fresh line, in case the failed write left half a line).
+- `run_stop` is written exactly once, whichever thread comes first (the training loop or the
+  signal watchdog); every event after it is dropped, so the log ends with it.
+- Each line is copied to `echo` (stdout by default, where the launcher collects it). A copy that
+  fails is dropped with one warning and never stops the run, unless there is no file: then the
+  copy is the log.
+
+Lines are formatted as MLLogger formats them (`log.format_line`; a test compares the two), with
+the caller's file and line in the metadata (the package checker's seed check reads them).
+"""
+from __future__ import annotations
+
+import errno
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from .log import event_type_for, format_line
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class LogWriteError(RuntimeError):
+    """The MLPerf log cannot be written; the message names the path and the cause."""
+
+    def __init__(self, path: str, cause: OSError, action: str = "write"):
+        code = errno.errorcode.get(cause.errno or 0, "")
+        why = cause.strerror or str(cause)
+        super().__init__(f"cannot {action} the MLPerf log {path}: {why}"
+                         + (f" ({code})" if code else ""))
+        self.path, self.cause = path, cause
+
+
+def _caller(depth: int) -> dict:
+    """{"file", "lineno"} of the frame `depth` levels above the caller of this function; the file
+    relative to the repository when it lies inside it (MLLogger's root_dir trimming)."""
+    f = sys._getframe(depth + 1)
+    name = f.f_code.co_filename
+    try:
+        name = str(Path(name).relative_to(REPO))
+    except ValueError:
+        pass
+    return {"file": name, "lineno": f.f_lineno}
+
+
+class MLLogWriter:
+    def __init__(self, path: str | os.PathLike | None, *, echo: Any = None,
+                 sync_interval_s: float = 2.0):
+        """path: the log file (appended to; None: `echo` is the log). echo: a text stream that
+        gets a copy of every line (default sys.stdout; False for none)."""
+        self.path = os.fspath(path) if path else None
+        self.echo = sys.stdout if echo is None else (echo or None)
+        if self.path is None and self.echo is None:
+            raise ValueError("an MLPerf log needs a file or an echo stream")
+        self.sync_interval_s = sync_interval_s
+        self.failed: LogWriteError | None = None
+        self.stopped = False
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._partial = False
+        self._last_sync = time.monotonic()
+
+    # -- events -----------------------------------------------------------------------------------
+    def write(self, key: str, value: Any = None, metadata: dict | None = None, *,
+              event_type: str | None = None, sync: bool = False, stack_offset: int = 1) -> bool:
+        """Log one event; False when it was dropped (after run_stop, or after a failed write).
+        Raises LogWriteError at the first write that fails. stack_offset: frames above this
+        call whose file and line the metadata names (1: the direct caller)."""
+        line = self._line(key, value, metadata, event_type, stack_offset + 1)
+        with self._lock:
+            if self.stopped or self.failed is not None:
+                return False
+            self._emit(line, sync=sync)
+            return True
+
+    def run_stop(self, metadata: dict, *, stack_offset: int = 1) -> bool:
+        """Log run_stop (metadata carries status, reason, samples_count) and fsync it, exactly
+        once: False when it was logged before. After an earlier failed write: one silent
+        attempt; raises LogWriteError when this is the first write that fails."""
+        line = self._line("run_stop", None, metadata, None, stack_offset + 1)
+        with self._lock:
+            if self.stopped:
+                return False
+            self.stopped = True
+            if self.failed is None:
+                self._emit(line, sync=True)
+                return True
+            try:          # the file failed before: one last try, e.g. the disk freed meanwhile
+                self._to_file(line, sync=True)
+            except OSError:
+                pass
+            self._echo(line)
+            return True
+
+    def sync(self) -> None:
+        """fsync the file now (a point that matters: run_start, an evaluation)."""
+        with self._lock:
+            if self.failed is not None or self._fd is None:
+                return
+            try:
+                self._fsync()
+            except OSError as e:
+                self.failed = LogWriteError(self.path, e)
+                raise self.failed from None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                try:
+                    os.close(self._fd)
+                except OSError:
+                    pass
+                self._fd = None
+
+    # -- plumbing (called with the lock held) -----------------------------------------------------
+    def _line(self, key, value, metadata, event_type, depth) -> str:
+        meta = _caller(depth)
+        meta.update(metadata or {})
+        return format_line(key, value, time_ms=int(time.time() * 1e3), metadata=meta,
+                           event_type=event_type or event_type_for(key))
+
+    def _emit(self, line: str, *, sync: bool) -> None:
+        if self.path is not None:
+            try:
+                self._to_file(line, sync=sync)
+            except OSError as e:
+                action = "open" if self._fd is None else "write"
+                self.failed = LogWriteError(self.path, e, action)
+                self._echo(line)
+                raise self.failed from None
+        self._echo(line)
+
+    def _to_file(self, line: str, *, sync: bool) -> None:
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
+                               0o644)
+        data = (("\n" if self._partial else "") + line + "\n").encode()
+        done = 0
+        try:
+            while done < len(data):
+                done += os.write(self._fd, data[done:])
+        finally:
+            if done:
+                self._partial = done < len(data)
+        if sync or time.monotonic() - self._last_sync >= self.sync_interval_s:
+            self._fsync()
+
+    def _fsync(self) -> None:
+        try:
+            os.fsync(self._fd)
+        except OSError as e:
+            if e.errno != errno.EINVAL:      # EINVAL: a pipe or device, nothing to sync
+                raise
+        self._last_sync = time.monotonic()
+
+    def _echo(self, line: str) -> None:
+        if self.echo is None:
+            return
+        try:
+            self.echo.write(line + "\n")
+            self.echo.flush()
+        except (OSError, ValueError) as e:
+            stream, self.echo = getattr(self.echo, "name", "the echo stream"), None
+            if self.path is None:
+                cause = e if isinstance(e, OSError) else OSError(errno.EBADF, str(e))
+                self.failed = LogWriteError(str(stream), cause)
+                raise self.failed from None
+            print(f"warning: the copy of the MLPerf log on {stream} failed ({e}); the log "
+                  f"{self.path} goes on", file=sys.stderr, flush=True)
