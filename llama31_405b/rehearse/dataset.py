@@ -22,9 +22,7 @@ fraction of the size and scaled up (labelled "extrapolated"). Nothing is written
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -242,14 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         result.update(p.as_dict(), ok=not p.problems)
     except Exception as e:   # reported by the parent
         result["error"] = f"{type(e).__name__}: {e}"
-    import resource
-    result["wall_s"] = round(time.perf_counter() - start, 2)
-    result["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    tmp = f"{args.out}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(result, f)
-    os.replace(tmp, args.out)
-    return 0 if result["ok"] else 1
+    from .rank import write_result
+    return write_result(args.out, result, start)
 
 
 if __name__ == "__main__":

@@ -199,13 +199,19 @@ def main(argv: list[str] | None = None) -> int:
         out["error"] = f"{type(e).__name__}: {e}"
         out["placement_failed"] = isinstance(e, PlacementError)
         out["traceback"] = traceback.format_exc()[-4000:]
-    out["wall_s"] = round(time.perf_counter() - start, 3)
-    out["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    tmp = f"{args.out}.tmp{os.getpid()}"
+    return write_result(args.out, out, start)
+
+
+def write_result(path: str, result: dict, start: float) -> int:
+    """A child process's result for the parent: its wall time and peak RSS added, written
+    atomically as JSON; the exit status says whether it passed."""
+    result["wall_s"] = round(time.perf_counter() - start, 3)
+    result["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
-        json.dump(out, f)
-    os.replace(tmp, args.out)
-    return 0 if out["ok"] else 1
+        json.dump(result, f)
+    os.replace(tmp, path)
+    return 0 if result["ok"] else 1
 
 
 PHASES = ("imports", "process group", "setup_parallel", "placement", "model", "ddp", "optimizer")
