@@ -22,6 +22,9 @@ from pathlib import Path
 
 import pytest
 
+# the local Slurm cluster, one session fixture for every Slurm test module (tests/conftest_slurm.py)
+from conftest_slurm import slurm_cluster  # noqa: E402,F401
+
 REPO = Path(__file__).resolve().parents[1]
 NUM_TINY_RUNS = 3
 

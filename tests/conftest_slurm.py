@@ -6,8 +6,10 @@ session. When the cluster cannot start, the tests FAIL with the script's output:
 silently skips would let a broken launcher pass CI. Deselect them with `-m "not slurm"` on a
 machine that cannot run them (`make test-fast` does).
 
-Test modules import the fixture (`from conftest_slurm import slurm_cluster`); they should carry
-`pytest.mark.xdist_group("slurm")` so that one pytest-xdist worker owns the cluster.
+tests/conftest.py registers the fixture once for the whole session (a module that imported it
+itself would get a second session instance, which would wait forever on the lock the first one
+holds); Slurm test modules carry `pytest.mark.xdist_group("slurm")` so that one pytest-xdist
+worker owns the cluster.
 """
 from __future__ import annotations
 

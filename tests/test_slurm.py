@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest_slurm import REPO, slurm_cluster  # noqa: F401  (the session fixture)
+from conftest_slurm import REPO
 from llama31_405b.mlperf.log import load_run, log_events
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.xdist_group("slurm")]

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from conftest_slurm import REPO, slurm_cluster  # noqa: F401  (the session fixture)
+from conftest_slurm import REPO
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 
