@@ -73,14 +73,16 @@ def test_gb200_config_rehearses_first_middle_and_last_stage(path):
 
 
 def test_planner_memory_matches_megatron_on_every_shipped_gb200_config(tmp_path):
-    """Weights (without TE's NVFP4 copies), gradients and optimizer state of the first, a middle
-    and the last stage, from Megatron's own buffers, against the planner: within 5%."""
+    """Weights (without TE's NVFP4 copies), gradients and optimizer state from Megatron's own
+    buffers, against the planner: within 5%. One stage per config, first, middle and last in turn
+    (the configs share the layout and differ in DP, which shards the optimizer state the same way
+    on every stage; all three stages of the 128- and 2,048-rack configs are checked above)."""
     from llama31_405b.rehearse.run import Options, rehearse as run_rehearsal
     others = [p for p in GB200 if p not in (C128, C2048)]
-    for path in others:
+    for i, path in enumerate(others):
         cfg = load_config(path)
-        rep = run_rehearsal(str(path), Options(ranks=first_middle_last(cfg), jobs=2,
-                                               dataset=False))
+        rank = first_middle_last(cfg)[i % 3]
+        rep = run_rehearsal(str(path), Options(ranks=[rank], jobs=1, dataset=False))
         assert rep["planner_check"] == [], path.name
         for res in rep["ranks"]:
             check_rank(res, cfg)
