@@ -126,40 +126,57 @@ def _kill_wait() -> int:
 
 
 def _slow_config(tmp_path: Path, phase: str, delay: float) -> str:
-    """tiny_cpu_2racks with a step (phase "step") or an evaluation after the first step (phase
-    "eval", open division) slowed down past KillWait."""
+    """tiny_cpu_2racks as one rack (PP2 on 2 nodes, the same GBS 8) with a step (phase "step") or
+    an evaluation after the first step (phase "eval", open division) slowed down past KillWait."""
     cfg = tmp_path / f"slow_{phase}.toml"
+    one_rack = "[system]\nracks = 1\n\n[batch]\nminibs = 8\n\n"
     if phase == "step":
         extra = f"[testing]\nstep_delay_s = {delay}\n"
     else:
         extra = ('[run]\ndivision = "open"\n\n[eval]\nfirst_step = 1\ninterval_steps = 1\n\n'
                  f"[testing]\neval_delay_s = {delay}\n")
-    cfg.write_text(f'base = "{REPO / CONFIG}"\n\n{extra}')
+    cfg.write_text(f'base = "{REPO / CONFIG}"\n\n{one_rack}{extra}')
     return str(cfg)
+
+
+RACK_NODES = ("n1,n2", "n3,n4")      # one single-rack job per rack of the local cluster at a time
 
 
 @pytest.mark.parametrize("phase", ["step", "eval"])
 def test_scancel_leaves_an_aborted_log_every_time(slurm_cluster, tiny_env, tmp_path, phase):
     """scancel inside a step (or an evaluation) that outlasts KillWait, REPEATS times in a row:
     every log ends with run_stop aborted, the signal named, although SIGKILL follows within
-    KillWait and the step never finishes."""
+    KillWait and the step never finishes. The tries run two at a time, one 2-rank pipeline job
+    in each rack, so that the KillWaits overlap."""
     kill_wait = _kill_wait()
     assert kill_wait <= KILL_WAIT_MAX, f"the local cluster's KillWait is {kill_wait} s"
     config = _slow_config(tmp_path, phase, delay=kill_wait + 5)
-    for i in range(REPEATS):
-        (tmp_path / f"try{i}").mkdir()
-        job, job_id, log = _start_training(slurm_cluster, tiny_env, tmp_path / f"try{i}", config,
-                                           wait_for="block_start" if phase == "step"
-                                           else "eval_start", preflight=False)
-        subprocess.run(["scancel", str(job_id)], check=True)
-        job.communicate(timeout=120)      # (sbatch --wait may report 0 for a cancelled job)
-        # sbatch returns once the job is CANCELLED; its steps may still be completing
-        slurm_cluster.wait_for(lambda: not slurm_cluster.job_active(job_id), timeout=90,
-                               what=f"job {job_id} to finish completing")
-        last = load_run(log, strict=False).events[-1]
-        assert last.key == "run_stop", f"try {i} ({phase}): the log ends with {last.key}"
-        assert last.metadata["status"] == "aborted", f"try {i}: {last}"
-        assert last.metadata["reason"] == "received SIGTERM", f"try {i}: {last}"
+    for first in range(0, REPEATS, len(RACK_NODES)):
+        tries = []
+        for i, nodes in enumerate(RACK_NODES, start=first):
+            (tmp_path / f"try{i}").mkdir()
+            job = slurm_cluster.sbatch(
+                ["--wait", "-N", "2", "-w", nodes, "-o", str(tmp_path / f"try{i}" / "job.out"),
+                 "run_and_time.sh"],
+                env=slurm_cluster.env(CONFIG=config, NEXP="1", PREFLIGHT="0",
+                                      LOGDIR=str(tmp_path / f"try{i}" / "logs"),
+                                      **_data_env(tiny_env)))
+            tries.append((i, job, slurm_cluster.job_id(job.stdout.readline()),
+                          tmp_path / f"try{i}" / "logs" / "result_0.txt"))
+        wait_for = "block_start" if phase == "step" else "eval_start"
+        for i, _, _, log in tries:
+            slurm_cluster.wait_for(lambda: any(e.key == wait_for for e in log_events(log)),
+                                   timeout=240, what=f"{wait_for} in the MLPerf log of try {i}")
+            subprocess.run(["scancel", str(tries[i - first][2])], check=True)
+        for i, job, job_id, log in tries:
+            job.communicate(timeout=120)      # (sbatch --wait may report 0 for a cancelled job)
+            # sbatch returns once the job is CANCELLED; its steps may still be completing
+            slurm_cluster.wait_for(lambda: not slurm_cluster.job_active(job_id), timeout=90,
+                                   what=f"job {job_id} to finish completing")
+            last = load_run(log, strict=False).events[-1]
+            assert last.key == "run_stop", f"try {i} ({phase}): the log ends with {last.key}"
+            assert last.metadata["status"] == "aborted", f"try {i}: {last}"
+            assert last.metadata["reason"] == "received SIGTERM", f"try {i}: {last}"
 
 
 def test_killing_one_rank_ends_the_job(slurm_cluster, tiny_env, tmp_path):
