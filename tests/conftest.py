@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -121,20 +122,24 @@ def tiny_runs(tiny_env, shared_dir) -> list[Path]:
     logdir = shared_dir / "tiny_runs"
     with _locked(shared_dir / "tiny_runs.lock"):
         logdir.mkdir(exist_ok=True)
-        logs = []
-        for i in range(NUM_TINY_RUNS):
-            log = logdir / f"result_{i}.txt"
-            done = logdir / f"result_{i}.json"
-            if not done.exists():
-                log.unlink(missing_ok=True)
-                r = run_train(tiny_env["config"], seeds[i], log)
-                done.write_text(json.dumps({"rc": r.returncode, "seed": seeds[i],
-                                            "stderr": r.stderr[-4000:]}))
-            logs.append(log)
+        logs = [logdir / f"result_{i}.txt" for i in range(NUM_TINY_RUNS)]
+        todo = [i for i in range(NUM_TINY_RUNS) if not logs[i].with_suffix(".json").exists()]
+        # the runs are single-threaded (OMP_NUM_THREADS=1): started together they use the CPU
+        # time the Slurm tests leave idle while they wait on jobs
+        with ThreadPoolExecutor(max_workers=NUM_TINY_RUNS) as pool:
+            for i, r in zip(todo, pool.map(
+                    lambda i: run_train(tiny_env["config"], seeds[i], _fresh(logs[i])), todo)):
+                logs[i].with_suffix(".json").write_text(json.dumps(
+                    {"rc": r.returncode, "seed": seeds[i], "stderr": r.stderr[-4000:]}))
     failed = tiny_run_failures(logs)
     if failed:
         pytest.fail("tiny runs failed:\n" + "\n".join(failed), pytrace=False)
     return logs
+
+
+def _fresh(log: Path) -> Path:
+    log.unlink(missing_ok=True)
+    return log
 
 
 def tiny_run_failures(logs: list[Path]) -> list[str]:
