@@ -164,10 +164,10 @@ def test_scancel_leaves_an_aborted_log_every_time(slurm_cluster, tiny_env, tmp_p
             tries.append((i, job, slurm_cluster.job_id(job.stdout.readline()),
                           tmp_path / f"try{i}" / "logs" / "result_0.txt"))
         wait_for = "block_start" if phase == "step" else "eval_start"
-        for i, _, _, log in tries:
+        for i, _, job_id, log in tries:
             slurm_cluster.wait_for(lambda: any(e.key == wait_for for e in log_events(log)),
                                    timeout=240, what=f"{wait_for} in the MLPerf log of try {i}")
-            subprocess.run(["scancel", str(tries[i - first][2])], check=True)
+            subprocess.run(["scancel", str(job_id)], check=True)
         for i, job, job_id, log in tries:
             job.communicate(timeout=120)      # (sbatch --wait may report 0 for a cancelled job)
             # sbatch returns once the job is CANCELLED; its steps may still be completing
