@@ -357,3 +357,64 @@ def test_tiny_training_run_reads_mlcommons_style_reference_files(tiny_env, tmp_p
     text = log.read_text()
     assert '"key": "run_start"' in text and '"key": "eval_accuracy"' in text, r.stderr[-3000:]
     assert "DataError" not in r.stderr and '"step": 40' in text
+
+
+_READ_ONLY_SCRIPT = """
+import json, sys
+sys.path.insert(0, {tests!r})
+from test_data_verify import _cfg
+from llama31_405b.data import DataError
+from llama31_405b.data.datasets import build_datasets
+from llama31_405b.data.verify import require_verified, verify_data
+from pathlib import Path
+data, rw = Path({data!r}), Path({rw!r})
+out = {{}}
+try:
+    verify_data(_cfg(data))
+except DataError as e:
+    out["default"] = str(e)
+logs = []
+cfg = _cfg(data, manifest=str(rw / "manifest.json"), index_cache_dir=str(rw / "index_cache"))
+verify_data(cfg, log=logs.append)
+out["ok"] = sum(line.startswith("ok ") for line in logs)
+out["eod"] = require_verified(cfg)["eod"]
+train, valid = build_datasets(cfg, seed=3, train_samples=16)
+out["samples"] = len(train)
+logs = []
+verify_data(_cfg(data, manifest=str(rw / "manifest.json")), log=logs.append)
+out["cache_warning"] = [m for m in logs if m.startswith("warning")]
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_read_only_data_dir_with_the_manifest_and_index_cache_elsewhere(copy, tmp_path):
+    """Data on a read-only mount (a bind mount remounted read-only in a private mount namespace,
+    so even root cannot write): data verify refuses the default manifest location before
+    reading any .bin, naming data.manifest; with data.manifest and data.index_cache_dir pointing
+    at a writable folder (the manifest copied there), it verifies, train's check passes and the
+    datasets build; data_dir is left as it was."""
+    import subprocess
+    import sys
+    rw = tmp_path / "rw"
+    rw.mkdir()
+    m = load_manifest(copy)
+    for ds in m["datasets"].values():
+        ds.pop("verified", None)
+    (rw / "manifest.json").write_text(json.dumps(m))
+    before = sorted(str(p.relative_to(copy)) for p in copy.rglob("*"))
+    script = tmp_path / "ro.py"
+    script.write_text(_READ_ONLY_SCRIPT.format(tests=str(REPO / "tests"), data=str(copy),
+                                               rw=str(rw)))
+    cmd = (f"mount --make-rprivate / && mount --bind {copy} {copy} && "
+           f"mount -o remount,bind,ro {copy} {copy} && ! touch {copy}/probe 2>/dev/null && "
+           f"exec {sys.executable} {script}")
+    r = subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True,
+                       cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.split("RESULT ", 1)[1])
+    assert "manifest.json: not writable" in out["default"] and "data.manifest" in out["default"]
+    assert out["ok"] == 3 and out["eod"] == "none" and out["samples"] >= 16
+    assert "data.index_cache_dir" in out["cache_warning"][0]
+    assert "verified" in load_manifest(copy, rw / "manifest.json")["datasets"][
+        "c4-train.en_6_text_document"]
+    assert sorted(str(p.relative_to(copy)) for p in copy.rglob("*")) == before

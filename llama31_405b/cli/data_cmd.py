@@ -84,7 +84,7 @@ def prepare(args) -> int:
                              "`python -m llama31_405b data tiny`, not from raw C4")
             outputs = benchmark_outputs(cfg, args.raw_dir)
             paths = data_paths(cfg)
-            tokenizer, data_dir = paths.tokenizer, paths.data_dir
+            tokenizer, data_dir, manifest = paths.tokenizer, paths.data_dir, paths.manifest
         else:
             if args.set:
                 return _fail("--set overrides a config: use it with --config")
@@ -96,9 +96,10 @@ def prepare(args) -> int:
                               max_docs=args.max_docs, min_tokens=args.min_tokens)]
             tokenizer = Path(args.tokenizer)
             data_dir = Path(args.data_dir) if args.data_dir else prefix.parent
+            manifest = None
         results = run(outputs, tokenizer, data_dir=data_dir, workers=args.workers,
                       skip_bad=args.skip_bad, progress=not args.no_progress, force=args.force,
-                      append_eod=args.append_eod)
+                      append_eod=args.append_eod, manifest=manifest)
     except (DataError, ConfigError) as e:
         return _fail(str(e))
     describe(results, sys.stdout)

@@ -209,7 +209,12 @@ class DataConfig:
     pretrain_prefix: str | None = None
     """Tiny benchmark only: prefix of the separate shard the initial checkpoint is pre-trained on."""
     index_cache_dir: str = "index_cache"
-    """Where GPTDataset index caches go, relative to data_dir unless absolute."""
+    """Where GPTDataset index caches go, relative to data_dir unless absolute (written by the
+    first run on new data: on a read-only data_dir, an absolute writable path)."""
+    manifest: str = "manifest.json"
+    """The data manifest (checksums, verification records; docs/data.md), relative to data_dir
+    unless absolute. `data verify` writes to it every job: on a read-only data_dir, an absolute
+    writable path."""
     require_verified: bool = True
     """Refuse to train on data whose manifest does not verify."""
 

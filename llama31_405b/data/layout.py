@@ -35,6 +35,7 @@ class DataPaths:
     valid: Path
     pretrain: Path | None
     index_cache: Path
+    manifest: Path
 
     def prefixes(self) -> list[Path]:
         return [*self.train, self.valid] + ([self.pretrain] if self.pretrain else [])
@@ -79,14 +80,15 @@ def data_paths(cfg, *, resolve: bool = True) -> DataPaths:
     dataset prefixes go through resolve_prefix unless `resolve=False` (outputs to write)."""
     d = cfg.data
     root = Path(d.data_dir).absolute()
-    cache = Path(d.index_cache_dir)
+    cache, manifest = Path(d.index_cache_dir), Path(d.manifest)
     res = resolve_prefix if resolve else (lambda p: p)
     return DataPaths(
         data_dir=root, tokenizer=root / d.tokenizer,
         train=tuple(res(root / p) for p in d.train_prefixes), weights=tuple(d.train_weights),
         valid=res(root / d.valid_prefix),
         pretrain=res(root / d.pretrain_prefix) if d.pretrain_prefix else None,
-        index_cache=cache if cache.is_absolute() else root / cache)
+        index_cache=cache if cache.is_absolute() else root / cache,
+        manifest=manifest if manifest.is_absolute() else root / manifest)
 
 
 def min_valid_tokens(cfg) -> int:

@@ -9,7 +9,9 @@ accepted file, and what each dataset holds.
 `sha256` hashes the whole file (`data verify --full`); `sample_sha256` hashes the size plus 24
 spread-out blocks (first and last 4 MiB, 16 x 64 KiB between), which catches truncation,
 replacement and most damage in a second even on the multi-GB C4 files: training checks that one.
-Paths are relative to DATA_DIR. Written atomically (temporary name, then rename) under a lock.
+Paths are relative to DATA_DIR. Written atomically (temporary name, then rename) under a lock
+file beside it. The file can live outside DATA_DIR (`data.manifest`, for data on a read-only
+mount): every function takes the data folder and, optionally, the manifest's own path.
 """
 from __future__ import annotations
 
@@ -30,8 +32,9 @@ _BLOCK = 64 << 10
 _SPREAD = 16
 
 
-def manifest_path(data_dir: str | Path) -> Path:
-    return Path(data_dir) / NAME
+def manifest_path(data_dir: str | Path, path: str | Path | None = None) -> Path:
+    """`path` when given, else DATA_DIR/manifest.json."""
+    return Path(path) if path is not None else Path(data_dir) / NAME
 
 
 def sample_sha256(path: str | Path) -> str:
@@ -71,8 +74,8 @@ def check_file(path: Path, rec: dict, *, full: bool, where: Path) -> None:
         raise DataError(f"{path}: sha256 mismatch; {fix}")
 
 
-def load_manifest(data_dir: str | Path) -> dict:
-    p = manifest_path(data_dir)
+def load_manifest(data_dir: str | Path, path: str | Path | None = None) -> dict:
+    p = manifest_path(data_dir, path)
     if not p.is_file():
         return {"version": 1, "files": {}, "datasets": {}}
     try:
@@ -88,17 +91,17 @@ def load_manifest(data_dir: str | Path) -> dict:
 
 
 @contextlib.contextmanager
-def updating(data_dir: str | Path) -> Iterator[dict]:
+def updating(data_dir: str | Path, path: str | Path | None = None) -> Iterator[dict]:
     """Lock, load, let the caller edit, write atomically."""
-    data_dir = Path(data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
-    with open(data_dir / (NAME + ".lock"), "w") as lock:
+    p = manifest_path(data_dir, path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with open(p.with_name(p.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        m = load_manifest(data_dir)
+        m = load_manifest(data_dir, p)
         yield m
-        tmp = data_dir / f"{NAME}.tmp{os.getpid()}"
+        tmp = p.with_name(f"{p.name}.tmp{os.getpid()}")
         tmp.write_text(json.dumps(m, indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, manifest_path(data_dir))
+        os.replace(tmp, p)
 
 
 def rel(path: str | Path, data_dir: str | Path) -> str:

@@ -236,7 +236,7 @@ def _sources(out: Output) -> list[list]:
 
 
 def _up_to_date(out: Output, tok: SentencePieceTokenizer, data_dir: Path, m: dict,
-                skip_bad: bool, append_eod: bool) -> dict | None:
+                skip_bad: bool, append_eod: bool, where: Path) -> dict | None:
     key = mf.rel(out.prefix, data_dir)
     ds = m["datasets"].get(key)
     if not ds or ds.get("tokenizer_sha256") != tok.sha256 or ds.get("sources") != _sources(out) \
@@ -249,14 +249,14 @@ def _up_to_date(out: Output, tok: SentencePieceTokenizer, data_dir: Path, m: dic
             rec = m["files"].get(key + ext)
             if rec is None or not p.is_file():
                 return None
-            mf.check_file(p, rec, full=False, where=mf.manifest_path(data_dir))
+            mf.check_file(p, rec, full=False, where=where)
     except DataError:
         return None
     return ds
 
 
 def _merge(out: Output, units: list[_Unit], recs: list[dict], tok, data_dir: Path,
-           skip_bad: bool, append_eod: bool) -> Result:
+           skip_bad: bool, append_eod: bool, where: Path) -> Result:
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
     prefix = out.prefix
     tmp_bin, tmp_idx = Path(f"{prefix}.bin.tmp"), Path(f"{prefix}.idx.tmp")
@@ -294,7 +294,7 @@ def _merge(out: Output, units: list[_Unit], recs: list[dict], tok, data_dir: Pat
                         f"than the {out.min_tokens} needed (eval_samples x seq_length + 1); use "
                         "more validation documents")
     key = mf.rel(prefix, data_dir)
-    with mf.updating(data_dir) as m:  # drop the old record first: replaced files are untrusted
+    with mf.updating(data_dir, where) as m:  # drop the old record first: replaced files are untrusted
         m["datasets"].pop(key, None)
         m["files"].pop(key + ".bin", None)
         m["files"].pop(key + ".idx", None)
@@ -304,7 +304,7 @@ def _merge(out: Output, units: list[_Unit], recs: list[dict], tok, data_dir: Pat
     files[mf.rel(tok.path, data_dir)] = {"size": tok.path.stat().st_size,
                                          "sample_sha256": mf.sample_sha256(tok.path),
                                          "sha256": tok.sha256}
-    with mf.updating(data_dir) as m:
+    with mf.updating(data_dir, where) as m:
         m["files"].update(files)
         m["datasets"][key] = {
             "origin": "prepared", "documents": info.documents, "tokens": info.tokens,
@@ -320,9 +320,11 @@ def _merge(out: Output, units: list[_Unit], recs: list[dict], tok, data_dir: Pat
 
 def prepare(outputs: list[Output], tokenizer: str | Path, *, data_dir: str | Path,
             workers: int | None = None, skip_bad: bool = False, progress: bool = True,
-            force: bool = False, append_eod: bool = False) -> list[Result]:
+            force: bool = False, append_eod: bool = False,
+            manifest: str | Path | None = None) -> list[Result]:
     """Build every output (skipping those already complete and recorded in the manifest).
-    `append_eod`: end every document with the eos id (the reference does not)."""
+    `append_eod`: end every document with the eos id (the reference does not). `manifest`: the
+    manifest file (default DATA_DIR/manifest.json)."""
     # imported before workers fork, so each does not pay megatron's import again
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder  # noqa: F401
     tok = SentencePieceTokenizer(tokenizer)
@@ -334,11 +336,12 @@ def prepare(outputs: list[Output], tokenizer: str | Path, *, data_dir: str | Pat
         for p in out.inputs:
             if not Path(p).is_file():
                 raise DataError(f"{p}: input shard not found (needed for {out.prefix.name})")
-    m = mf.load_manifest(data_dir)
+    where = mf.manifest_path(data_dir, manifest)
+    m = mf.load_manifest(data_dir, where)
     results: dict[int, Result] = {}
     pending: list[tuple[int, Output]] = []
     for i, out in enumerate(outputs):
-        ds = None if force else _up_to_date(out, tok, data_dir, m, skip_bad, append_eod)
+        ds = None if force else _up_to_date(out, tok, data_dir, m, skip_bad, append_eod, where)
         if ds is not None:
             results[i] = Result(prefix=out.prefix, documents=ds["documents"], tokens=ds["tokens"],
                                 skipped=SkipCounts(**ds.get("skipped", {})), status="up-to-date")
@@ -367,7 +370,7 @@ def prepare(outputs: list[Output], tokenizer: str | Path, *, data_dir: str | Pat
     for i, out in pending:
         us = units[i]
         res = _merge(out, us, [recs[(u.out, u.part)] for u in us], tok, data_dir, skip_bad,
-                     append_eod)
+                     append_eod, where)
         if len(todo) < sum(len(x) for x in units.values()):
             res.status = "resumed"
         results[i] = res

@@ -4,8 +4,11 @@
 .bin files; run_and_time.sh runs it once per job, before the timed runs. It accepts the
 project's prepared data and MLCommons' ready-made files once recorded (`--write-manifest`
 records files that have no manifest entry yet, origin "accepted"), and for every dataset it
-passes it writes a verification record into DATA_DIR/manifest.json: what was checked, when,
-and the size and mtime of each file. Checks, cheapest first:
+passes it writes a verification record into the manifest (`data.manifest`, by default
+DATA_DIR/manifest.json): what was checked, when, and the size and mtime of each file. It
+refuses, before reading any .bin, a manifest it could not write (data on a read-only mount:
+point `data.manifest` elsewhere) and warns of an index cache folder the first run could not
+write. Checks, cheapest first:
 
 - data_dir, tokenizer and every .bin/.idx exist; the tokenizer vocab fits the model's vocab;
 - each .idx/.bin pair is internally consistent (header, dtype, counts, sizes, pointers);
@@ -41,6 +44,32 @@ from .tokenizer import SentencePieceTokenizer
 
 SCAN_TOKENS = 1 << 26
 EOD_SAMPLE = 1024
+_READ_ONLY_FIX = ("for data on a read-only mount, set data.manifest (and data.index_cache_dir) to "
+                  "absolute paths in a writable folder, e.g. --set data.manifest=\"/scratch/"
+                  "llama31_405b/manifest.json\"; with CONT, inside a mounted folder")
+
+
+def _writable(path: Path) -> bool:
+    """Whether `path` (a folder or a file to create) can be written: the nearest existing
+    folder on its way accepts new files."""
+    p = path
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return os.access(p, os.W_OK | (os.X_OK if p.is_dir() else 0))
+
+
+def _check_writable(p, say: Callable[[str], None]) -> None:
+    """The manifest's folder must take the verification record; an index cache folder that
+    cannot be written is fine only if it already holds this config's caches (Megatron reads
+    them), so that is a warning."""
+    if not _writable(p.manifest.parent):  # a lock file, a temporary file, a rename there
+        raise DataError(f"{p.manifest}: not writable, and data verify records its verification "
+                        f"there every job; {_READ_ONLY_FIX}")
+    if not _writable(p.index_cache):
+        say(f"warning: {p.index_cache} (data.index_cache_dir) is not writable: training fails "
+            "unless it already holds the dataset index caches of this config; " + _READ_ONLY_FIX)
+
+
 CHECKS = ["structure", "validation_size", "dtype", "ids_below_vocab", "eod_convention",
           "manifest_record", "tokenizer"]
 
@@ -116,16 +145,18 @@ def verification_record(info: IndexInfo, tok, content: dict, *, full: bool) -> d
             "files": {ext: _stat(f"{info.prefix}{ext}") for ext in (".bin", ".idx")}}
 
 
-def _write(data_dir: Path, new_files: dict, new_sets: dict, verified: dict) -> None:
+def _write(data_dir: Path, new_files: dict, new_sets: dict, verified: dict,
+           manifest: Path | None = None) -> None:
+    where = mf.manifest_path(data_dir, manifest)
     try:
-        with mf.updating(data_dir) as m:
+        with mf.updating(data_dir, where) as m:
             m["files"].update(new_files)
             m["datasets"].update(new_sets)
             for key, rec in verified.items():
                 m["datasets"][key]["verified"] = rec
     except OSError as e:
-        raise DataError(f"{mf.manifest_path(data_dir)}: cannot record the verification ({e}); "
-                        "data verify needs write access to data_dir") from None
+        raise DataError(f"{where}: cannot record the verification ({e}); data verify writes "
+                        "to the manifest every job: " + _READ_ONLY_FIX) from None
 
 
 def verify_data(cfg, *, full: bool = False, write_manifest: bool = False,
@@ -136,10 +167,11 @@ def verify_data(cfg, *, full: bool = False, write_manifest: bool = False,
     say = log or (lambda msg: None)
     p = data_paths(cfg)
     tok = _tokenizer(cfg, p)
+    _check_writable(p, say)
     infos = {prefix: read_index(prefix) for prefix in p.prefixes()}
     _check_validation(cfg, infos[p.valid])
-    where = mf.manifest_path(p.data_dir)
-    m = mf.load_manifest(p.data_dir)
+    where = p.manifest
+    m = mf.load_manifest(p.data_dir, where)
     new_files: dict[str, dict] = {}
     new_sets: dict[str, dict] = {}
     verified: dict[str, dict] = {}
@@ -201,7 +233,7 @@ def verify_data(cfg, *, full: bool = False, write_manifest: bool = False,
         say(f"ok {key}: {info.documents} documents, {info.tokens} tokens, EOD {found}, ids < "
             f"{content[prefix]['max_id'] + 1} ({content[prefix]['ids_checked']}), "
             f"{ds.get('origin')}")
-    _write(p.data_dir, new_files, new_sets, verified)
+    _write(p.data_dir, new_files, new_sets, verified, where)
     if new_files:
         say(f"wrote {len(new_files)} file records to {where}")
     say(f"recorded a passing verification of {len(verified)} datasets in {where}")
@@ -215,8 +247,8 @@ def require_verified(cfg) -> dict:
     {"eod": "none"|"appended", "datasets": {manifest key: verification record}}."""
     p = data_paths(cfg)
     tok = _tokenizer(cfg, p)
-    where = mf.manifest_path(p.data_dir)
-    m = mf.load_manifest(p.data_dir)
+    where = p.manifest
+    m = mf.load_manifest(p.data_dir, where)
     fix = (f"run `python -m llama31_405b data verify {cfg.source or 'CONFIG'}` first "
            "(run_and_time.sh does, once per job before the runs)")
     trec = m["files"].get(mf.rel(p.tokenizer, p.data_dir))
