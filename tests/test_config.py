@@ -67,6 +67,13 @@ def test_wrong_type_names_key(gb200):
         load_config(gb200(minibs='"eight"'))
 
 
+@pytest.mark.parametrize("manifest", ['""', '"/scratch/llama/"', '"/scratch/llama"'])
+def test_data_manifest_must_name_a_json_file(gb200, manifest):
+    with pytest.raises(ConfigError, match=r"data.manifest = .*ending in .json"):
+        load_config(gb200(extra=f"[data]\nmanifest = {manifest}\n"))
+    load_config(gb200(extra='[data]\nmanifest = "/scratch/llama/manifest.json"\n'))
+
+
 def test_mp_group_not_dividing_rack(gb200):
     # TP4 x PP8 x CP3 = 96 does not divide 64 GPUs per rack
     with pytest.raises(ConfigError, match=r"TP\*PP\*CP = 4\*8\*3 = 96 does not divide the 64 GPUs"):

@@ -223,11 +223,37 @@ def test_merge_runs_megatrons_gc_collect_over_a_frozen_heap(env, tmp_path, monke
     _, docs, tok_path = env
     shards = _shards(tmp_path / "raw", docs, n=4)
     seen: list[int] = []
+    before = gc.get_freeze_count()  # CPython 3.12 starts with a few hundred frozen objects
     collect = gc.collect
     monkeypatch.setattr(gc, "collect", lambda *a: (seen.append(gc.get_freeze_count()),
                                                    collect(*a))[1])
     out = Output(prefix=tmp_path / "ds" / "train_text_document", inputs=tuple(shards))
     [res] = prepare([out], tok_path, data_dir=tmp_path / "ds", workers=1, progress=False)
     assert res.documents == len(docs) and len(seen) == 4
-    assert all(n > 1000 for n in seen), seen
-    assert gc.get_freeze_count() == 0
+    assert all(n > before + 1000 for n in seen), (before, seen)  # else: the whole heap
+    assert gc.get_freeze_count() <= before
+
+
+@pytest.mark.parametrize("dtype,top", [(np.uint16, 32000), (np.int32, 128256)])
+def test_batched_documents_are_written_as_megatrons_builder_writes_them(tmp_path, dtype, top):
+    """_add_documents (one write per batch) against IndexedDatasetBuilder.add_document (one per
+    document): the same .bin and .idx bytes, for both token dtypes, with empty batches."""
+    import itertools
+
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    from llama31_405b.data.prepare import _add_documents
+    rng = np.random.default_rng(0)
+    batches = [[], [rng.integers(0, top, int(n)).tolist() for n in rng.integers(1, 300, 7)], [],
+               [rng.integers(0, top, int(n)).tolist() for n in rng.integers(1, 300, 5)]]
+    ours = IndexedDatasetBuilder(str(tmp_path / "a.bin"), dtype=dtype)
+    for batch in batches:
+        _add_documents(ours, np.fromiter(itertools.chain.from_iterable(batch), dtype=dtype,
+                                         count=sum(map(len, batch))), [len(d) for d in batch])
+    ours.finalize(str(tmp_path / "a.idx"))
+    theirs = IndexedDatasetBuilder(str(tmp_path / "b.bin"), dtype=dtype)
+    for doc in itertools.chain.from_iterable(batches):
+        theirs.add_document(np.array(doc, dtype=dtype), [len(doc)])
+    theirs.finalize(str(tmp_path / "b.idx"))
+    for ext in ("bin", "idx"):
+        assert (tmp_path / f"a.{ext}").read_bytes() == (tmp_path / f"b.{ext}").read_bytes()

@@ -3,8 +3,8 @@
     python -m llama31_405b data verify CONFIG [--set SECTION.KEY=VALUE ...] [--full]
                                               [--write-manifest]
 
-exits 0 when the data passed (a passing verification is then recorded in DATA_DIR/manifest.json,
-which `train` requires), 1 when the data failed a check (the message names the file and the
+exits 0 when the data passed (a passing verification is then recorded in the manifest,
+`data.manifest`, by default DATA_DIR/manifest.json, which `train` requires), 1 when the data failed a check (the message names the file and the
 fix), 2 when CONFIG or a --set override is invalid.
 """
 from __future__ import annotations

@@ -50,7 +50,8 @@ def run(args) -> int:
     t_all = time.perf_counter()
     from ..data.tiny import ensure_tiny_data
     _say(f"tiny data in {cfg.data.data_dir}")
-    ensure_tiny_data(cfg.data.data_dir)
+    from ..data.layout import data_paths
+    ensure_tiny_data(cfg.data.data_dir, manifest=data_paths(cfg).manifest)
     _say("initial checkpoint (pre-trained once on the separate shard, then reused)")
     if _py("train-init", "--config", args.config):
         _say("FAILED to make the initial checkpoint")

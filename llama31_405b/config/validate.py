@@ -54,6 +54,10 @@ def basic_rules(cfg: Config) -> list[str]:
         out.append("batch.minibs, batch.micro_batch_size and system.racks must be >= 1")
     if cfg.system.gpus_per_rack is not None and cfg.system.gpus_per_rack < 1:
         out.append("system.gpus_per_rack must be >= 1")
+    m = cfg.data.manifest
+    if not m.strip() or m.endswith(("/", ".")) or not m.endswith(".json"):
+        out.append(f"data.manifest = {m!r}: the manifest's file name, ending in .json (relative to "
+                   "data_dir unless absolute), e.g. \"manifest.json\"")
     return out
 
 

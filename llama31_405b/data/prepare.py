@@ -114,8 +114,8 @@ def _add_documents(builder, tokens: np.ndarray, lengths: list[int]) -> None:
     megatron-core 0.19.2's `IndexedDatasetBuilder.add_document(ids, [len(ids)])` records for each
     (tokens to `data_file`, the length to `sequence_lengths`, the sequence count to
     `document_indices`) without a numpy conversion and a write per document. Byte-identical
-    output: tests/test_data_tiny.py and tests/test_data_verify.py compare files with the
-    builder's own."""
+    output: tests/test_data_prepare.py compares with the builder's own for both token dtypes,
+    tests/test_data_verify.py whole prepared files with reference-style ones."""
     builder.data_file.write(tokens.tobytes())
     start = len(builder.sequence_lengths)
     builder.sequence_lengths.extend(lengths)
@@ -266,9 +266,10 @@ def _merge(out: Output, units: list[_Unit], recs: list[dict], tok, data_dir: Pat
     else:
         builder = IndexedDatasetBuilder(str(tmp_bin), dtype=token_dtype(tok.vocab_size))
         # megatron-core 0.19.2 `IndexedDatasetBuilder.add_index` runs a full `gc.collect()` per
-        # part: ~0.25 s each over this process's heap (torch is imported), minutes over C4's
-        # 1,024 shards. Freezing moves what exists now out of the collector's sight; the
-        # indexes the builder frees are still collected.
+        # part: ~0.25 s each over this process's heap (torch is imported), about a minute over
+        # the benchmark's 2 x 128 training shards. Freezing moves what exists now out of the
+        # collector's sight; the indexes the builder frees are still collected. (unfreeze also
+        # thaws what was frozen before, e.g. CPython's own startup objects: harmless.)
         gc.freeze()
         try:
             for u in units:
@@ -404,18 +405,25 @@ def _run(todo: list[_Unit], recs: dict, workers: int, show: bool, tok) -> None:
         ctx = mp.get_context("fork")
         q = ctx.Queue()
         with ctx.Pool(min(workers, len(todo)), initializer=_init_worker, initargs=(q,)) as pool:
-            def finished(_=None) -> None:  # wakes the loop below the moment a unit ends
-                q.put(None)
-            jobs = {(u.out, u.part): pool.apply_async(run_unit, (u,), callback=finished,
-                                                      error_callback=finished) for u in todo}
+            def finished(key):  # wakes the loop below the moment a unit ends, with its key
+                return lambda _: q.put(("done", key))
+            jobs = {(u.out, u.part): pool.apply_async(run_unit, (u,),
+                                                      callback=finished((u.out, u.part)),
+                                                      error_callback=finished((u.out, u.part)))
+                    for u in todo}
             while jobs:
+                done = []
                 try:
                     msg = q.get(timeout=1.0)
-                    if msg is not None:
+                    if msg[0] == "done":
+                        done.append(msg[1])  # its get() below waits the instant until ready
+                    else:
                         on_report(*msg)
                 except queue_mod.Empty:
                     pass
-                for k in [k for k, j in jobs.items() if j.ready()]:
+                for k in done + [k for k, j in jobs.items() if j.ready() and k not in done]:
+                    if k not in jobs:
+                        continue
                     try:
                         recs[k] = jobs.pop(k).get()  # re-raises a worker's exception here
                     except DataError as e:
@@ -425,7 +433,7 @@ def _run(todo: list[_Unit], recs: dict, workers: int, show: bool, tok) -> None:
                     msg = q.get_nowait()
                 except queue_mod.Empty:
                     break
-                if msg is not None:
+                if msg[0] != "done":
                     on_report(*msg)
     if bar:
         bar.close()

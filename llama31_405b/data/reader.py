@@ -63,7 +63,7 @@ class ShardReader:
             stream = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
             lineno = 0
             try:
-                for lineno, line in enumerate(_lines(stream), 1):
+                for lineno, line in enumerate(stream, 1):
                     self.lines = lineno
                     if not line.strip():
                         continue
@@ -97,15 +97,3 @@ class ShardReader:
                 'no "text" field' if "text" not in obj else '"text" is not a string')
             raise DataError(f"{self.path}:{lineno}: {what}{self._hint()}")
         return text
-
-
-def _lines(stream: BinaryIO, block: int = 1 << 20) -> Iterator[bytes]:
-    """The lines of `stream` (without their newline), read a megabyte at a time (GzipFile's own
-    line iterator decompresses in small pieces and costs more per line)."""
-    rest = b""
-    while data := stream.read(block):
-        lines = (rest + data).split(b"\n")
-        rest = lines.pop()
-        yield from lines
-    if rest:
-        yield rest

@@ -96,13 +96,13 @@ def _write_shard(path: Path, docs: list[dict]) -> None:
     os.replace(tmp, path)
 
 
-def _stamp_ok(data_dir: Path, corpus_sha: str) -> bool:
+def _stamp_ok(data_dir: Path, corpus_sha: str, manifest: Path | None) -> bool:
     stamp = data_dir / STAMP
     try:
         s = json.loads(stamp.read_text())
         if s.get("format") != FORMAT or s.get("corpus_sha256") != corpus_sha:
             return False
-        m = mf.load_manifest(data_dir)
+        m = mf.load_manifest(data_dir, manifest)
         for key in [TOKENIZER] + [p + e for p in RAW.values() for e in (".bin", ".idx")]:
             mf.check_file(data_dir / key, m["files"][key], full=False, where=stamp)
         return all(m["datasets"][p].get("verified", {}).get("passed") for p in RAW.values())
@@ -111,21 +111,24 @@ def _stamp_ok(data_dir: Path, corpus_sha: str) -> bool:
 
 
 def ensure_tiny_data(data_dir: str | Path, *, workers: int | None = None,
-                     quiet: bool = False) -> Path:
-    """Make sure `data_dir` holds the tiny corpus, tokenizer and datasets; returns data_dir."""
+                     quiet: bool = False, manifest: str | Path | None = None) -> Path:
+    """Make sure `data_dir` holds the tiny corpus, tokenizer and datasets; returns data_dir.
+    `manifest`: the manifest file (a config's `data.manifest`; default DATA_DIR/manifest.json)."""
     data_dir = Path(data_dir)
+    manifest = mf.manifest_path(data_dir, manifest)
     corpus_sha = mf.file_record(CORPUS)["sha256"] if CORPUS.is_file() else ""
-    if corpus_sha and _stamp_ok(data_dir, corpus_sha):
+    if corpus_sha and _stamp_ok(data_dir, corpus_sha, manifest):
         return data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
     with open(data_dir / ".tiny_data.lock", "w") as lock:  # concurrent callers (pytest -n) wait
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if corpus_sha and _stamp_ok(data_dir, corpus_sha):
+        if corpus_sha and _stamp_ok(data_dir, corpus_sha, manifest):
             return data_dir
-        return _build(data_dir, corpus_sha, workers=workers, quiet=quiet)
+        return _build(data_dir, corpus_sha, workers=workers, quiet=quiet, manifest=manifest)
 
 
-def _build(data_dir: Path, corpus_sha: str, *, workers: int | None, quiet: bool) -> Path:
+def _build(data_dir: Path, corpus_sha: str, *, workers: int | None, quiet: bool,
+           manifest: Path) -> Path:
     t0 = time.monotonic()
     say = (lambda msg: None) if quiet else (lambda msg: print(
         f"[{time.monotonic() - t0:5.1f} s] {msg}", file=sys.stderr, flush=True))
@@ -138,7 +141,7 @@ def _build(data_dir: Path, corpus_sha: str, *, workers: int | None, quiet: bool)
     tok_path = data_dir / TOKENIZER
     train_texts = [d["text"] for name in list(RAW)[:2] for d in shards[name]]
     train_tokenizer(train_texts, tok_path, vocab_size=VOCAB_SIZE)
-    with mf.updating(data_dir) as m:
+    with mf.updating(data_dir, manifest) as m:
         m["files"][TOKENIZER] = mf.file_record(tok_path)
         for rel in RAW:
             m["files"][rel] = mf.file_record(data_dir / rel)
@@ -146,11 +149,12 @@ def _build(data_dir: Path, corpus_sha: str, *, workers: int | None, quiet: bool)
     outputs = [Output(prefix=data_dir / prefix, inputs=(data_dir / rel,),
                       min_tokens=MIN_VALID_TOKENS if "validation" in prefix else None)
                for rel, prefix in RAW.items()]
-    results = prepare(outputs, tok_path, data_dir=data_dir, workers=workers, progress=not quiet)
+    results = prepare(outputs, tok_path, data_dir=data_dir, workers=workers, progress=not quiet,
+                      manifest=manifest)
     if not quiet:
         describe(results)
-    verify_prepared(data_dir, tok_path, [data_dir / prefix for prefix in RAW.values()])
-    say("tiny data: verified (recorded in manifest.json)")
+    verify_prepared(data_dir, tok_path, [data_dir / prefix for prefix in RAW.values()], manifest)
+    say(f"tiny data: verified (recorded in {manifest})")
     stamp = data_dir / STAMP
     stamp.write_text(json.dumps({"format": FORMAT, "corpus_sha256": corpus_sha,
                                  "tokens": {r.prefix.name: r.tokens for r in results}}, indent=1))

@@ -29,6 +29,7 @@ since.
 """
 from __future__ import annotations
 
+import errno
 import os
 import time
 from pathlib import Path
@@ -155,8 +156,10 @@ def _write(data_dir: Path, new_files: dict, new_sets: dict, verified: dict,
             for key, rec in verified.items():
                 m["datasets"][key]["verified"] = rec
     except OSError as e:
+        hint = (": " + _READ_ONLY_FIX if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+                else "")
         raise DataError(f"{where}: cannot record the verification ({e}); data verify writes "
-                        "to the manifest every job: " + _READ_ONLY_FIX) from None
+                        f"to the manifest every job{hint}") from None
 
 
 def verify_data(cfg, *, full: bool = False, write_manifest: bool = False,
@@ -284,21 +287,22 @@ def require_verified(cfg) -> dict:
     return {"eod": conv, "datasets": records}
 
 
-def verify_prepared(data_dir: str | Path, tokenizer: str | Path, prefixes: list[Path]) -> None:
+def verify_prepared(data_dir: str | Path, tokenizer: str | Path, prefixes: list[Path],
+                    manifest: Path | None = None) -> None:
     """Content checks of datasets `prepare` has just written and recorded, and their passing
     verification records (ensure_tiny_data: the tiny data is ready to train on at once). The
     config-level checks (validation size, vocab fit) are require_verified's, from the .idx."""
     data_dir = Path(data_dir)
     tok = SentencePieceTokenizer(tokenizer)
-    m = mf.load_manifest(data_dir)
+    m = mf.load_manifest(data_dir, manifest)
     verified = {}
     for prefix in prefixes:
         key = mf.rel(prefix, data_dir)
         ds = m["datasets"].get(key)
         if ds is None or ds.get("tokenizer_sha256") != tok.sha256:
             raise DataError(f"{prefix}: not prepared with {tokenizer} (no matching record in "
-                            f"{mf.manifest_path(data_dir)}); prepare it again")
+                            f"{mf.manifest_path(data_dir, manifest)}); prepare it again")
         info = read_index(prefix)
         verified[key] = verification_record(info, tok, check_content(info, tok, full=True),
                                             full=True)
-    _write(data_dir, {}, {}, verified)
+    _write(data_dir, {}, {}, verified, manifest)
