@@ -33,7 +33,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from llama31_405b.data.prepare import BATCH_DOCS, Output, prepare  # noqa: E402
+from llama31_405b.data.prepare import Output, prepare  # noqa: E402
+from llama31_405b.data.unit import BATCH_DOCS  # noqa: E402
 from llama31_405b.data.tiny import VOCAB_SIZE, corpus_documents  # noqa: E402
 from llama31_405b.data.tokenizer import train_tokenizer  # noqa: E402
 

@@ -242,7 +242,7 @@ def test_batched_documents_are_written_as_megatrons_builder_writes_them(tmp_path
 
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
-    from llama31_405b.data.prepare import _add_documents
+    from llama31_405b.data.unit import _add_documents
     rng = np.random.default_rng(0)
     batches = [[], [rng.integers(0, top, int(n)).tolist() for n in rng.integers(1, 300, 7)], [],
                [rng.integers(0, top, int(n)).tolist() for n in rng.integers(1, 300, 5)]]

@@ -7,7 +7,8 @@ One module per concern:
   indexed    structure of Megatron .bin/.idx files
   manifest   sizes and checksums of prepared files
   progress   progress line (docs/s, tokens/s, ETA) on stderr
-  prepare    parallel, resumable tokenization into indexed datasets
+  unit       one work unit of prepare: shards -> a part's .bin/.idx, in a worker process
+  prepare    parallel, resumable tokenization into indexed datasets (units, merge, manifest)
   parity     the tokenizer against the folder's tokenizer.json, at prepare time
   layout     the benchmark's file layout (raw shards -> en_6 / en_7 / validation)
   verify     verify_data(cfg): content checks (`data verify`), require_verified(cfg): train's check

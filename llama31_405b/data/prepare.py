@@ -19,14 +19,12 @@ renames and the manifest write never yields data that passes as complete.
 from __future__ import annotations
 
 import gc
-import itertools
 import json
 import multiprocessing as mp
 import os
 import queue as queue_mod
 import shutil
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,12 +35,9 @@ from .errors import DataError
 from .indexed import read_index, token_dtype
 from .parity import check_tokenizer_json, sample_texts
 from .progress import Progress
-from .reader import ShardReader, SkipCounts
+from .reader import SkipCounts
 from .tokenizer import TOKENIZATION, SentencePieceTokenizer
-
-BATCH_DOCS = 256
-REPORT_EVERY_S = 0.5
-
+from .unit import Unit, init_worker, inherit_tokenizer, run_unit
 
 @dataclass(frozen=True)
 class Output:
@@ -60,28 +55,6 @@ class Output:
         object.__setattr__(self, "inputs", tuple(Path(p) for p in self.inputs))
 
 
-@dataclass(frozen=True)
-class _Unit:
-    out: int
-    part: int
-    inputs: tuple[Path, ...]
-    max_docs: int | None
-    skip_bad: bool
-    tokenizer: str
-    tokenizer_sha256: str
-    part_prefix: Path
-    append_eod: bool = False
-
-    def key(self) -> dict:
-        return {"inputs": [[p.name, p.stat().st_size] for p in self.inputs],
-                "max_docs": self.max_docs, "skip_bad": self.skip_bad,
-                "tokenizer_sha256": self.tokenizer_sha256, "append_eod": self.append_eod,
-                "tokenization": TOKENIZATION}
-
-    def size(self) -> int:
-        return sum(p.stat().st_size for p in self.inputs)
-
-
 @dataclass
 class Result:
     prefix: Path
@@ -92,134 +65,22 @@ class Result:
     """prepared, resumed (some parts reused) or up-to-date."""
 
 
-# ---------------------------------------------------------------- worker side
-_TOK: SentencePieceTokenizer | None = None
-_QUEUE = None
-
-
-def _init_worker(q) -> None:
-    global _QUEUE
-    _QUEUE = q
-
-
-def _tokenizer(path: str) -> SentencePieceTokenizer:
-    global _TOK
-    if _TOK is None or str(_TOK.path) != path:
-        _TOK = SentencePieceTokenizer(path)
-    return _TOK
-
-
-def _add_documents(builder, tokens: np.ndarray, lengths: list[int]) -> None:
-    """Documents of one sequence each, back to back in `tokens`, in one write: what
-    megatron-core 0.19.2's `IndexedDatasetBuilder.add_document(ids, [len(ids)])` records for each
-    (tokens to `data_file`, the length to `sequence_lengths`, the sequence count to
-    `document_indices`) without a numpy conversion and a write per document. Byte-identical
-    output: tests/test_data_prepare.py compares with the builder's own for both token dtypes,
-    tests/test_data_verify.py whole prepared files with reference-style ones."""
-    builder.data_file.write(tokens.tobytes())
-    start = len(builder.sequence_lengths)
-    builder.sequence_lengths.extend(lengths)
-    builder.document_indices.extend(range(start + 1, start + 1 + len(lengths)))
-
-
-def run_unit(u: _Unit, report=None) -> dict:
-    """Tokenize one unit into its part files; returns the part's marker record."""
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-    report = report or (lambda *a: _QUEUE.put(a) if _QUEUE is not None else None)
-    tok = _tokenizer(u.tokenizer)
-    dtype = token_dtype(tok.vocab_size)
-    eod = tok.eod
-    tmp_bin, tmp_idx = (Path(f"{u.part_prefix}.tmp.bin"), Path(f"{u.part_prefix}.tmp.idx"))
-    builder = IndexedDatasetBuilder(str(tmp_bin), dtype=dtype)
-    docs = tokens = 0
-    skipped = SkipCounts()
-    done_before = 0
-    last = time.monotonic()
-    batch: list[str] = []
-
-    def flush() -> None:
-        nonlocal docs, tokens
-        kept = []
-        for ids in tok.tokenize_batch(batch):
-            if not ids:
-                skipped.empty += 1
-                continue
-            if u.append_eod:
-                ids.append(eod)
-            kept.append(ids)
-        lengths = [len(ids) for ids in kept]
-        n = sum(lengths)
-        _add_documents(builder, np.fromiter(itertools.chain.from_iterable(kept), dtype=dtype,
-                                            count=n), lengths)
-        docs += len(kept)
-        tokens += n
-        batch.clear()
-
-    taken = 0  # texts read (the unit of max_docs)
-
-    def fail(msg: str) -> None:
-        builder.data_file.close()
-        tmp_bin.unlink(missing_ok=True)
-        raise DataError(msg)
-
-    for path in u.inputs:
-        reader = ShardReader(path, skip_bad=u.skip_bad)
-        n_texts = 0
-        for text in reader:
-            batch.append(text)
-            n_texts += 1
-            taken += 1
-            if taken == u.max_docs:
-                break
-            if len(batch) >= BATCH_DOCS:
-                flush()
-                now = time.monotonic()
-                if now - last >= REPORT_EVERY_S:
-                    last = now
-                    report(u.out, u.part, docs, tokens, done_before + reader.position)
-        flush()
-        skipped.add(reader.counts)
-        if n_texts == 0:
-            c = reader.counts
-            fail(f"{path}: empty shard (no documents in {reader.lines} lines"
-                 + (f"; skipped {c.malformed} malformed, {c.missing_text} without text, "
-                    f"{c.empty} empty" if c.total() else "")
-                 + "); remove it from the inputs or copy it again")
-        done_before += path.stat().st_size
-        if taken == u.max_docs:
-            break
-    if u.max_docs is not None and taken < u.max_docs:
-        fail(f"{', '.join(str(p) for p in u.inputs)}: only {taken} documents, {u.max_docs} "
-             "requested; add the following shards to the inputs")
-    builder.finalize(str(tmp_idx))
-    os.replace(tmp_bin, f"{u.part_prefix}.bin")
-    os.replace(tmp_idx, f"{u.part_prefix}.idx")
-    rec = {**u.key(), "documents": docs, "tokens": tokens,
-           "skipped": {"malformed": skipped.malformed, "missing_text": skipped.missing_text,
-                       "empty": skipped.empty}}
-    marker = Path(f"{u.part_prefix}.json")
-    marker.with_suffix(".json.tmp").write_text(json.dumps(rec))
-    os.replace(marker.with_suffix(".json.tmp"), marker)
-    report(u.out, u.part, docs, tokens, done_before)
-    return rec
-
-
 # ---------------------------------------------------------------- main side
 def _parts_dir(prefix: Path) -> Path:
     return Path(f"{prefix}.parts")
 
 
 def _units(i: int, out: Output, tok: SentencePieceTokenizer, skip_bad: bool,
-           append_eod: bool) -> list[_Unit]:
+           append_eod: bool) -> list[Unit]:
     parts = _parts_dir(out.prefix)
     groups = [out.inputs] if out.max_docs is not None else [(p,) for p in out.inputs]
-    return [_Unit(out=i, part=j, inputs=tuple(g), max_docs=out.max_docs, skip_bad=skip_bad,
+    return [Unit(out=i, part=j, inputs=tuple(g), max_docs=out.max_docs, skip_bad=skip_bad,
                   tokenizer=str(tok.path), tokenizer_sha256=tok.sha256,
                   part_prefix=parts / f"part-{j:05d}", append_eod=append_eod)
             for j, g in enumerate(groups)]
 
 
-def _part_done(u: _Unit) -> dict | None:
+def _part_done(u: Unit) -> dict | None:
     marker = Path(f"{u.part_prefix}.json")
     if not (marker.is_file() and Path(f"{u.part_prefix}.bin").is_file()
             and Path(f"{u.part_prefix}.idx").is_file()):
@@ -255,7 +116,7 @@ def _up_to_date(out: Output, tok: SentencePieceTokenizer, data_dir: Path, m: dic
     return ds
 
 
-def _merge(out: Output, units: list[_Unit], recs: list[dict], tok, data_dir: Path,
+def _merge(out: Output, units: list[Unit], recs: list[dict], tok, data_dir: Path,
            skip_bad: bool, append_eod: bool, where: Path) -> Result:
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
     prefix = out.prefix
@@ -295,7 +156,8 @@ def _merge(out: Output, units: list[_Unit], recs: list[dict], tok, data_dir: Pat
                         f"than the {out.min_tokens} needed (eval_samples x seq_length + 1); use "
                         "more validation documents")
     key = mf.rel(prefix, data_dir)
-    with mf.updating(data_dir, where) as m:  # drop the old record first: replaced files are untrusted
+    # drop the old record first: replaced files are untrusted
+    with mf.updating(data_dir, where) as m:
         m["datasets"].pop(key, None)
         m["files"].pop(key + ".bin", None)
         m["files"].pop(key + ".idx", None)
@@ -351,7 +213,7 @@ def prepare(outputs: list[Output], tokenizer: str | Path, *, data_dir: str | Pat
             pending.append((i, out))
     units = {i: _units(i, out, tok, skip_bad, append_eod) for i, out in pending}
     recs: dict[tuple[int, int], dict] = {}
-    todo: list[_Unit] = []
+    todo: list[Unit] = []
     for i, us in units.items():
         _parts_dir(outputs[i].prefix).mkdir(parents=True, exist_ok=True)
         for u in us:
@@ -378,7 +240,7 @@ def prepare(outputs: list[Output], tokenizer: str | Path, *, data_dir: str | Pat
     return [results[i] for i in range(len(outputs))]
 
 
-def _run(todo: list[_Unit], recs: dict, workers: int, show: bool, tok) -> None:
+def _run(todo: list[Unit], recs: dict, workers: int, show: bool, tok) -> None:
     total = sum(u.size() for u in todo)
     names = sorted({u.part_prefix.parent.name.removesuffix(".parts") for u in todo})
     label = names[0] if len(names) == 1 else f"{len(names)} datasets"
@@ -393,8 +255,7 @@ def _run(todo: list[_Unit], recs: dict, workers: int, show: bool, tok) -> None:
                        tokens=sum(v[1] for v in live.values()),
                        done_bytes=sum(v[2] for v in live.values()))
 
-    global _TOK
-    _TOK = tok  # the forked workers inherit the loaded model instead of loading it again
+    inherit_tokenizer(tok)  # the forked workers use the loaded model instead of loading it again
     if workers == 1 or len(todo) == 1:
         for u in todo:
             try:
@@ -404,7 +265,7 @@ def _run(todo: list[_Unit], recs: dict, workers: int, show: bool, tok) -> None:
     else:
         ctx = mp.get_context("fork")
         q = ctx.Queue()
-        with ctx.Pool(min(workers, len(todo)), initializer=_init_worker, initargs=(q,)) as pool:
+        with ctx.Pool(min(workers, len(todo)), initializer=init_worker, initargs=(q,)) as pool:
             def finished(key):  # wakes the loop below the moment a unit ends, with its key
                 return lambda _: q.put(("done", key))
             jobs = {(u.out, u.part): pool.apply_async(run_unit, (u,),
