@@ -102,6 +102,8 @@ def main() -> int:
     REC["evals"] = [e[0] for e in run.state.evals]
     with open(out_path, "w") as f:
         json.dump(REC, f)
+    from llama31_405b.parallel.setup import teardown_parallel
+    teardown_parallel()  # as `train` does, before interpreter exit
     return 0
 
 

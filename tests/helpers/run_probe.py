@@ -164,6 +164,8 @@ def main() -> int:
     rec["gc_collections_logged"] = list(getattr(getattr(run, "gc", None), "collections", []))
     with open(out_path, "w") as f:
         json.dump(rec, f)
+    from llama31_405b.parallel.setup import teardown_parallel
+    teardown_parallel()  # as `train` does, before interpreter exit
     return 0
 
 

@@ -51,6 +51,10 @@ def main() -> int:
     if dist.get_rank() == 0:
         with open(out, "w") as f:
             json.dump(record, f)
+    # as `train` does: a process group left to interpreter exit can abort a rank in gloo's
+    # teardown ("terminate called without an active exception"), seen once in a fresh-clone run
+    from llama31_405b.parallel.setup import teardown_parallel
+    teardown_parallel()
     return 0 if record["status"] in ("success", "aborted") else 1
 
 
