@@ -4,7 +4,6 @@ Edits change only what a test is about (one header value, a removed line, a brok
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -14,23 +13,16 @@ from llama31_405b.mlperf.log import TOKEN
 
 _REPO = Path(__file__).resolve().parents[1]
 _NAME = "mlperf_v5.1_llama31_405b_uf_b200_n32"
-# ../shared/fixtures next to the checkout (a worktree sits one level deeper)
-FIXTURE = next((d / "shared" / "fixtures" / _NAME for d in (_REPO.parent, _REPO.parent.parent)
-                if (d / "shared" / "fixtures" / _NAME).is_dir()),
-               _REPO.parent / "shared" / "fixtures" / _NAME)
+FIXTURE = _REPO / "tests" / "fixtures" / _NAME   # source and licence: its README.md
 LOGS = [FIXTURE / f"result_{i}.txt" for i in range(3)]
 SYSTEM_JSON = FIXTURE / "hpg.dgxb200x8.n32.json"
 ORG = "University-of-Florida"
 
 
 def need_fixture() -> None:
-    """The published logs sit in ../shared beside the checkout (CI lays them there): missing in
-    CI is a failure; on a developer's machine without them, the test is skipped."""
+    """The published logs are part of the repository: missing means a broken checkout."""
     if not FIXTURE.is_dir():
-        msg = f"real MLPerf v5.1 logs not found at {FIXTURE}"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
+        pytest.fail(f"real MLPerf v5.1 logs not found at {FIXTURE}: the checkout is incomplete")
 
 
 def copy_logs(dst: Path) -> list[Path]:
