@@ -38,9 +38,11 @@ def register(sub) -> None:
     add_set_option(q)
     q.set_defaults(func=run_init)
 
-    f = sub.add_parser("first-contact", help="on one GPU: the smallest slice of the real "
-                       "training path (TE layers at 405B width, recipe, full-iteration graphs, "
-                       "checkpoint, warm-up, steps), each check passed / failed / not run")
+    f = sub.add_parser("first-contact", help="on one GPU (two for the DP 2 phase): the smallest "
+                       "slice of the real training path at 405B width (TE layers and recipe, or "
+                       "Megatron's local layers in BF16 without TE; full-iteration graphs, "
+                       "checkpoint, warm-up, replay vs eager, steps, evaluation) and one layer's "
+                       "speed, each check passed / failed / not run")
     from ..train.first_contact import add_arguments
     add_arguments(f)
     f.set_defaults(func=run_first_contact)

@@ -1,0 +1,198 @@
+"""P4: the speed of one 405B-width layer on the GPU in hand, against the GPU's own BF16
+matrix-product ceiling measured in the same run and against the planner's compute model.
+
+- `matmul_ceiling`: a BF16 8192 x 8192 x 8192 matrix product through torch (cuBLAS) on random
+  data, median of 50 after 5 warm-ups, timed with CUDA events (the ceiling an MFU is read
+  against here; the system file's datasheet peak is reported beside it).
+- `bench_layer`: one decoder layer built by the project's builder with Megatron's local layer
+  spec in BF16 (`model.builder.transformer_config` and `layer_spec(cfg, te=False)`, as
+  bench/gpu_layer.py), forward and backward timed separately (CUDA events, median of --iters
+  after warm-ups) at sequence 4096, MBS 1, in two shapes: "full" (TP 1: 128 query / 8 KV heads,
+  FFN 53248) and "tp4_shard" (what one GPU of the published TP4 layout computes: 32 / 2 heads,
+  FFN 13312; the TP communication left out). RoPE is not applied (no rotary embedding passed).
+- Model FLOPs count the project's convention (config.derived.model_flops_per_sequence:
+  non-causal attention, 6 x parameters x tokens for the GEMMs): MFU = model FLOPs / time /
+  ceiling. The local attention executes the full S x S scores (causal masking skips no work).
+- The planner's prediction for the same shapes: `planner.compute.chunk_parts` of a one-layer
+  chunk on this system at TP 1 or TP 4, CP 1, sequence 4096, BF16 (forward, backward); its
+  attention term is a fused causal kernel (TE/cuDNN), not the local one, and the report says
+  so. Ratio = predicted / measured (1.0: the planner is right; < 1: optimistic).
+"""
+from __future__ import annotations
+
+import statistics
+
+SEQ = 4096
+SHAPES = {"full": {"num_attention_heads": 128, "num_query_groups": 8, "ffn_hidden_size": 53248,
+                   "tp": 1},
+          "tp4_shard": {"num_attention_heads": 32, "num_query_groups": 2, "ffn_hidden_size": 13312,
+                        "tp": 4}}
+
+
+def matmul_ceiling(n: int = 8192, iters: int = 50, warmup: int = 5) -> dict:
+    import torch
+    g = torch.Generator(device="cuda").manual_seed(0)
+    pairs = [(torch.randn(n, n, device="cuda", dtype=torch.bfloat16, generator=g),
+              torch.randn(n, n, device="cuda", dtype=torch.bfloat16, generator=g)) for _ in range(2)]
+    out = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
+    times = []
+    for i in range(warmup + iters):
+        a, b = pairs[i % 2]
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        torch.matmul(a, b, out=out)
+        e.record()
+        e.synchronize()
+        if i >= warmup:
+            times.append(s.elapsed_time(e) / 1e3)
+    t = statistics.median(times)
+    del pairs, out
+    torch.cuda.empty_cache()
+    return {"n": n, "median_s": t, "tflops": 2.0 * n ** 3 / t / 1e12,
+            "spread": (max(times) - min(times)) / t}
+
+
+def layer_overrides(shape: str, system: str, seq: int = SEQ) -> dict:
+    s = SHAPES[shape]
+    return {
+        "model": {"num_layers": 1, "num_attention_heads": s["num_attention_heads"],
+                  "num_query_groups": s["num_query_groups"], "ffn_hidden_size": s["ffn_hidden_size"],
+                  "kv_channels": 128, "seq_length": seq},
+        "parallel": {"tp": 1, "pp": 1, "vp": 1, "cp": 1, "sequence_parallel": False},
+        "precision": {"compute": "bf16", "params": "bf16", "attention": "bf16"},
+        "performance": {"cuda_graphs": "none", "fp8_param_gather": False, "fp4_param_gather": False,
+                        "tp_comm_overlap": False, "overlap_grad_reduce": False,
+                        "overlap_param_gather": False, "recompute": "none",
+                        "gradient_accumulation_fusion": False,
+                        "account_for_embedding_in_pipeline_split": False,
+                        "account_for_loss_in_pipeline_split": False},
+        "system": {"id": system, "racks": 1},
+    }
+
+
+def layer_flops(m) -> dict[str, float]:
+    """Convention FLOPs (forward + backward) of one layer of ModelConfig `m`, by part, for any
+    head count (a TP shard built as a TP 1 model has nq x d != hidden)."""
+    s, h, f = m.seq_length, m.hidden_size, m.ffn_hidden_size
+    q = m.num_attention_heads * m.kv_channels
+    qkv = (m.num_attention_heads + 2 * m.num_query_groups) * m.kv_channels
+    return {"qkv": 6.0 * s * h * qkv, "attention": 12.0 * s * s * q, "proj": 6.0 * s * q * h,
+            "ffn_up": 12.0 * s * h * f, "ffn_down": 6.0 * s * f * h}
+
+
+def planner_layer(system: str, shape: str, seq: int = SEQ) -> dict:
+    """The planner's forward and backward seconds of one layer (no embedding, no logits) of
+    `shape` on `system`, BF16, CP 1."""
+    from ...config.schema import ModelConfig
+    from ...planner import compute
+    from ...planner.context import Context
+    from ...planner.fitting import fitted
+    from ...planner.spec import make_config
+    cfg = make_config(system, 1, tp=SHAPES[shape]["tp"], pp=1, vp=1, cp=1, minibs=1,
+                      precision="bf16", model=ModelConfig(seq_length=seq))
+    fwd, bwd = compute.chunk_parts(Context.of(cfg), 1, False, False, fitted())
+    return {"fwd_s": fwd.total, "bwd_s": bwd.total, "attention_s": fwd.attention + bwd.attention}
+
+
+def bench_layer(config, shape: str, *, system: str, iters: int = 10, warmup: int = 3,
+                seq: int = SEQ) -> dict:
+    """Forward and backward medians of one layer of `shape` (module docstring). Needs
+    torch.distributed and Megatron's parallel state initialised (TP = 1)."""
+    import torch
+    from megatron.core.transformer.spec_utils import build_module
+
+    from ...config.load import load_config
+    from ...model.builder import layer_spec, transformer_config
+    cfg = load_config(config, validate=False, overrides=layer_overrides(shape, system, seq))
+    tc = transformer_config(cfg)
+    tc.gradient_accumulation_fusion = False   # no DDP wrapper: no main_grad buffers
+    layer = build_module(layer_spec(cfg, te=False), config=tc, layer_number=1).to(
+        device="cuda", dtype=torch.bfloat16)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    h = cfg.model.hidden_size
+    x = (torch.randn(seq, 1, h, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+         ).requires_grad_(True)
+    dy = torch.randn(seq, 1, h, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+    mask = torch.triu(torch.ones(seq, seq, dtype=torch.bool, device="cuda"), 1)[None, None]
+    fwd, bwd = [], []
+    for i in range(warmup + iters):
+        x.grad = None
+        layer.zero_grad(set_to_none=True)
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+        ev[0].record()
+        out = layer(hidden_states=x, attention_mask=mask)
+        out = out[0] if isinstance(out, tuple) else out
+        ev[1].record()
+        out.backward(dy)
+        ev[2].record()
+        ev[2].synchronize()
+        if i >= warmup:
+            fwd.append(ev[0].elapsed_time(ev[1]) / 1e3)
+            bwd.append(ev[1].elapsed_time(ev[2]) / 1e3)
+    peak = torch.cuda.max_memory_allocated() / 2**30
+    del layer, x, dy, out, mask
+    torch.cuda.empty_cache()
+    flops = layer_flops(cfg.model)
+    return {"shape": shape, "seq": seq, "heads": cfg.model.num_attention_heads,
+            "query_groups": cfg.model.num_query_groups, "ffn": cfg.model.ffn_hidden_size,
+            "fwd_s": statistics.median(fwd), "bwd_s": statistics.median(bwd),
+            "flops": sum(flops.values()), "flops_by_part": flops, "peak_gib": round(peak, 1)}
+
+
+def run_layer_phase(rep, cfg, *, system: str, iters: int = 10) -> None:
+    """The checks matmul_ceiling and layer_bf16 (needs CUDA and megatron-core)."""
+    import torch
+
+    from ...parallel.setup import seed_model_parallel, teardown_parallel
+    from ...systems import load_system
+    from .report import Timed
+    with Timed(rep, "matmul_ceiling"):
+        c = matmul_ceiling()
+        peak = load_system(system).peak_tflops("bf16")
+        rep.passed("matmul_ceiling", f"BF16 {c['n']}^3 matrix product: {c['tflops']:.0f} TFLOP/s "
+                   f"(median of 50; {c['tflops'] / peak:.0%} of the {system} datasheet "
+                   f"{peak:.0f})", datasheet_tflops=peak, **c)
+    if not rep.ok("matmul_ceiling"):
+        rep.rest_not_run("needs the matmul_ceiling check", ["layer_bf16"])
+        return
+    ceiling = rep.checks["matmul_ceiling"].data["tflops"]
+    with Timed(rep, "layer_bf16"):
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+        if not dist.is_initialized():
+            dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+        if not ps.model_parallel_is_initialized():
+            ps.initialize_model_parallel(tensor_model_parallel_size=1,
+                                         pipeline_model_parallel_size=1)
+        # the same graph-safe RNG tracker the slice makes (Megatron keeps the first one)
+        seed_model_parallel(1234, cuda_graphs=True)
+        rows = {}
+        try:
+            for shape in SHAPES:
+                r = bench_layer(cfg.source, shape, system=system, iters=iters)
+                p = planner_layer(system, shape)
+                t = r["fwd_s"] + r["bwd_s"]
+                r.update(total_s=t, model_tflops=r["flops"] / t / 1e12,
+                         mfu_vs_measured_ceiling=r["flops"] / t / 1e12 / ceiling,
+                         mfu_vs_datasheet=r["flops"] / t / 1e12 / peak,
+                         planner_fwd_s=p["fwd_s"], planner_bwd_s=p["bwd_s"],
+                         planner_attention_s=p["attention_s"],
+                         planner_over_measured=(p["fwd_s"] + p["bwd_s"]) / t)
+                rows[shape] = r
+                rep.checks["layer_bf16"].data[shape] = r
+                rep.save()
+                rep.log(f"layer {shape}: fwd {r['fwd_s'] * 1e3:.1f} ms, bwd {r['bwd_s'] * 1e3:.1f} "
+                        f"ms, MFU {r['mfu_vs_measured_ceiling']:.0%} of the measured ceiling, "
+                        f"planner/measured {r['planner_over_measured']:.2f}")
+        finally:
+            teardown_parallel()
+            torch.cuda.empty_cache()
+        f = rows["full"]
+        rep.passed("layer_bf16", "; ".join(
+            f"{k}: fwd {r['fwd_s'] * 1e3:.1f} ms + bwd {r['bwd_s'] * 1e3:.1f} ms, "
+            f"{r['model_tflops']:.0f} TFLOP/s = MFU {r['mfu_vs_measured_ceiling']:.0%} of the "
+            f"measured ceiling ({r['mfu_vs_datasheet']:.0%} of datasheet), planner "
+            f"{(r['planner_fwd_s'] + r['planner_bwd_s']) * 1e3:.1f} ms = "
+            f"{r['planner_over_measured']:.2f} x measured" for k, r in rows.items())
+            + f" (sequence {f['seq']}, MBS 1, local unfused attention vs the planner's fused "
+              "causal kernel)", ceiling_tflops=ceiling)
