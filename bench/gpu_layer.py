@@ -28,6 +28,10 @@ planner's attention figure is for a fused causal kernel (TE/cuDNN), so that row 
 different kernels and says so. RoPE is not applied (no rotary embedding is passed); it is
 elementwise and part of the planner's elementwise term.
 
+first-contact's layer phase (llama31_405b/train/first_contact/layer.py, run on the H200 by
+scripts/h200_first_contact.py) measures the whole layer's forward and backward in this shard's
+shape and unsharded, with the GPU's matrix ceiling and MFU; this bench adds the per-part table.
+
 Needs CUDA, torch and megatron-core (on the lent H200: carry the megatron-core wheel). Writes
 the table as JSON to $OUT/gpu_layer.json when OUT is set, or to --json-out.
 """
@@ -48,19 +52,9 @@ HEADS, GROUPS, FFN, KV = 32, 2, 13312, 128  # per TP4 rank
 
 
 def shard_overrides(system: str) -> dict:
-    return {
-        "model": {"num_layers": 1, "num_attention_heads": HEADS, "num_query_groups": GROUPS,
-                  "ffn_hidden_size": FFN, "kv_channels": KV, "seq_length": SEQ},
-        "parallel": {"tp": 1, "pp": 1, "vp": 1, "cp": 1, "sequence_parallel": False},
-        "precision": {"compute": "bf16", "params": "bf16", "attention": "bf16"},
-        "performance": {"cuda_graphs": "none", "fp8_param_gather": False, "fp4_param_gather": False,
-                        "tp_comm_overlap": False, "overlap_grad_reduce": False,
-                        "overlap_param_gather": False, "recompute": "none",
-                        "gradient_accumulation_fusion": False,
-                        "account_for_embedding_in_pipeline_split": False,
-                        "account_for_loss_in_pipeline_split": False},
-        "system": {"id": system, "racks": 1},
-    }
+    """The shard's shapes over the config (shared with first-contact's layer phase, P4)."""
+    from llama31_405b.train.first_contact.layer import layer_overrides
+    return layer_overrides("tp4_shard", system, SEQ)
 
 
 def planner_rates(system: str) -> tuple[dict[str, float], float]:

@@ -159,6 +159,7 @@ def run_layer_phase(rep, cfg, *, system: str, iters: int = 10) -> None:
     with Timed(rep, "layer_bf16"):
         import torch.distributed as dist
         from megatron.core import parallel_state as ps
+        torch.cuda.set_device(0)
         if not dist.is_initialized():
             dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
         if not ps.model_parallel_is_initialized():
