@@ -235,3 +235,21 @@ def test_megatron_accepts_the_slice_on_a_gpu(monkeypatch):
                                          ("NVIDIA H200", "h200-sxm")])
 def test_system_of_the_gpu(name, system):
     assert next(s for key, s in fc._SYSTEM_OF_GPU if key in name.upper()) == system
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_on_a_gpu_the_slice_passes(tmp_path):
+    """On a GPU (with or without Transformer Engine): the slice and the layer phase pass (a few
+    minutes on one H200; the prepared H200 command runs the same with time limits)."""
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (none visible)")
+    report = tmp_path / "report.json"
+    r = subprocess.run([sys.executable, "-m", "llama31_405b", "first-contact", "--phases",
+                        "layer,slice,dp2", "--report", str(report), "--traceback"],
+                       cwd=REPO, env=py_env(), capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-5000:]
+    by = {c["name"]: c for c in json.loads(report.read_text())["checks"]}
+    for name in fc.PHASES["slice"] + fc.PHASES["layer"]:
+        assert by[name]["status"] == "passed", (name, by[name])

@@ -202,6 +202,7 @@ def _run_slice(rep: Report, scfg, tmp: Path, *, te: bool) -> None:
         return
     run = Run(scfg, seed=1234, hooks=[], init_checkpoint=str(ckpt),
               datasets=synthetic_datasets(scfg))
+    trace_calls(rep, run)
     try:
         _run_loop(rep, run, initial)
     finally:
@@ -225,6 +226,36 @@ def _release(gpu: bool) -> None:
     StaticBufferLoader.static_buffers = {"training": [], "validation": []}
     gc.collect()
     torch.cuda.empty_cache()
+
+
+def trace_calls(rep: Report, run) -> None:
+    """Log every forward/backward and evaluation call of `run` (warm-up, capture, replays)
+    with its seconds (after a device synchronize) into the report's progress and into the
+    figures of the check in progress: a hang names the call it hung in."""
+    import time
+    counts: dict[str, int] = {}
+    gpu = run.device is None or run.device.gpu
+
+    def wrap(name):
+        inner = getattr(run, name)
+
+        def traced(*a, **k):
+            import torch
+            i = counts[name] = counts.get(name, 0) + 1
+            check = rep.current
+            rep.progress(f"{name} call {i}")
+            t0 = time.perf_counter()
+            out = inner(*a, **k)
+            if gpu and torch.cuda.is_available():
+                torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+            if check is not None:
+                rep.checks[check].data.setdefault("calls", []).append([f"{name} {i}", round(dt, 4)])
+            rep.log(f"{name} call {i}: {dt:.3f} s")
+            return out
+        setattr(run, name, traced)
+    for name in ("_forward_backward", "_evaluate", "_reload_weights"):
+        wrap(name)
 
 
 def _memory(gpu: bool) -> dict:

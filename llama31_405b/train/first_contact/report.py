@@ -48,6 +48,8 @@ class Report:
         self.t0 = time.monotonic()
         self.budget_s = budget_s
         self.meta = dict(meta or {})
+        self.current: str | None = None
+        """The check in progress (Timed), named in the report until it ends."""
         self.save()
 
     # -- status -------------------------------------------------------------------------------
@@ -125,6 +127,15 @@ class Report:
         tmp.write_text(json.dumps(self.document(), indent=2, default=str))
         os.replace(tmp, self.path)
 
+    def progress(self, msg: str) -> None:
+        """Where the check in progress is (the report keeps it if the process is killed)."""
+        if self.current is not None:
+            c = self.checks[self.current]
+            if c.status == "not run":
+                c.detail = f"did not finish (killed or hung?); last: {msg} at {self.elapsed():.0f} s"
+                self.save()
+        self.log(msg)
+
     def log(self, msg: str) -> None:
         """Progress on stderr (the device script's log keeps it)."""
         import sys
@@ -139,17 +150,22 @@ class Timed:
 
     def __enter__(self):
         self.t0 = time.perf_counter()
-        self.report.log(f"{self.name} ...")
+        self.report.current = self.name
+        self.report.progress(f"{self.name} started")
         return self
 
     def __exit__(self, typ, exc, tb):
         c = self.report.checks[self.name]
         c.seconds = time.perf_counter() - self.t0
+        self.report.current = None
         if exc is not None and not isinstance(exc, KeyboardInterrupt):
             detail = f"{typ.__name__}: {exc}"
             if self.report.tracebacks:
                 detail += "\n" + "".join(traceback.format_exception(typ, exc, tb))
             self.report.failed(self.name, detail)
+        elif c.status == "not run" and c.detail.startswith("did not finish"):
+            c.detail = ""
+            self.report.save()
         else:
             self.report.save()
         self.report.log(f"{self.name}: {c.status} ({c.seconds:.1f} s) {c.detail[:300]}")
