@@ -17,6 +17,11 @@ matrix-product ceiling measured in the same run and against the planner's comput
   chunk on this system at TP 1 or TP 4, CP 1, sequence 4096, BF16 (forward, backward); its
   attention term is a fused causal kernel (TE/cuDNN), not the local one, and the report says
   so. Ratio = predicted / measured (1.0: the planner is right; < 1: optimistic).
+- `nvfp4_emulation`: the project's NVFP4 emulation (precision.linear.nvfp4_linear, pure torch)
+  on the GPU: its quantized operands equal the CPU path's bit for bit, a linear's forward and
+  backward agree with the CPU's within FP32 summation order, and at a 405B-width GEMM (the TP4
+  shard's FC1: 4096 tokens x 16384 -> 26624) its error against an FP32 product and its time
+  against a BF16 linear. Hopper has no FP4 tensor cores: this is the emulation, not TE's NVFP4.
 """
 from __future__ import annotations
 
@@ -139,8 +144,62 @@ def bench_layer(config, shape: str, *, system: str, iters: int = 10, warmup: int
             "flops": sum(flops.values()), "flops_by_part": flops, "peak_gib": round(peak, 1)}
 
 
+def _rel(a, b) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
+
+
+def nvfp4_emulation(shape=(4096, 16384, 26624), iters: int = 3) -> dict:
+    """Figures of the nvfp4_emulation check (module docstring)."""
+    import torch
+    import torch.nn.functional as F
+
+    from ...precision.linear import nvfp4_linear
+    from ...precision.nvfp4 import fake_quantize
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(512, 2048, generator=g)
+    w = torch.randn(1024, 2048, generator=g) * 0.02
+    dy = torch.randn(512, 1024, generator=g)
+    quant_equal = all(torch.equal(fake_quantize(t, columnwise=c), fake_quantize(
+        t.cuda(), columnwise=c).cpu()) for t in (x, w) for c in (False, True))
+    out = {}
+    for dev in ("cpu", "cuda"):
+        xd, wd = x.to(dev).requires_grad_(True), w.to(dev).requires_grad_(True)
+        y = nvfp4_linear(xd, wd)
+        y.backward(dy.to(dev))
+        out[dev] = [t.detach().cpu() for t in (y, xd.grad, wd.grad)]
+    cpu_vs_gpu = max(_rel(a, b) for a, b in zip(out["cuda"], out["cpu"]))
+    T, K, N = shape
+    gc = torch.Generator(device="cuda").manual_seed(4)
+    xb = (torch.randn(T, K, device="cuda", generator=gc)).to(torch.bfloat16).requires_grad_(True)
+    wb = (torch.randn(N, K, device="cuda", generator=gc) * 0.02).to(torch.bfloat16).requires_grad_(True)
+    dyb = torch.randn(T, N, device="cuda", generator=gc).to(torch.bfloat16)
+    times = {}
+    for name, fn in (("nvfp4_emulated", lambda: nvfp4_linear(xb, wb)),
+                     ("bf16", lambda: F.linear(xb, wb))):
+        ts = []
+        for i in range(iters + 1):
+            xb.grad = wb.grad = None
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            y = fn()
+            y.backward(dyb)
+            e.record()
+            e.synchronize()
+            if i:
+                ts.append(s.elapsed_time(e) / 1e3)
+        times[name] = statistics.median(ts)
+    y = nvfp4_linear(xb, wb)
+    error = _rel(y, xb.detach().float() @ wb.detach().float().t())
+    del xb, wb, dyb, y
+    torch.cuda.empty_cache()
+    return {"quantized_operands_bitwise": quant_equal, "linear_cpu_vs_gpu_rel": cpu_vs_gpu,
+            "shape_tokens_in_out": list(shape), "rel_error_vs_fp32": error,
+            "fwd_bwd_s": times, "slowdown_vs_bf16": times["nvfp4_emulated"] / times["bf16"]}
+
+
 def run_layer_phase(rep, cfg, *, system: str, iters: int = 10) -> None:
-    """The checks matmul_ceiling and layer_bf16 (needs CUDA and megatron-core)."""
+    """The checks matmul_ceiling, layer_bf16 and nvfp4_emulation (needs CUDA and
+    megatron-core)."""
     import torch
 
     from ...parallel.setup import seed_model_parallel, teardown_parallel
@@ -197,3 +256,14 @@ def run_layer_phase(rep, cfg, *, system: str, iters: int = 10) -> None:
             f"{r['planner_over_measured']:.2f} x measured" for k, r in rows.items())
             + f" (sequence {f['seq']}, MBS 1, local unfused attention vs the planner's fused "
               "causal kernel)", ceiling_tflops=ceiling)
+    with Timed(rep, "nvfp4_emulation"):
+        e = nvfp4_emulation()
+        detail = (f"quantized operands {'bitwise equal to' if e['quantized_operands_bitwise'] else 'DIFFER from'} "
+                  f"the CPU path's; linear fwd+bwd vs CPU {e['linear_cpu_vs_gpu_rel']:.1e} "
+                  f"relative; at {e['shape_tokens_in_out']}: error vs FP32 "
+                  f"{e['rel_error_vs_fp32']:.3f}, {e['fwd_bwd_s']['nvfp4_emulated'] * 1e3:.1f} ms "
+                  f"fwd+bwd = {e['slowdown_vs_bf16']:.1f} x a BF16 linear")
+        if e["quantized_operands_bitwise"] and e["linear_cpu_vs_gpu_rel"] < 1e-5:
+            rep.passed("nvfp4_emulation", detail, **e)
+        else:
+            rep.failed("nvfp4_emulation", detail + " (expected: bitwise operands, < 1e-5)", **e)
