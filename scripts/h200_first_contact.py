@@ -160,10 +160,11 @@ _PROBE = r"""
 import importlib, json, pkgutil, sys, traceback
 sys.path[:0] = json.loads(sys.argv[1])
 lazy = json.loads(sys.argv[2])
+walk = json.loads(sys.argv[3])
 out = {}
 import llama31_405b
 names = [m.name for m in pkgutil.walk_packages(llama31_405b.__path__, "llama31_405b.")
-         if not m.name.endswith(".__main__")]
+         if not m.name.endswith(".__main__")] if walk else []
 for name in names + lazy:
     try:
         importlib.import_module(name)
@@ -183,13 +184,14 @@ def clean_env() -> dict:
     return env
 
 
-def probe(path: list[str], absent: list[str]) -> dict[str, str]:
-    """Import every project module and LAZY_IMPORTS in a `python -S` process whose path is
-    `path` alone; returns the ImportErrors the image would see (module -> message). Modules
-    that need Transformer Engine, and packages of the image this environment lacks (`absent`),
-    are reported, not counted."""
+def probe(path: list[str], absent: list[str], modules=None) -> dict[str, str]:
+    """Import every project module and LAZY_IMPORTS (or only `modules`) in a `python -S`
+    process whose path is `path` alone; returns the ImportErrors the image would see (module ->
+    message). Modules that need Transformer Engine, and packages of the image this environment
+    lacks (`absent`), are reported, not counted."""
     r = subprocess.run([sys.executable, "-S", "-c", _PROBE, json.dumps(path),
-                        json.dumps(list(LAZY_IMPORTS))], capture_output=True, text=True,
+                        json.dumps(list(modules or LAZY_IMPORTS)), json.dumps(modules is None)],
+                       capture_output=True, text=True,
                        env=clean_env(), cwd=tempfile.gettempdir())
     if r.returncode != 0:
         return {"<probe>": f"the import probe failed: {r.stdout[-2000:]} {r.stderr[-3000:]}"}
