@@ -9,17 +9,12 @@ import tempfile
 from pathlib import Path
 
 from .report import PHASES, Report, Timed
-from .slice import (DEFAULT_CONFIG, LOCAL_SEQ_LENGTH, TE_SERIES, choose_recipe, differing,
-                    local_compute, slice_config, synthetic_datasets, system_of_gpu, weights)
+from .slice import (DEFAULT_CONFIG, GRAD_RTOL, LOCAL_SEQ_LENGTH, LOSS_RTOL, TE_SERIES,
+                    choose_recipe, compare, differing, local_compute, slice_config,
+                    synthetic_datasets, system_of_gpu, weights)
 
 REPLAY_SEED = 7_000_001
 """Seed of the synthetic batch of the replay-equals-eager check."""
-LOSS_RTOL = 2.0 ** -20
-"""Tolerance of replay against eager where they are not bitwise equal: relative difference of
-the (FP32-accumulated, float64-summed) losses. Well above FP32 summation-order noise over a few
-thousand tokens, far below BF16 resolution (2^-8), so any difference of weights shows."""
-GRAD_RTOL = 2.0 ** -7
-"""Gradients (BF16 buffer): max |replay - eager| <= one BF16 rounding step of the largest."""
 
 
 def run_checks(config: str | Path = DEFAULT_CONFIG, *, layers: int = 1,
@@ -334,13 +329,6 @@ def grad_buffers(model) -> list:
     """Host copies of the DDP gradient buffers of every chunk."""
     return [b.grad_data.detach().to("cpu", copy=True) for m in model
             for b in list(m.buffers) + list(getattr(m, "expert_parallel_buffers", []))]
-
-
-def compare(replay: float, eager: float) -> tuple[bool, float]:
-    """(bitwise equal, relative difference)."""
-    if replay == eager:
-        return True, 0.0
-    return False, abs(replay - eager) / max(abs(eager), 1e-30)
 
 
 def replay_equals_eager(rep: Report, run) -> None:

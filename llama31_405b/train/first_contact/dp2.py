@@ -13,7 +13,7 @@ graph capture, restore) and `--steps` training steps. Then, on every rank:
    (Megatron's schedule called directly) of the same validation batches; the hash again.
 
 Passed when, on both ranks, the weights after step 1 equal the synchronised ones bit for bit
-and the two evaluation losses are bitwise equal (else within checks.LOSS_RTOL, stated). With the
+and the two evaluation losses are bitwise equal (else within slice.LOSS_RTOL, stated). With the
 overlapped gather, `optimizer.step()` updates only this rank's slice of the BF16 parameters; the
 rest arrives by the all-gather the forward pre-hook starts, which a graph replay does not run:
 an evaluation that is not preceded by a parameter sync outside the graph scores this rank's
@@ -145,8 +145,7 @@ def worker(argv=None) -> int:
     from ...config import launch_env, load_config
     from ..evaluation import eval_batches, evaluate
     from ..loop import Run
-    from .checks import LOSS_RTOL, compare
-    from .slice import slice_config, synthetic_datasets
+    from .slice import LOSS_RTOL, compare, slice_config, synthetic_datasets
     cfg = load_config(a.config, validate=False)
     for k, v in launch_env(cfg).items():
         os.environ.setdefault(k, v)

@@ -22,6 +22,12 @@ SLICE_LR = 3e-4
 The rules' schedule at the slice's GBS of 2 has a 4.6-million-step warm-up: its first update
 uses an LR of ~3e-14, which moves no BF16 weight (the `steps` check needs them to move, and
 the DP 2 phase needs updates that make stale weights visible)."""
+LOSS_RTOL = 2.0 ** -20
+"""Tolerance of replay against eager where they are not bitwise equal: relative difference of
+the (FP32-accumulated, float64-summed) losses. Well above FP32 summation-order noise over a few
+thousand tokens, far below BF16 resolution (2^-8), so any difference of weights shows."""
+GRAD_RTOL = 2.0 ** -7
+"""Gradients (BF16 buffer): max |replay - eager| <= one BF16 rounding step of the largest."""
 # planner system file of the GPU in hand (placement checks and peak numbers follow it)
 _SYSTEM_OF_GPU = (("GB300", "gb300-nvl72"), ("GB200", "gb200-nvl72"), ("H200", "h200-sxm"),
                   ("H100", "h100-sxm"))
@@ -132,3 +138,10 @@ def differing(chunks, ref: dict) -> list[str]:
 def torch_equal(a, b) -> bool:
     import torch
     return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
+
+
+def compare(replay: float, eager: float) -> tuple[bool, float]:
+    """(bitwise equal, relative difference)."""
+    if replay == eager:
+        return True, 0.0
+    return False, abs(replay - eager) / max(abs(eager), 1e-30)
