@@ -253,3 +253,21 @@ def test_on_a_gpu_the_slice_passes(tmp_path):
     by = {c["name"]: c for c in json.loads(report.read_text())["checks"]}
     for name in fc.PHASES["slice"] + fc.PHASES["layer"]:
         assert by[name]["status"] == "passed", (name, by[name])
+
+
+def test_the_dp2_weight_hash_sees_one_changed_element():
+    """dp2.param_hash is what tells stale weights from synchronised ones: any one BF16 element
+    of a buffer moved by one unit in the last place changes its bucket's hash, and only that."""
+    import torch
+
+    from llama31_405b.train.first_contact.dp2 import param_hash
+    g = torch.Generator().manual_seed(0)
+    bufs = [types.SimpleNamespace(param_data=(torch.randn(n, generator=g) * 0.02).to(torch.bfloat16))
+            for n in (1000, 3000)]
+    model = [types.SimpleNamespace(buffers=bufs)]
+    before = param_hash(model)
+    assert before.shape == (2,) and torch.equal(before, param_hash(model))
+    d = bufs[1].param_data
+    d.view(torch.int16)[1234] += 1                    # one unit in the last place
+    after = param_hash(model)
+    assert after[0] == before[0] and after[1] != before[1]
