@@ -2,6 +2,7 @@
 recipe (or, without TE, Megatron's local layers in BF16), then the phases asked for."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shutil
@@ -93,10 +94,8 @@ def run_checks(config: str | Path = DEFAULT_CONFIG, *, layers: int = 1,
     gaf = gaf_wanted and _has_module(GRAD_ACCUM_FUSION_MODULE)
     if seq_length is None:
         seq_length = cfg.model.seq_length if te else min(cfg.model.seq_length, LOCAL_SEQ_LENGTH)
-    tmp = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="first_contact_"))
     scfg = slice_config(cfg, compute=compute, layers=layers, seq_length=seq_length, steps=steps,
-                        system=system, ckpt_dir=str(tmp), gaf=gaf, graphs=not cpu,
-                        keep_width=not cpu)
+                        system=system, ckpt_dir="", gaf=gaf, graphs=not cpu, keep_width=not cpu)
     if te:
         with Timed(rep, "recipe"):
             from ...precision.te_recipe import (require_te_env, transformer_config_kwargs,
@@ -135,6 +134,9 @@ def run_checks(config: str | Path = DEFAULT_CONFIG, *, layers: int = 1,
         rep.meta["slice"] = {"compute": compute, "transformer_engine": te,
                              "seq_length": seq_length, "layers": layers, "steps": steps,
                              "hidden": scfg.model.hidden_size, "vocab": scfg.model.vocab_size}
+        tmp = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="first_contact_"))
+        scfg = dataclasses.replace(scfg, checkpoint=dataclasses.replace(scfg.checkpoint,
+                                                                        ckpt_dir=str(tmp)))
         try:
             _run_slice(rep, scfg, tmp, te=te)
         finally:
