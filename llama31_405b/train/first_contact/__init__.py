@@ -52,7 +52,7 @@ def add_arguments(p) -> None:
     p.add_argument("--config", default=str(DEFAULT_CONFIG),
                    help="the config whose model, recipe and performance settings are sliced")
     p.add_argument("--phases", default="slice,dp2",
-                   help="comma-separated, run in this order: layer (P4: matrix ceiling and one "
+                   help="comma-separated, run as layer, slice, dp2: layer (P4: matrix ceiling and one "
                         "405B-width layer), slice (one GPU), dp2 (two GPUs); default slice,dp2")
     p.add_argument("--layers", type=int, default=1,
                    help="transformer layers (1: ~64 GiB of weights and optimizer state; each "
