@@ -34,7 +34,8 @@
 #
 # Exit status (the summary at the end gives each run's outcome from its log: success, aborted
 # with the logged reason, or no run_stop):
-#   0  every run ended with run_stop status success and its log passed the compliance check
+#   0  every run converged (run_stop status success after an evaluation at the target: the one
+#      verdict of llama31_405b/mlperf/verdict.py) and its log passed the compliance check
 #   1  a run ended with run_stop aborted (NaN, signal, failed log write, target not reached) or
 #      its log failed the compliance check, or the job was stopped by a signal, or the data
 #      verification failed (no run started)

@@ -31,7 +31,8 @@ def test_check_log_verdicts_and_report_dir(tmp_path):
     base = ["--config", GB200, "--require-success", "--report-dir", str(reports)]
     ok = _check_log(*base, str(FIXTURE))
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert ok.stdout.strip() == f"PASS {FIXTURE}: compliant, run_stop status success"
+    assert ok.stdout.strip() == (f"PASS {FIXTURE}: compliant, run_stop status success, converged: "
+                                 "5.56899 <= 5.6, 235.864 min, 288,000 samples")
     kept = (reports / f"{FIXTURE.stem}.compliance.log").read_text()
     assert kept.startswith(f"PASS {FIXTURE} (ruleset 6.0.0: training_6.0.0/common.yaml, ")
     assert "training_6.0.0/closed_llama31_405b.yaml" in kept and "outcome: success" in kept
