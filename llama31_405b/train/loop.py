@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import sys
 import time
-import traceback
 from dataclasses import dataclass, field
 
 import torch
@@ -60,6 +59,8 @@ class Run:
         self._graphs = None       # train.graphs.FullIterationGraphs (full-iteration graphs)
         self._loader = None       # train.prefetch.Prefetcher, started by the first step
         self._init_ckpt = ""
+        self.failure: BaseException | None = None
+        """The exception that ended the run (None: it ended by itself or by RunAborted)."""
 
     # state shortcuts used by hooks
     @property
@@ -69,6 +70,10 @@ class Run:
     @property
     def samples(self):
         return self.state.samples
+
+    @property
+    def run_started(self) -> bool:
+        return self.state.run_started
 
     # -- init -----------------------------------------------------------------------------------
     def _init(self):
@@ -314,9 +319,14 @@ class Run:
             status, reason = self._train()
         except RunAborted as e:
             reason = str(e)
-        except Exception as e:  # noqa: BLE001 - any failure must end in run_stop aborted
-            reason = f"{type(e).__name__}: {e}"
-            traceback.print_exc()
+        except BaseException as e:  # noqa: BLE001 - any failure must end in run_stop aborted,
+            # torch's CheckpointException (a BaseException) included; the caller reports it
+            # (llama31_405b.failures: one error line, the traceback only under --debug)
+            from ..failures import describe
+            reason = describe(e)
+            self.failure = e
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
         finally:
             self.close()
             self.gc.stop()

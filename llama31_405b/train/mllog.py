@@ -45,10 +45,10 @@ class MLPerfLogHook(Hook):
             self._failed(run, e)
 
     def _failed(self, run, e: LogWriteError):
-        print(f"error: {e}; stopping the run", file=sys.stderr, flush=True)
         if run is not None and getattr(run, "run_started", False):
+            print(f"error: {e}; stopping the run", file=sys.stderr, flush=True)
             run.request_stop(str(e), error=True)
-        else:
+        else:   # the train command says "stopped before run_start: <this>" (one line)
             raise RunAborted(str(e)) from None
 
     # -- hook points ----------------------------------------------------------------------------

@@ -69,6 +69,9 @@ class ProgressHook(Hook):
         self._print(f"[train] {reason}: run_stop aborted logged; stopping at the next step")
 
     def on_run_stop(self, run, status, reason):
+        state = getattr(run, "state", None)
+        if state is not None and not state.run_started:
+            return   # the train command says "stopped before run_start: <reason>" (one line)
         el = time.perf_counter() - self._t_run if self._t_run else 0.0
         self._print(f"[train] run_stop: status {status} after {run.step} steps, {run.samples} "
                     f"samples, {el / 60:.2f} min from run_start" + (f" ({reason})" if reason else ""))
