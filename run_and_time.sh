@@ -33,7 +33,9 @@
 #   DRY_RUN=1     print the commands instead of running them
 #
 # Exit status (the summary at the end gives each run's outcome from its log: success, aborted
-# with the logged reason, or no run_stop):
+# with the logged reason, or no run_stop; and what the launcher reported about the run's
+# processes, e.g. "launcher (torchrun): rank 1 (pid 4242) killed by SIGKILL first", read from
+# the run's console, kept as LOGDIR/console_<i>.txt):
 #   0  every run converged (run_stop status success after an evaluation at the target: the one
 #      verdict of llama31_405b/mlperf/verdict.py) and its log passed the compliance check
 #   1  a run ended with run_stop aborted (NaN, signal, failed log write, target not reached) or
@@ -273,14 +275,26 @@ for i in "${!LAUNCH_SEEDS[@]}"; do
         "where it can be dropped, or set CLEAR_CACHES=1 to refuse to run without it"
   fi
   t0=$SECONDS; rc=0
-  run "${launcher[@]}" "${train_cmd[@]}" "${flags[@]}" || rc=$?
+  # the run's console (its stderr and the launcher's) is kept as console_<i>.txt: the outcome
+  # line adds what torchrun or srun reported about the run's processes (which task, how it ended)
+  console=$LOGDIR/console_$i.txt
+  if [ "$DRY" = 1 ]; then
+    run "${launcher[@]}" "${train_cmd[@]}" "${flags[@]}" || rc=$?
+  else
+    # (tee ignores SIGTERM/SIGINT: on scancel it must outlive the run's last lines, not break
+    # the pipe the run's stderr writes to)
+    run "${launcher[@]}" "${train_cmd[@]}" "${flags[@]}" \
+      2> >(trap '' TERM INT; exec tee "$console" >&2) || rc=$?
+    wait $! 2>/dev/null || true     # the tee has written everything (bash >= 4.4)
+  fi
   say "run $i: train exited $rc after $((SECONDS - t0)) s"
   # --- the run's outcome, from its log: success, aborted (the logged reason) or no run_stop
   # (killed before it could log one); check-log exits 0 ok, 1 failed, 4 no run_stop
   verdict="DRY"; vrc=0
   if [ "$DRY" != 1 ]; then
     verdict=$(py launch check-log --config "$CONFIG" "${SETS[@]}" --require-success \
-                --report-dir "$STEP_LOGDIR" "$STEP_LOGDIR/result_$i.txt") || vrc=$?
+                --report-dir "$STEP_LOGDIR" --launcher-log "$STEP_LOGDIR/console_$i.txt" \
+                "$STEP_LOGDIR/result_$i.txt") || vrc=$?
     [ -n "$verdict" ] || verdict="no verdict: launch check-log exited $vrc"
     case "$vrc" in 0|1|4) ;; *) vrc=1 ;; esac
     if [ "$rc" != 0 ] && [ "$vrc" = 0 ]; then vrc=1; fi   # a clean log, but train failed
