@@ -302,7 +302,8 @@ for i in "${!LAUNCH_SEEDS[@]}"; do
   summary+=("run $i seed $seed: train exit $rc; $verdict")
   case "$vrc" in 4) killed=$((killed + 1)) ;; 1) failed=$((failed + 1)) ;; esac
   if [ "$rc" = 2 ] || [ "$rc" = 3 ]; then
-    say "run $i: exit $rc (bad config or placement): the remaining runs would fail the same way"
+    say "run $i: exit $rc (bad input: config, checkpoint, data, device; or placement, see" \
+        "docs/cli.md): the remaining runs would fail the same way"
     break
   fi
   if [ "$ABORT" = 1 ]; then say "aborted by signal after run $i"; break; fi
