@@ -38,10 +38,11 @@
 # the run's console, kept as LOGDIR/console_<i>.txt):
 #   0  every run converged (run_stop status success after an evaluation at the target: the one
 #      verdict of llama31_405b/mlperf/verdict.py) and its log passed the compliance check
-#   1  a run ended with run_stop aborted (NaN, signal, failed log write, target not reached) or
-#      its log failed the compliance check, or the job was stopped by a signal, or the data
-#      verification failed (no run started)
-#   2  bad config or variables
+#   1  a run did not converge (run_stop aborted: NaN, signal, lost rank, failed log write,
+#      target not reached) or its log failed the compliance check, or the job was stopped by a
+#      signal, or the data verification failed (no run started)
+#   2  bad config or variables, or a run refused its input (config, checkpoint, data, device;
+#      the exit statuses of every command: docs/cli.md)
 #   3  the pre-flight check failed (placement, environment or, on GB200, multi-node NVLink:
 #      retrying the same nodes is pointless)
 #   4  a run's log has no run_stop: the run was killed (SIGKILL, OOM, node failure) or wrote no log
