@@ -33,12 +33,16 @@
 #   DRY_RUN=1     print the commands instead of running them
 #
 # Exit status (the summary at the end gives each run's outcome from its log: success, aborted
-# with the logged reason, or no run_stop):
-#   0  every run ended with run_stop status success and its log passed the compliance check
-#   1  a run ended with run_stop aborted (NaN, signal, failed log write, target not reached) or
-#      its log failed the compliance check, or the job was stopped by a signal, or the data
-#      verification failed (no run started)
-#   2  bad config or variables
+# with the logged reason, or no run_stop; and what the launcher reported about the run's
+# processes, e.g. "launcher (torchrun): rank 1 (pid 4242) killed by SIGKILL first", read from
+# the run's console, kept as LOGDIR/console_<i>.txt):
+#   0  every run converged (run_stop status success after an evaluation at the target: the one
+#      verdict of llama31_405b/mlperf/verdict.py) and its log passed the compliance check
+#   1  a run did not converge (run_stop aborted: NaN, signal, lost rank, failed log write,
+#      target not reached) or its log failed the compliance check, or the job was stopped by a
+#      signal, or the data verification failed (no run started)
+#   2  bad config or variables, or a run refused its input (config, checkpoint, data, device;
+#      the exit statuses of every command: docs/cli.md)
 #   3  the pre-flight check failed (placement, environment or, on GB200, multi-node NVLink:
 #      retrying the same nodes is pointless)
 #   4  a run's log has no run_stop: the run was killed (SIGKILL, OOM, node failure) or wrote no log
@@ -272,14 +276,26 @@ for i in "${!LAUNCH_SEEDS[@]}"; do
         "where it can be dropped, or set CLEAR_CACHES=1 to refuse to run without it"
   fi
   t0=$SECONDS; rc=0
-  run "${launcher[@]}" "${train_cmd[@]}" "${flags[@]}" || rc=$?
+  # the run's console (its stderr and the launcher's) is kept as console_<i>.txt: the outcome
+  # line adds what torchrun or srun reported about the run's processes (which task, how it ended)
+  console=$LOGDIR/console_$i.txt
+  if [ "$DRY" = 1 ]; then
+    run "${launcher[@]}" "${train_cmd[@]}" "${flags[@]}" || rc=$?
+  else
+    # (tee ignores SIGTERM/SIGINT: on scancel it must outlive the run's last lines, not break
+    # the pipe the run's stderr writes to)
+    run "${launcher[@]}" "${train_cmd[@]}" "${flags[@]}" \
+      2> >(trap '' TERM INT; exec tee "$console" >&2) || rc=$?
+    wait $! 2>/dev/null || true     # the tee has written everything (bash >= 4.4)
+  fi
   say "run $i: train exited $rc after $((SECONDS - t0)) s"
   # --- the run's outcome, from its log: success, aborted (the logged reason) or no run_stop
   # (killed before it could log one); check-log exits 0 ok, 1 failed, 4 no run_stop
   verdict="DRY"; vrc=0
   if [ "$DRY" != 1 ]; then
     verdict=$(py launch check-log --config "$CONFIG" "${SETS[@]}" --require-success \
-                --report-dir "$STEP_LOGDIR" "$STEP_LOGDIR/result_$i.txt") || vrc=$?
+                --report-dir "$STEP_LOGDIR" --launcher-log "$STEP_LOGDIR/console_$i.txt" \
+                "$STEP_LOGDIR/result_$i.txt") || vrc=$?
     [ -n "$verdict" ] || verdict="no verdict: launch check-log exited $vrc"
     case "$vrc" in 0|1|4) ;; *) vrc=1 ;; esac
     if [ "$rc" != 0 ] && [ "$vrc" = 0 ]; then vrc=1; fi   # a clean log, but train failed
@@ -287,7 +303,8 @@ for i in "${!LAUNCH_SEEDS[@]}"; do
   summary+=("run $i seed $seed: train exit $rc; $verdict")
   case "$vrc" in 4) killed=$((killed + 1)) ;; 1) failed=$((failed + 1)) ;; esac
   if [ "$rc" = 2 ] || [ "$rc" = 3 ]; then
-    say "run $i: exit $rc (bad config or placement): the remaining runs would fail the same way"
+    say "run $i: exit $rc (bad input: config, checkpoint, data, device; or placement, see" \
+        "docs/cli.md): the remaining runs would fail the same way"
     break
   fi
   if [ "$ABORT" = 1 ]; then say "aborted by signal after run $i"; break; fi

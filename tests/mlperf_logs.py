@@ -58,3 +58,19 @@ def line_of(path: Path, key: str) -> int:
         if f'"key": "{key}"' in line:
             return i
     raise KeyError(key)
+
+
+def set_last_value(path: Path, key: str, value, **metadata) -> None:
+    """Rewrite the value (and metadata entries) of the LAST MLLOG line with `key`."""
+    lines = path.read_text().splitlines(keepends=True)
+    for i in range(len(lines) - 1, -1, -1):
+        line = lines[i]
+        pos = line.find(TOKEN)
+        if pos >= 0 and f'"key": "{key}"' in line:
+            rec = json.loads(line[pos + len(TOKEN):])
+            rec["value"] = value
+            rec["metadata"].update(metadata)
+            lines[i] = line[:pos] + TOKEN + json.dumps(rec) + "\n"
+            path.write_text("".join(lines))
+            return
+    raise KeyError(key)

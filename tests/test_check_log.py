@@ -31,7 +31,8 @@ def test_check_log_verdicts_and_report_dir(tmp_path):
     base = ["--config", GB200, "--require-success", "--report-dir", str(reports)]
     ok = _check_log(*base, str(FIXTURE))
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert ok.stdout.strip() == f"PASS {FIXTURE}: compliant, run_stop status success"
+    assert ok.stdout.strip() == (f"PASS {FIXTURE}: compliant, run_stop status success, converged: "
+                                 "5.56899 <= 5.6, 235.864 min, 288,000 samples")
     kept = (reports / f"{FIXTURE.stem}.compliance.log").read_text()
     assert kept.startswith(f"PASS {FIXTURE} (ruleset 6.0.0: training_6.0.0/common.yaml, ")
     assert "training_6.0.0/closed_llama31_405b.yaml" in kept and "outcome: success" in kept
@@ -119,3 +120,42 @@ def test_run_and_time_reports_each_runs_outcome(tiny_env, tmp_path):
     assert (f"run 1 seed 2: train exit 137; FAIL {logs}/result_1.txt: NOT compliant, "
             "run_stop status missing") in out
     assert "1 run(s) aborted or not compliant, 1 run(s) without run_stop (killed)" in out
+
+
+def _rank_pid(script_pid: int, rank: int) -> int | None:
+    import psutil
+    for child in psutil.Process(script_pid).children(recursive=True):
+        try:
+            if child.environ().get("RANK") == str(rank) and "train" in child.cmdline():
+                return child.pid
+        except psutil.Error:
+            continue
+    return None
+
+
+@pytest.mark.slow
+def test_run_and_time_names_the_rank_torchrun_saw_killed(tiny_env, tmp_path):
+    """Two ranks under torchrun (no Slurm), SIGKILL to rank 1: the outcome line adds torchrun's
+    report (which rank, which signal), and the console is kept beside the log."""
+    cfg = tmp_path / "two.toml"
+    cfg.write_text(f'base = "{tiny_env["config"]}"\n\n[system]\ngpus_per_rack = 2\n\n[batch]\n'
+                   "minibs = 4\n\n[testing]\nstep_delay_s = 1.0\n")
+    logs = tmp_path / "logs"
+    env = py_env() | {"CONFIG": str(cfg), "NEXP": "1", "LOGDIR": str(logs), "CLEAR_CACHES": "0",
+                      "PYTHON": sys.executable}
+    p = subprocess.Popen(["bash", str(REPO / "run_and_time.sh")], cwd=REPO, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        log = logs / "result_0.txt"
+        _wait_for(lambda: any(e.key == "block_start" for e in log_events(log)), 300,
+                  f"block_start in {log}")
+        pid = _wait_for(lambda: _rank_pid(p.pid, 1), 30, "rank 1")
+        os.kill(pid, signal.SIGKILL)
+        out, _ = p.communicate(timeout=300)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode != 0, out
+    line = next(ln for ln in out.splitlines() if "run 0 seed" in ln)
+    assert f"launcher (torchrun): rank 1 (pid {pid}) killed by SIGKILL first" in line, out[-3000:]
+    assert (logs / "console_0.txt").is_file()

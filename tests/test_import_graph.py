@@ -16,8 +16,8 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "llama31_405b"
 
 LAYERS = {
-    # facts about machines, the known-warning filters
-    "systems": 0, "known_warnings": 0,
+    # facts about machines, the known-warning filters, how a failure ends (failures)
+    "systems": 0, "known_warnings": 0, "failures": 0,
     # the typed config tree and its rules; the process setup the config implies
     "config": 1, "cpu_compat": 1,
     # one concern each, on top of the config

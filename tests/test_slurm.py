@@ -192,4 +192,8 @@ def test_killing_one_rank_ends_the_job(slurm_cluster, tiny_env, tmp_path):
     assert elapsed < 60, f"the job took {elapsed:.0f} s to end after a rank died"
     slurm_cluster.wait_for(lambda: not slurm_cluster.job_active(job_id), timeout=30,
                            what=f"job {job_id} to finish completing")
-    assert "FAILED" in (tmp_path / "job.out").read_text()
+    text = (tmp_path / "job.out").read_text()
+    assert "FAILED" in text
+    # the outcome line adds what srun reported: the task that died first, and how
+    line = next(ln for ln in text.splitlines() if "run 0 seed" in ln)
+    assert "launcher (srun): task 2 on " in line and ": Killed first" in line, text[-3000:]

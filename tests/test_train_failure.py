@@ -81,11 +81,13 @@ def test_nan_loss_aborts(tiny_env, tmp_path):
 
 
 def test_sigterm_aborts_within_60s(tiny_env, tmp_path):
+    """... and the console's summary reports the log's run_stop: step, samples, minutes."""
+    from test_stop_agreement import SUMMARY
     log = tmp_path / "result.txt"
+    console = (tmp_path / "stderr.txt").open("w")
     p = subprocess.Popen([sys.executable, "-m", "llama31_405b", "train", "--config",
                           str(_long_config(tiny_env, tmp_path)), "--seed", "3", "--log", str(log)],
-                         cwd=REPO, env=py_env(), stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
+                         cwd=REPO, env=py_env(), stdout=subprocess.DEVNULL, stderr=console)
     try:
         _wait_for(lambda: any(e.key == "run_start" for e in _events(log)), 240, p)
         time.sleep(2)
@@ -98,6 +100,12 @@ def test_sigterm_aborts_within_60s(tiny_env, tmp_path):
             p.kill()
     assert rc != 0
     assert _run_stop_status(log) == "aborted"
+    console.close()
+    stop, start = _run_stop(log), next(e for e in _events(log) if e.key == "run_start")
+    m = SUMMARY.search((tmp_path / "stderr.txt").read_text().strip().splitlines()[-1])
+    assert m and m.group(1, 2, 3) == ("aborted", str(stop.metadata["step"]),
+                                      str(stop.metadata["samples_count"]))
+    assert m.group(4) == f"{(stop.time_ms - start.time_ms) / 6e4:.3f}"
 
 
 def _free_port() -> int:

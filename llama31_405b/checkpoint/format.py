@@ -171,6 +171,11 @@ def load(chunks, path: str | Path, cfg) -> dict:
     info = check_compatible(path, cfg)
     sharded = sharded_state(chunks)
     drop_extra_states(sharded)
+    # the record matched; do the tensors? (checkpoint.shapes: tensor and both shapes named)
+    from .shapes import contradiction
+    refused = contradiction(sharded, path, cfg.source, MODEL_INFO)
+    if refused:
+        raise CheckpointError(refused)
     # GPU fp8/fp4 parameters (TE quantized tensors): read the checkpoint's BF16 values instead
     # of quantizing them straight into the parameters (no-op otherwise)
     high_precision_load_targets(sharded)

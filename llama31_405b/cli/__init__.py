@@ -3,6 +3,8 @@
 A module in COMMANDS exposes `register(subparsers)`, which adds its parser and sets
 `func(args) -> int` as the handler. Modules are imported only when listed, and heavy imports
 (torch, megatron) stay inside the handlers so `config check` answers in well under a second.
+Every command ends a failure the same way (one error line, an exit status per kind, no traceback
+unless --debug or LLAMA31_405B_DEBUG=1): `llama31_405b.failures`.
 """
 from __future__ import annotations
 
@@ -29,6 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m llama31_405b",
         description="Llama 3.1 405B MLPerf Training reference (NVFP4, GB200 NVL72)")
+    parser.add_argument("--debug", action="store_true",
+                        help="on a failure, print the traceback before the error line (also: "
+                             "LLAMA31_405B_DEBUG=1 in the environment)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMANDS.values():
         importlib.import_module(module).register(sub)
@@ -38,11 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from ..known_warnings import quiet_known_warnings
     quiet_known_warnings()
+    from ..failures import run_command, set_debug
     args = build_parser().parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        return 130
+    set_debug(args.debug)
+    return run_command(args.func, args)
 
 
 if __name__ == "__main__":

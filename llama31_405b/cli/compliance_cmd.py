@@ -68,13 +68,18 @@ def precheck(args) -> int:
 
 
 def check(args) -> int:
+    """The checker's verdict and the run's convergence (mlperf.verdict) per log: PASS only when
+    the rules pass AND the run converged (an aborted run_stop passes the checker's rules)."""
     from ..mlperf.checker import check_log
+    from ..mlperf.checker import judge
     bad = 0
     for path in args.logs:
         res = check_log(path, ruleset=args.ruleset, config=args.config)
-        print(res.verdict(), file=sys.stdout if res.ok else sys.stderr)
-        if not res.ok:
+        ok, line, _ = judge(res)
+        print(line, file=sys.stdout if ok else sys.stderr)
+        if not ok:
             bad += 1
+        if not res.ok:
             for line in (res.details().splitlines() if args.verbose else res.summary()[1:]):
                 print(f"  {line}", file=sys.stderr)
     return 1 if bad else 0

@@ -72,8 +72,10 @@ def run(args) -> int:
     if minutes is None:
         _say(f"run failed before run_stop (exit {rc}); see {log}")
         return 1
-    _say(f"time to train: {minutes:.2f} min (run_start -> run_stop), status {run_log.status}")
-    result = 0 if (rc == 0 and run_log.status == "success") else 1
+    verdict = run_log.convergence()      # mlperf.verdict: the one owner of "converged"
+    _say(f"time to train: {minutes:.2f} min (run_start -> run_stop), status {run_log.status}, "
+         f"{verdict.describe()}")
+    result = 0 if (rc == 0 and verdict.converged) else 1
     crc = verdict_and_report([str(log)], str(logdir / "report.png"))
     result = result or int(crc != 0)
     _say(f"demo finished in {(time.perf_counter() - t_all) / 60:.1f} min")

@@ -57,6 +57,9 @@ def register(sub) -> None:
                    help="fail a log whose run_stop status is not success")
     c.add_argument("--report-dir", default=None, metavar="DIR",
                    help="keep the checker's whole verdict here as <log stem>.compliance.log")
+    c.add_argument("--launcher-log", default=None, metavar="FILE",
+                   help="the run's console (the launcher's stderr): what torchrun or srun "
+                        "reported about the run's processes is added to the line")
     c.add_argument("logs", nargs="+", metavar="LOG")
     add_set_option(c)
     c.set_defaults(func=check_log)
@@ -131,12 +134,14 @@ def check_log(args) -> int:
     """One line per log: PASS/FAIL, compliance, and how the run ended (success, aborted with the
     logged reason, or no run_stop). Exit 0 all good, 1 a log fails, 4 a log has no run_stop
     (the run was killed), 2 bad config."""
+    from ..launch.launcher_report import read_launcher_report
     from ..launch.logcheck import check_log as check_one, exit_code
     from ..mlperf.log import LogError
     cfg = load_or_report(args.config, args.set)
     if cfg is None:
         return EXIT_CONFIG
     verdicts = []
+    launcher = read_launcher_report(args.launcher_log)
     for log in args.logs:
         try:
             v = check_one(log, cfg.run.benchmark, args.report_dir)
@@ -144,5 +149,5 @@ def check_log(args) -> int:
             print(f"error: {e}", file=sys.stderr)
             return EXIT_CONFIG
         verdicts.append(v)
-        print(v.line(args.require_success), flush=True)
+        print(v.line(args.require_success) + (f"; {launcher}" if launcher else ""), flush=True)
     return exit_code(verdicts, args.require_success)

@@ -37,13 +37,16 @@ def verdict_and_report(logs: list[str], out_png: str, ruleset: str = RULESET) ->
     rules), the report summary and the PNG path. Returns 0 only when every log passes."""
     from ..mlperf.checker import check_log
     from ..mlperf.log import LogError, load_run
+    from ..mlperf.checker import judge
     from ..submission.report import draw
     bad = 0
     for path in logs:
         res = check_log(path, ruleset=ruleset)
-        print(f"compliance: {res.verdict()}")
-        if not res.ok:
+        ok, line, _ = judge(res)
+        print(f"compliance: {line}")
+        if not ok:
             bad += 1
+        if not res.ok:
             for line in res.summary()[1:]:
                 print(f"  {line}")
     try:

@@ -3,7 +3,9 @@
     python -m llama31_405b train --config PATH [--seed N] [--log FILE]
 
 Rank 0 prints the MLPerf log on stdout and appends it to --log; progress lines go to stderr.
-Exit status 0 only when the run reached the target (run_stop status success).
+Exit status 0 only when the run reached the target (run_stop status success); otherwise the kind
+of failure (llama31_405b.failures: 3 placement, 2 bad config/checkpoint/data/device, 1 the run
+aborted or failed).
 """
 from __future__ import annotations
 
@@ -133,4 +135,22 @@ def train(cfg, *, seed: int, log_file: str | None = None, init_checkpoint: str |
         teardown_parallel()
     except Exception:  # noqa: BLE001 - peers may be gone after a failure
         pass
-    return 0 if status == "success" else 1
+    return outcome(run, status, rank=de.rank)
+
+
+def outcome(run, status: str, *, rank: int) -> int:
+    """The exit status of a finished run (llama31_405b.failures): 0 success, else the kind of
+    the failure that ended it (3 placement, 2 bad input: config, checkpoint, data, device; 1
+    otherwise). A run that failed before run_start says so in one error line (the log's run_stop
+    carries the same reason); after run_start the progress line of run_stop is the summary."""
+    from ..failures import EXIT_FAILED, debug_enabled, error, exit_code
+    if status == "success":
+        return 0
+    exc = run.failure
+    if not run.state.run_started:
+        error(f"stopped before run_start: {run.state.reason or 'no reason recorded'}", rank=rank,
+              exc=exc)
+    elif exc is not None and debug_enabled():
+        import traceback
+        traceback.print_exception(exc, file=sys.stderr)
+    return exit_code(exc) if exc is not None else EXIT_FAILED

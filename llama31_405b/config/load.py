@@ -32,12 +32,61 @@ def _hints(cls: type) -> dict[str, Any]:
 
 
 def _section_types(cls: type) -> dict[str, Any]:
-    return {f.name: _hints(cls)[f.name] for f in dataclasses.fields(cls) if f.init}
+    """The keys a file may set: init fields not marked internal (e.g. Config.source, which the
+    loader sets)."""
+    return {f.name: _hints(cls)[f.name] for f in dataclasses.fields(cls)
+            if f.init and not f.metadata.get("internal")}
 
 
-def _suggest(key: str, known: list[str]) -> str:
-    close = difflib.get_close_matches(key, known, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+_DOCS: dict[type, dict[str, str]] = {}
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The first sentence of the docstring under each field of a schema class (config.schema
+    writes one under every field)."""
+    if cls not in _DOCS:
+        import ast
+        import inspect
+        import textwrap
+        docs: dict[str, str] = {}
+        try:
+            body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+        except (OSError, TypeError, IndexError):
+            body = []
+        for node, nxt in zip(body, body[1:]):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                    and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                    and isinstance(nxt.value.value, str)):
+                text = " ".join(nxt.value.value.split())
+                docs[node.target.id] = text.split(". ")[0].rstrip(".")
+        _DOCS[cls] = docs
+    return _DOCS[cls]
+
+
+def _words(text: str) -> list[str]:
+    import re
+    return [w for w in re.split(r"[^a-z0-9]+", text.lower()) if w]
+
+
+def _suggest(key: str, cls: type) -> str:
+    """' (did you mean 'tp': Tensor-parallel size?)': the key whose name, or whose one-line
+    description, the mistyped key resembles most ('' when none is close)."""
+    docs = field_docs(cls)
+    best, score, by_doc = None, 0.0, False
+    tokens = _words(key)
+    for name in _section_types(cls):
+        s_name = difflib.SequenceMatcher(None, key.lower(), name.lower()).ratio()
+        vocab = _words(name) + _words(docs.get(name, ""))
+        s_doc = (sum(max((difflib.SequenceMatcher(None, t, w).ratio() for w in vocab),
+                         default=0.0) for t in tokens) / len(tokens)) if tokens and vocab else 0.0
+        s = max(s_name, s_doc)
+        if s > score:
+            best, score, by_doc = name, s, s_doc > s_name and s_name < 0.75
+    if best is None or score < 0.75:
+        return ""
+    desc = docs.get(best, "")
+    return (f" (did you mean {best!r}: {desc.rstrip('.')}?)" if by_doc and desc
+            else f" (did you mean {best!r}?)")
 
 
 def _check_keys(raw: dict, cls: type, path: Path, prefix: str) -> None:
@@ -46,7 +95,7 @@ def _check_keys(raw: dict, cls: type, path: Path, prefix: str) -> None:
     for key, value in raw.items():
         dotted = f"{prefix}{key}"
         if key not in types_:
-            raise ConfigError(f"{path}: unknown key {dotted!r}{_suggest(key, list(types_))}; "
+            raise ConfigError(f"{path}: unknown key {dotted!r}{_suggest(key, cls)}; "
                               f"valid keys here: {', '.join(types_)}")
         if dataclasses.is_dataclass(types_[key]):
             if not isinstance(value, dict):
@@ -160,11 +209,21 @@ def _build(cls: type, raw: dict, origin: dict[str, Path], prefix: str) -> Any:
     return cls(**kwargs)
 
 
-def load_config(path: str | Path, *, validate: bool = True, overrides: dict | None = None) -> Config:
+def _warn(message: str) -> None:
+    import sys
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def load_config(path: str | Path, *, validate: bool = True, overrides: dict | None = None,
+                warn=_warn) -> Config:
     """Load, merge, type-check and (by default) validate a config file.
 
     `overrides` is a nested dict merged last (e.g. {"run": {"seed_base": 7}}), checked like a file.
+    A conventional file name (`config_<SYSTEM>_<nodes>x<gpus>x<minibs>x<layout>`) must agree
+    with the content (config.naming): ConfigError naming both, or `warn(message)` when only the
+    overrides make them disagree.
     """
+    from .naming import check_name
     path = Path(path)
     raw, origin = _read(path)
     if overrides:
@@ -173,6 +232,11 @@ def load_config(path: str | Path, *, validate: bool = True, overrides: dict | No
         origin.update({k: Path("<overrides>") for k in _leaves(overrides)})
     cfg = _build(Config, raw, origin, "")
     cfg.source = str(path)
+    errors, warnings = check_name(cfg, path, set(_leaves(overrides or {})))
+    if errors:
+        raise ConfigError("\n".join(errors))
+    for w in warnings:
+        warn(w)
     if validate:
         _validate(cfg)
     return cfg

@@ -324,7 +324,7 @@ class Config(_DerivedSlot):
     """Extra environment variables for the launcher (merged last by config.env.launch_env)."""
     testing: TestingConfig = field(default_factory=TestingConfig)
     """TEST ONLY: delays for the fault tests; leave unset."""
-    source: str = ""
+    source: str = field(default="", metadata={"internal": True})
     """Path of the file this config was loaded from (set by the loader, not by files)."""
 
     @property

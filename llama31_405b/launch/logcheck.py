@@ -25,16 +25,21 @@ class Verdict:
     """'success', 'aborted (<reason>)' or 'no run_stop'."""
     detail: str
     """The checker's first problem and a count of the others; '' when compliant."""
+    converged: bool = False
+    """mlperf.verdict: run_stop success after an evaluation at the target."""
+    when: str = ""
+    """The convergence in words ('converged: 5.58 <= 5.6, 235.864 min, ...')."""
 
     @property
     def success(self) -> bool:
-        return self.compliant and self.status == "success"
+        return self.compliant and self.converged
 
     def line(self, require_success: bool) -> str:
         ok = self.success if require_success else self.compliant
         return (f"{'PASS' if ok else 'FAIL'} {self.log}: "
                 f"{'compliant' if self.compliant else 'NOT compliant'}, run_stop status "
                 f"{self.outcome if self.status else 'missing'}"
+                + (f", {self.when}" if self.when and self.status == "success" else "")
                 + ("" if self.compliant else f" -- {self.detail}"))
 
 
@@ -55,17 +60,21 @@ def check_log(log: str | Path, benchmark: str, report_dir: str | Path | None = N
         res: CheckResult = run_compliance(log, ruleset=ruleset, config=config_for(benchmark, ruleset))
         try:
             run = load_run(log, strict=False)
-            status, outcome = run.status, run.outcome()
+            conv = run.convergence()      # mlperf.verdict: the one owner of "converged"
+            status, converged, when = run.status, conv.converged, conv.describe()
+            outcome = ("success" if status == "success" else conv.words)
         except LogError:
-            status, outcome = None, "no run_stop"
+            status, outcome, converged, when = None, "no run_stop", False, ""
         problems = res.summary()
         detail = "" if res.ok else (problems[0] if problems else "failed") + (
             f" (+{len(problems) - 1} more)" if len(problems) > 1 else "")
-        v = Verdict(str(log), res.ok, status, outcome, detail)
+        v = Verdict(str(log), res.ok, status, outcome, detail, converged, when)
     if report_dir is not None:
         Path(report_dir).mkdir(parents=True, exist_ok=True)
         text = res.report() if res is not None else f"FAIL {log}: {v.detail}\n"
-        report_path(report_dir, log).write_text(text + f"outcome: {v.outcome}\n")
+        report_path(report_dir, log).write_text(
+            text + f"outcome: {v.outcome}" + (f", {v.when}" if v.when and v.status == "success"
+                                               else "") + "\n")
     return v
 
 

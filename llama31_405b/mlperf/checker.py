@@ -197,3 +197,21 @@ def check_log(path: str | Path, *, ruleset: str = RULESET,
         res.parse_errors.append(f"{path}: no ':::MLLOG ' lines: not an MLPerf log")
     res.ok = res.ok and not res.parse_errors
     return res
+
+
+def judge(res, path=None) -> tuple[bool, str, object]:
+    """A compliance checker result (`mlperf.checker.CheckResult`) and the log's convergence as
+    one verdict: (ok, line, convergence). ok only when the rules pass AND the run converged; the
+    line is the checker's verdict followed by the convergence in words."""
+    from .log import load_run
+    from .verdict import convergence
+    try:
+        conv = convergence(load_run(path or res.path, strict=False))
+    except LogError:
+        conv = None
+    line = res.verdict()
+    if conv is None:
+        return False, line, None
+    if res.ok and not conv.converged:
+        return False, "FAIL" + line[len("PASS"):] + f"; the rules pass, but {conv.words}", conv
+    return res.ok and conv.converged, f"{line}; {conv.describe()}", conv

@@ -171,17 +171,20 @@ class RunLog:
         return "" if e is None else str(e.metadata.get("reason", ""))
 
     def outcome(self) -> str:
-        """How the run ended, in words: 'success', 'aborted (<reason>)', or 'no run_stop' (the
-        process was killed before it could log one, or the log was cut)."""
-        if self.status is None:
-            return "no run_stop"
-        if self.status == "aborted" and self.stop_reason:
-            return f"aborted ({self.stop_reason})"
-        return str(self.status)
+        """How the run ended, in words: 'success', 'aborted (<reason>)', 'no run_stop' (the
+        process was killed before it could log one, or the log was cut), or, for a run_stop
+        success that the checkers would not count, 'not converged: best 5.61 > 5.6'."""
+        v = self.convergence()
+        return "success" if v.converged else v.words
+
+    def convergence(self):
+        """Did the run converge, and when: `mlperf.verdict.convergence`, the one owner."""
+        from .verdict import convergence
+        return convergence(self)
 
     @property
     def converged(self) -> bool:
-        return self.status == "success"
+        return self.convergence().converged
 
     @property
     def run_start_ms(self) -> float | None:
@@ -209,14 +212,8 @@ class RunLog:
     @property
     def samples_to_converge(self) -> float | None:
         """The RCP checker's measure: samples_count of the last evaluation before a successful
-        run_stop; None when the run did not converge."""
-        last = None
-        for e in self.events:
-            if e.key == "eval_accuracy" and "samples_count" in e.metadata:
-                last = float(e.metadata["samples_count"])
-            if e.key == "run_stop":
-                return last if e.metadata.get("status") == "success" else None
-        return None
+        run_stop; None when the run did not converge (`mlperf.verdict`)."""
+        return self.convergence().samples
 
     def step_times(self) -> tuple[str, list[tuple[float, float]]]:
         """(source, [(samples, seconds per step)]): per-step `tracked_stats` train_step_time when

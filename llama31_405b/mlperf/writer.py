@@ -78,22 +78,25 @@ class MLLogWriter:
 
     # -- events -----------------------------------------------------------------------------------
     def write(self, key: str, value: Any = None, metadata: dict | None = None, *,
-              event_type: str | None = None, sync: bool = False, stack_offset: int = 1) -> bool:
+              event_type: str | None = None, sync: bool = False, stack_offset: int = 1,
+              time_ms: int | None = None) -> bool:
         """Log one event; False when it was dropped (after run_stop, or after a failed write).
         Raises LogWriteError at the first write that fails. stack_offset: frames above this
-        call whose file and line the metadata names (1: the direct caller)."""
-        line = self._line(key, value, metadata, event_type, stack_offset + 1)
+        call whose file and line the metadata names (1: the direct caller). time_ms: the event's
+        time when the caller fixed it (default: now)."""
+        line = self._line(key, value, metadata, event_type, stack_offset + 1, time_ms)
         with self._lock:
             if self.stopped or self.failed is not None:
                 return False
             self._emit(line, sync=sync)
             return True
 
-    def run_stop(self, metadata: dict, *, stack_offset: int = 1) -> bool:
+    def run_stop(self, metadata: dict, *, stack_offset: int = 1, time_ms: int | None = None) -> bool:
         """Log run_stop (metadata carries status, reason, samples_count) and fsync it, exactly
         once: False when it was logged before. After an earlier failed write: one silent
-        attempt; raises LogWriteError when this is the first write that fails."""
-        line = self._line("run_stop", None, metadata, None, stack_offset + 1)
+        attempt; raises LogWriteError when this is the first write that fails. time_ms: when
+        the run stopped (default: now)."""
+        line = self._line("run_stop", None, metadata, None, stack_offset + 1, time_ms)
         with self._lock:
             if self.stopped:
                 return False
@@ -129,10 +132,11 @@ class MLLogWriter:
                 self._fd = None
 
     # -- plumbing (called with the lock held) -----------------------------------------------------
-    def _line(self, key, value, metadata, event_type, depth) -> str:
+    def _line(self, key, value, metadata, event_type, depth, time_ms=None) -> str:
         meta = _caller(depth)
         meta.update(metadata or {})
-        return format_line(key, value, time_ms=int(time.time() * 1e3), metadata=meta,
+        t = int(time.time() * 1e3) if time_ms is None else int(time_ms)
+        return format_line(key, value, time_ms=t, metadata=meta,
                            event_type=event_type or event_type_for(key))
 
     def _emit(self, line: str, *, sync: bool) -> None:

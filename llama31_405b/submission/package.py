@@ -123,12 +123,13 @@ def validate_runs(runs: list[RunLog], cfg=None) -> tuple[str, list[str]]:
         if bench != d.rules.name or runs[0].gbs != d.gbs:
             raise PackageError(f"logs are {bench} at GBS {runs[0].gbs}, config {cfg.source} is "
                                f"{d.rules.name} at GBS {d.gbs}: wrong --config or --logs")
+    # converged: mlperf.verdict (run_stop success AND an evaluation at the target)
     failed = [r for r in runs if not r.converged]
-    why = {r.path: ("no run_stop" if r.status is None else f"run_stop status {r.status!r}")
-           for r in failed}
+    why = {r.path: r.convergence().words for r in failed}
     if len(failed) > 1:
-        raise PackageError(f"{len(failed)} of {len(runs)} runs did not finish with run_stop status "
-                           "success; the checkers tolerate one:\n  " +
+        raise PackageError(f"{len(failed)} of {len(runs)} runs did not converge (run_stop status "
+                           "success after an evaluation at the target); the checkers tolerate "
+                           "one:\n  " +
                            "\n  ".join(f"{p}: {w}" for p, w in why.items()))
     if any(r.seed is None for r in runs):
         raise PackageError("no seed logged in: " + ", ".join(r.path for r in runs if r.seed is None))
@@ -304,9 +305,30 @@ def tiny_checks(org_dir: Path, res_dir: Path, runs: list[RunLog], desc_path: Pat
     steps.append(Step("RCP checker (project RCPs, compliance/tiny_llama31_rcps.json)", rcp.ok,
                       f"{rcp.message}; samples to converge {rcp.samples}; "
                       f"normalisation {rcp.norm_factor:.4f}"))
-    score = olympic_score([r.time_to_train_min if r.converged else None for r in runs],
-                          rcp.norm_factor)
+    score = olympic_score([r.convergence().minutes for r in runs], rcp.norm_factor)
     return steps, score
+
+
+def _agree_on_score(res: PackageResult, runs: list[RunLog], ruleset: str) -> None:
+    """The package's score is the verdict's (mlperf.verdict): the olympic mean of the converged
+    runs' times, RCP-normalised. The result summarizer scores every log the compliance checker
+    passes, which includes a run_stop aborted after an evaluation at the target (the RCP checker
+    counts that run as not converged); where the two differ, the verdict's score stands and the
+    difference is named."""
+    from .rcp import check_runs, olympic_score
+    try:
+        norm = check_runs(runs, ruleset=ruleset).norm_factor
+    except (FileNotFoundError, KeyError, ValueError):
+        norm = 1.0
+    own = olympic_score([r.convergence().minutes for r in runs], norm)
+    theirs = res.score_min
+    if theirs is not None and (own is None or abs(own - theirs) > 1e-3):
+        counted = [f"{r.path}: {r.convergence().words}" for r in runs if not r.converged]
+        res.warnings.append(
+            f"the result summarizer scores {theirs:.3f} min, counting runs that did not converge "
+            f"({'; '.join(counted) or 'none'}); the package's score counts converged runs only: "
+            + (f"{own:.3f} min" if own is not None else "none (too few converged runs)"))
+    res.score_min = own
 
 
 def package(logs_dir: str | Path, *, out: str | Path, org: str, cfg=None,
@@ -351,6 +373,7 @@ def package(logs_dir: str | Path, *, out: str | Path, org: str, cfg=None,
         res.steps.append(run_rcp_checker(res_dir, ruleset))
         step, res.score_min = run_summarizer(org_dir, bench, ruleset)
         res.steps.append(step)
+        _agree_on_score(res, runs, ruleset)
     elif bench == "tiny_llama31":
         res.notes.append("package checker and result summarizer not run: tiny_llama31 is not an "
                          "MLPerf benchmark (the package checker would print 'Skipping benchmark'); "

@@ -42,7 +42,8 @@ class Summary:
         for name, seed, status, minutes, samples in self.rows:
             t = f"{minutes:9.3f} min" if minutes is not None else "      n/a    "
             s = f"{samples:,.0f} samples" if samples is not None else "did not converge"
-            lines.append(f"  {name:<24} seed {seed!s:>8}  {status:<8} {t}  {s}")
+            lines.append(f"  {name:<24} seed {seed!s:>8}  {status:<8} {t}  {s}" if status ==
+                         "success" else f"  {name:<24} seed {seed!s:>8}  {status}")
         if self.rcp_message:
             lines.append(f"RCP check: {self.rcp_message}; normalisation factor {self.norm_factor:.4f}")
         lines.append("olympic score: " + (f"{self.score:.3f} min raw, {self.scored:.3f} min "
@@ -61,9 +62,12 @@ def summarize(runs: list[RunLog], ruleset: str = RULESET) -> Summary:
             ref = reference(bench, gbs, ruleset)
         except (FileNotFoundError, KeyError, ValueError):
             ref = None
-    rows = [(Path(r.path).name, r.seed, r.status or "no stop",
-             r.time_to_train_min if r.converged else None, r.samples_to_converge) for r in runs]
-    score = olympic_score([m for *_, m, _ in rows]) if len(runs) >= 3 else None
+    # one verdict per run (mlperf.verdict): a run the checkers would not count is marked and
+    # left out of the score, whatever its run_stop says
+    verdicts = [r.convergence() for r in runs]
+    rows = [(Path(r.path).name, r.seed, "success" if v.converged else v.words, v.minutes,
+             v.samples) for r, v in zip(runs, verdicts)]
+    score = olympic_score([v.minutes for v in verdicts]) if len(runs) >= 3 else None
     norm, msg = 1.0, ""
     if ref is not None and len(runs) >= 3:
         from .rcp import check_runs

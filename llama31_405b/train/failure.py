@@ -25,6 +25,7 @@ import signal
 import socket
 import sys
 import threading
+from dataclasses import dataclass
 
 
 class RunAborted(RuntimeError):
@@ -36,6 +37,38 @@ def check_finite(step: int, loss: float, grad_norm: float | None) -> None:
         raise RunAborted(f"non-finite training loss {loss} at step {step}")
     if grad_norm is not None and not math.isfinite(grad_norm):
         raise RunAborted(f"non-finite gradient norm {grad_norm} at step {step}")
+
+
+@dataclass(frozen=True, slots=True)
+class StopPoint:
+    """Where and why the run stopped, fixed once (`StopRequest.settle`/`signal`): the MLPerf log's
+    run_stop and the console's summary both report these values."""
+    status: str
+    reason: str
+    step: int
+    samples: int
+    time_ms: int
+    """Wall clock (ms since the epoch) of the stop: run_stop's time_ms."""
+
+
+# gloo and NCCL errors that mean a peer process is gone (torch 2.13 ProcessGroupGloo /
+# ProcessGroupNCCL messages; DistBackendError / DistNetworkError are torch.distributed's classes)
+_LOST_PEER = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+              "Connection refused", "ncclRemoteError", "remote process exited",
+              "NCCL communicator was aborted", "Socket Timeout", "Read error")
+_LOST_PEER_TYPES = ("DistBackendError", "DistNetworkError")
+
+
+def lost_peer(exc: BaseException) -> bool:
+    """True when `exc` says a collective failed because a peer rank is gone."""
+    text = str(exc)
+    return (any(c.__name__ in _LOST_PEER_TYPES for c in type(exc).__mro__)
+            or any(m in text for m in _LOST_PEER))
+
+
+def lost_rank_reason(exc: BaseException, detail: str) -> str:
+    """The logged reason of a collective that failed because a peer is gone."""
+    return f"lost rank(s): a collective failed because a peer rank is gone ({detail})"
 
 
 class StopRequest:
@@ -56,6 +89,8 @@ class StopRequest:
         self.error = False
         self.signalled = False
         self.finished = False
+        self.point: StopPoint | None = None
+        """Where and why the run stopped, once known (the first cause wins)."""
 
     @property
     def requested(self) -> bool:
@@ -66,13 +101,25 @@ class StopRequest:
             self.reason = self.reason or reason
             self.error = self.error or error
 
-    def signal(self, reason: str, log) -> None:
+    def signal(self, reason: str, log, where=None) -> None:
+        """where: () -> (step, samples): the run's position, fixed into `point` (a run whose
+        stop is already settled, by a failed collective for one, keeps that first cause)."""
         with self._lock:
-            if self.finished:
+            if self.finished or self.point is not None:
                 return
             self.signalled = True
             self.reason = self.reason or reason
+            if where is not None:
+                self.point = _point("aborted", reason, where)
             log(reason)
+
+    def settle(self, status: str, reason: str, where) -> StopPoint:
+        """Fix where and why the run stopped, unless that is known already (a signal, or an
+        earlier failure, came first); the point that holds."""
+        with self._lock:
+            if self.point is None:
+                self.point = _point(status, reason, where)
+            return self.point
 
     def finish(self) -> bool:
         with self._lock:
@@ -80,6 +127,12 @@ class StopRequest:
                 return False
             self.finished = True
             return True
+
+
+def _point(status: str, reason: str, where) -> StopPoint:
+    import time
+    step, samples = where()
+    return StopPoint(status, reason, int(step), int(samples), int(time.time() * 1e3))
 
 
 class SignalWatch:

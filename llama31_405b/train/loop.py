@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import sys
 import time
-import traceback
 from dataclasses import dataclass, field
 
 import torch
 
-from .failure import RunAborted, SignalWatch, StopRequest, check_finite
+from .failure import (RunAborted, SignalWatch, StopRequest, check_finite, lost_peer,
+                      lost_rank_reason)
 from .hooks import Hook, Hooks, StepStats
 from .manual_gc import ManualGC
 from .schedule import LRSchedule
@@ -36,6 +36,8 @@ class RunState:
     losses: list = field(default_factory=list)
     status: str | None = None
     reason: str = ""
+    run_start_ms: int | None = None
+    """Wall clock of run_start (ms since the epoch): the MLPerf log's run_start time_ms."""
     stop_agreed: bool = False
     """Some rank asked to stop (signal, log failure): known to every rank after a step's all-reduce."""
 
@@ -60,6 +62,8 @@ class Run:
         self._graphs = None       # train.graphs.FullIterationGraphs (full-iteration graphs)
         self._loader = None       # train.prefetch.Prefetcher, started by the first step
         self._init_ckpt = ""
+        self.failure: BaseException | None = None
+        """The exception that ended the run (None: it ended by itself or by RunAborted)."""
 
     # state shortcuts used by hooks
     @property
@@ -69,6 +73,10 @@ class Run:
     @property
     def samples(self):
         return self.state.samples
+
+    @property
+    def run_started(self) -> bool:
+        return self.state.run_started
 
     # -- init -----------------------------------------------------------------------------------
     def _init(self):
@@ -294,10 +302,19 @@ class Run:
         succeed (e.g. its MLPerf log cannot be written)."""
         self.stop.request(reason, error=error)
 
+    def _where(self) -> tuple[int, int]:
+        return self.state.step, self.state.samples
+
+    @property
+    def stop_point(self):
+        """train.failure.StopPoint: where and why the run stopped (None while it runs). The
+        MLPerf log's run_stop and the console's summary report it."""
+        return self.stop.point
+
     def _on_signal(self, reason: str):
-        # the signal watchdog thread: run_stop aborted now (unless the target was reached),
-        # then the loop stops with the other ranks at the next step
-        self.stop.signal(reason, lambda r: self.hooks.on_signal(self, r))
+        # the signal watchdog thread: run_stop aborted now (unless the target was reached or
+        # the stop is settled already), then the loop stops with the other ranks at the next step
+        self.stop.signal(reason, lambda r: self.hooks.on_signal(self, r), self._where)
 
     def execute(self) -> str:
         watch = SignalWatch(on_signal=self._on_signal, grace_s=self.signal_grace_s).install()
@@ -309,18 +326,31 @@ class Run:
             self._stop_if_requested(agreed=False)
             self.hooks.on_init_stop(self)
             self.state.init_stopped = True
+            self.state.run_start_ms = int(time.time() * 1e3)
             self.hooks.on_run_start(self)
             self.state.run_started = True
             status, reason = self._train()
         except RunAborted as e:
             reason = str(e)
-        except Exception as e:  # noqa: BLE001 - any failure must end in run_stop aborted
-            reason = f"{type(e).__name__}: {e}"
-            traceback.print_exc()
+            self.stop.settle(status, reason, self._where)
+        except BaseException as e:  # noqa: BLE001 - any failure must end in run_stop aborted,
+            # torch's CheckpointException (a BaseException) included; the caller reports it
+            # (llama31_405b.failures: one error line, the traceback only under --debug)
+            from ..failures import describe
+            reason = describe(e)
+            if lost_peer(e):          # settled now: torchrun's SIGTERM follows the dead rank
+                reason = lost_rank_reason(e, reason)
+            self.stop.settle(status, reason, self._where)
+            self.failure = e
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
         finally:
             self.close()
             self.gc.stop()
             watch.done.set()
+            # the first cause known holds: a signal logged at once, else this ending
+            point = self.stop.settle(status, reason, self._where)
+            status, reason = point.status, point.reason
             self.state.status, self.state.reason = status, reason
             self.hooks.on_run_stop(self, status, reason)
             watch.uninstall()

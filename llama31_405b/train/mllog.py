@@ -35,20 +35,20 @@ class MLPerfLogHook(Hook):
     def active(self) -> bool:
         return self.rank == 0
 
-    def _log(self, run, key, value=None, metadata=None, *, sync=False):
+    def _log(self, run, key, value=None, metadata=None, *, sync=False, time_ms=None):
         if not self.active:
             return
         try:
             # stack_offset 2: the metadata names the hook method's line, as MLLogger did
-            self.writer.write(key, value, metadata, sync=sync, stack_offset=2)
+            self.writer.write(key, value, metadata, sync=sync, stack_offset=2, time_ms=time_ms)
         except LogWriteError as e:
             self._failed(run, e)
 
     def _failed(self, run, e: LogWriteError):
-        print(f"error: {e}; stopping the run", file=sys.stderr, flush=True)
         if run is not None and getattr(run, "run_started", False):
+            print(f"error: {e}; stopping the run", file=sys.stderr, flush=True)
             run.request_stop(str(e), error=True)
-        else:
+        else:   # the train command says "stopped before run_start: <this>" (one line)
             raise RunAborted(str(e)) from None
 
     # -- hook points ----------------------------------------------------------------------------
@@ -62,7 +62,9 @@ class MLPerfLogHook(Hook):
         self._log(run, "init_stop")
 
     def on_run_start(self, run):
-        self._log(run, "run_start", sync=True)
+        # the run's own clock of run_start: the console's minutes are computed from the same
+        self._log(run, "run_start", sync=True,
+                  time_ms=getattr(getattr(run, "state", None), "run_start_ms", None))
 
     def on_block_start(self, run, step, block_samples):
         self._log(run, "block_start", metadata={"samples_count": block_samples, "step": step})
@@ -99,14 +101,19 @@ class MLPerfLogHook(Hook):
         if not self.active:
             return
         w = self.writer
+        # where and why the run stopped, fixed once by the loop (train.failure.StopPoint): the
+        # console's summary reports the same values
+        point = getattr(run, "stop_point", None)
+        step, samples, time_ms = ((point.step, point.samples, point.time_ms) if point is not None
+                                  else (run.step, run.samples, None))
         if w.failed is not None and status != "aborted":
             status, reason = "aborted", str(w.failed)
         # a run that failed during init gets run_stop without run_start: the log ends in
         # status aborted and the checker rejects it, as it should
-        meta = {"samples_count": run.samples, "step": run.step, "status": status}
+        meta = {"samples_count": samples, "step": step, "status": status}
         if reason:
             meta["reason"] = reason[:500]
         try:
-            w.run_stop(meta, stack_offset=2)
+            w.run_stop(meta, stack_offset=2, time_ms=time_ms)
         except LogWriteError as e:     # the first failed write: say it, nothing else to stop
             print(f"error: {e}", file=sys.stderr, flush=True)

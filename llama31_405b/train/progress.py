@@ -69,6 +69,19 @@ class ProgressHook(Hook):
         self._print(f"[train] {reason}: run_stop aborted logged; stopping at the next step")
 
     def on_run_stop(self, run, status, reason):
-        el = time.perf_counter() - self._t_run if self._t_run else 0.0
-        self._print(f"[train] run_stop: status {status} after {run.step} steps, {run.samples} "
-                    f"samples, {el / 60:.2f} min from run_start" + (f" ({reason})" if reason else ""))
+        state = getattr(run, "state", None)
+        if state is not None and not state.run_started:
+            return   # the train command says "stopped before run_start: <reason>" (one line)
+        # the values of the log's run_stop (train.failure.StopPoint, fixed once): a step under
+        # way when a signal came may finish after it; that is said apart
+        point = getattr(run, "stop_point", None)
+        start_ms = getattr(state, "run_start_ms", None)
+        if point is not None and start_ms is not None:
+            step, samples, minutes = point.step, point.samples, (point.time_ms - start_ms) / 6e4
+        else:
+            step, samples = run.step, run.samples
+            minutes = (time.perf_counter() - self._t_run) / 60 if self._t_run else 0.0
+        extra = (f"; {run.step} steps ran before every rank stopped" if run.step != step else "")
+        self._print(f"[train] run_stop: status {status} after {step} steps, {samples} samples, "
+                    f"{minutes:.3f} min from run_start" + (f" ({reason})" if reason else "")
+                    + extra)
