@@ -66,6 +66,11 @@ def make_init_checkpoint(cfg, *, out: str | Path | None = None, steps: int = PRE
     if rank0:
         print(f"[pretrain] validation log perplexity of the initial checkpoint: {value:.4f}",
               file=stream, flush=True)
+    # the weights of the last step on every rank before they are written (run.evaluate has just
+    # gathered them; said here too, so the save never depends on it): with the overlapped gather
+    # of the distributed optimizer, a DP replica holds only its own shard of the last update
+    from .evaluation import sync_params
+    sync_params(run.model)
     ckpt_format.save(run.model, out, pcfg,
                      extra={"pretrain_steps": steps, "pretrain_lr": lr, "seed": seed,
                             "valid_log_perplexity": value})
