@@ -69,8 +69,14 @@ def precheck(args) -> int:
 
 def check(args) -> int:
     from ..mlperf.checker import check_log
+    from ..profile.marker import refusal
     bad = 0
     for path in args.logs:
+        why = refusal(path)
+        if why:
+            print(f"REFUSED: {why}", file=sys.stderr)
+            bad += 1
+            continue
         res = check_log(path, ruleset=args.ruleset, config=args.config)
         print(res.verdict(), file=sys.stdout if res.ok else sys.stderr)
         if not res.ok:
