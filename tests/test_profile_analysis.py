@@ -183,7 +183,8 @@ def test_straggler_is_the_rank_the_others_wait_on():
     found = straggler.find(ranks, threshold=0.1)
     assert [s["rank"] for s in found] == [2]
     assert found[0]["slow_in"].startswith("host")
-    assert found[0]["excess_s"] == pytest.approx(0.9 - 0.41)   # busy = step - exposed
+    # busy = step - exposed; the others of its stage: 0.4 and 0.41
+    assert found[0]["excess_s"] == pytest.approx(0.9 - 0.405)
     ranks[2] = rank(0, 1.0, 0.8, 0.1, 0.1)
     assert straggler.find(ranks)[0]["slow_in"] == "compute"
     ranks[2] = rank(0, 1.0, 0.31, 0.1, 0.59)
@@ -210,3 +211,89 @@ def test_a_profile_folder_is_refused(tmp_path, capsys):
     assert "profile folder" in capsys.readouterr().err
     manifest = json.loads((out / "profile.json").read_text())
     assert manifest["mlperf_run"] is False
+
+
+# -- a CUDA-style trace (kineto's format: host ops, cuda_runtime launches, kernels on streams,
+# linked by "correlation") with kernel names as the libraries ship them:
+# - cuBLAS: sm90_xmma_gemm_* (strings of libcublasLt.so.13, nvidia-cublas 13.1.1.3) and cuBLASLt's
+#   nvjet_sm90_* (its name format "nvjet_sm90_%s_%dx%d_..." in the same library);
+# - NCCL: ncclDevKernel_<Coll>_<Op>_<type>_<ALGO>_<PROTO>(ncclDevKernelArgsStorage<4096ul>) and
+#   ncclDevKernel_SendRecv (demangled symbols of libnccl.so.2, nvidia-nccl-cu13 2.29.7);
+# - cuDNN's fused attention: the runtime-compiled flash engine (generate_flash_fprop_mha_fort in
+#   libcudnn_engines_runtime_compiled.so.9, nvidia-cudnn-cu13 9.20.0.48), named with sdpa and
+#   flash_fprop;
+# - Transformer Engine: transformer_engine::gated_act_kernel (SwiGLU; TE 2.20.2
+#   common/util/vectorized_pointwise.h).
+# The NCCL group comes from the host's record_param_comms op (torch 2.13 saveNcclMeta args).
+GEMM_XMMA = ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_"
+             "execute_segment_k_off_kernel__5x_cublas")
+GEMM_NVJET = "nvjet_sm90_tst_128x256_64x4_1x2_h_bz_coopA_NNT"
+FLASH = "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x128x128_4x1x1"
+SWIGLU = ("void transformer_engine::gated_act_kernel<8, true, float, transformer_engine::Empty, "
+          "&transformer_engine::silu<float, float>, __nv_bfloat16, __nv_bfloat16>(__nv_bfloat16 "
+          "const*, __nv_bfloat16*, float const*, float*, float*, unsigned long, unsigned long, "
+          "transformer_engine::Empty, unsigned long)")
+RS = "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+SENDRECV = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
+
+
+def launch(ts, corr, tid=MAIN):
+    return ev("cudaLaunchKernel", ts, 3, tid=tid, cat="cuda_runtime", correlation=corr)
+
+
+def kernel(name, ts, dur, corr, stream=7):
+    return {"ph": "X", "name": name, "cat": "kernel", "ts": ts, "dur": dur, "pid": 0,
+            "tid": stream, "args": {"correlation": corr, "stream": stream, "device": 0}}
+
+
+def comm_op(ts, dur, desc, ranks, name="nccl:reduce_scatter"):
+    return ev("record_param_comms", ts, dur, **{"Collective name": name,
+                                                "Process Group Description": desc,
+                                                "Process Group Ranks": ranks})
+
+
+def test_gpu_trace_kernels_by_role_and_nccl_group():
+    bwd_tid = 2   # autograd's device thread
+    events = [
+        step(0, 2000),
+        ev("role:ffn_up", 10, 50, cat="user_annotation"), ev("aten::mm", 10, 40), launch(20, 1),
+        ev("role:attention", 60, 40, cat="user_annotation"),
+        ev("aten::_scaled_dot_product_cudnn_attention", 60, 30), launch(70, 2),
+        comm_op(100, 30, "DATA_PARALLEL_GROUP_WITH_CP", [0, 2]), launch(110, 3),
+        ev("role:activation", 140, 20, cat="user_annotation"), ev("aten::silu", 140, 20),
+        launch(145, 4),
+        ev("role:ffn_down", 170, 30, cat="user_annotation"),
+        ev("aten::linear", 170, 30, **{"Sequence number": 5}), launch(180, 5),
+        ev("autograd::engine::evaluate_function: MmBackward0", 300, 50, tid=bwd_tid,
+           **{"Sequence number": 5}), launch(310, 6, tid=bwd_tid),
+        comm_op(400, 20, "PIPELINE_MODEL_PARALLEL_GROUP", [0, 4], "nccl:send"), launch(405, 7),
+        kernel(GEMM_XMMA, 100, 300, 1),
+        kernel(FLASH, 400, 100, 2),
+        kernel(RS, 300, 400, 3, stream=20),
+        kernel(SWIGLU, 500, 50, 4),
+        kernel(GEMM_NVJET, 550, 100, 5),
+        kernel(GEMM_XMMA, 800, 100, 6),
+        kernel(SENDRECV, 900, 100, 7, stream=21),
+    ]
+    ra, st = analyse(events)
+    assert ra.gpu and (st.start_us, st.end_us) == (100, 1000)   # the device span of the step
+    assert st.compute == {"gemm_ffn_up": approx(300e-6), "attention": approx(100e-6),
+                          "activation": approx(50e-6), "gemm_ffn_down": approx(200e-6)}
+    dp = st.comm["DATA_PARALLEL_GROUP_WITH_CP"]
+    assert (dp.role, dp.ranks) == ("DP", [0, 2])
+    assert (dp.total_s, dp.overlapped_s, dp.exposed_s) == (approx(400e-6), approx(350e-6),
+                                                          approx(50e-6))
+    pp = st.comm["PIPELINE_MODEL_PARALLEL_GROUP"]
+    assert pp.exposed_s == approx(100e-6) and st.bubble_s == approx(100e-6)
+    assert st.host_gap_s == approx(100e-6)      # 700..800: no kernel on any stream
+    assert sum(st.components().values()) == approx(st.step_s)
+    assert not ra.unattributed
+
+
+def test_gpu_kernel_names():
+    from llama31_405b.profile import attribution as at
+    assert at.is_gemm_kernel(GEMM_XMMA) and at.is_gemm_kernel(GEMM_NVJET)
+    assert at.is_attention_kernel(FLASH) and not at.is_gemm_kernel(FLASH)
+    assert at.is_nccl_kernel(RS) and at.is_nccl_kernel(SENDRECV)
+    assert at.is_nccl_kernel("ncclKernel_AllReduce_RING_LL_Sum_bfloat16(ncclWorkElem)")
+    assert not at.is_gemm_kernel(SWIGLU) and not at.is_attention_kernel(SWIGLU)

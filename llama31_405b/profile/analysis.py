@@ -25,7 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import attribution as at
-from .intervals import partition
+from bisect import bisect_left
+
+from .intervals import partition, union
 from .trace import Trace
 
 STEP_PREFIXES = ("profile_step#", "ProfilerStep#")
@@ -182,9 +184,12 @@ class RankAnalysis:
         self.gpu = trace.gpu
         self.main_tid = meta.get("main_tid")
         self.unattributed: dict = {}
-        self.groups = {g["desc"]: g for g in meta.get("groups", [])}
+        # the dimension of a group comes from its name (attribution.group_role), whatever the
+        # sidecar says: the rule may have been refined since the trace was taken
+        self.groups = {g["desc"]: dict(g, role=at.group_role(g["desc"]))
+                       for g in meta.get("groups", [])}
         self.tid_group = {t: g["desc"] for g in meta.get("groups", []) for t in g.get("tids", [])}
-        self.pp_desc = next((g["desc"] for g in meta.get("groups", []) if g["role"] == "PP"
+        self.pp_desc = next((d for d, g in self.groups.items() if g["role"] == "PP"
                              and len(g.get("ranks", [])) > 1), None)
         self.steps = self._analyse()
 
@@ -214,8 +219,13 @@ class RankAnalysis:
     def _collect(self):
         """(compute [(iv, category)], comm [(iv, desc, name)], recv [iv], windows)."""
         evs = self._host_events()
-        main = [e for e in evs if e.tid == self.main_tid]
-        seq_role = _forward_roles(evs)
+        by_tid: dict = {}
+        for e in evs:
+            by_tid.setdefault(e.tid, []).append(e)
+        main = by_tid.get(self.main_tid, [])
+        seq_role: dict = {}
+        for tevs in by_tid.values():   # nesting is per thread
+            seq_role.update(_forward_roles(tevs))
         compute, comm, recv = [], [], []
         launch_ctx: dict = {}
 
@@ -228,9 +238,6 @@ class RankAnalysis:
             label = _host_label(e, ctx)
             if label is not None:
                 compute.extend((iv, label) for iv in selfs)
-        by_tid: dict = {}
-        for e in evs:
-            by_tid.setdefault(e.tid, []).append(e)
         for tid, tevs in by_tid.items():
             if self.gpu or tid == self.main_tid:
                 walk(tevs, seq_role, visit)
@@ -309,12 +316,22 @@ class RankAnalysis:
         compute, comm, recv, windows = self._collect()
         if self.gpu:
             windows = self._device_windows(windows, compute, comm)
-        labelled = [(iv, ("c", cat)) for iv, cat in compute]
-        labelled += [(iv, ("m", desc)) for iv, desc, _ in comm]
-        labelled += [(iv, ("b", None)) for iv in recv]
+        # one union per label first: thousands of adjacent self-time pieces become a few
+        by_label: dict = {}
+        for x, cat in compute:
+            by_label.setdefault(("c", cat), []).append(x)
+        for x, desc, _ in comm:
+            by_label.setdefault(("m", desc), []).append(x)
+        for x in recv:
+            by_label.setdefault(("b", None), []).append(x)
+        labelled = sorted(((x, label) for label, xs in by_label.items() for x in union(xs)),
+                          key=lambda p: p[0])
+        starts = [x[0] for x, _ in labelled]
+        longest = max((x[1] - x[0] for x, _ in labelled), default=0.0)
         out = []
         for i, (lo, hi) in enumerate(windows):
             st = StepBreakdown(i, lo, hi)
+            near = labelled[bisect_left(starts, lo - longest):bisect_left(starts, hi)]
             for iv, desc, name in comm:
                 if iv[1] > lo and iv[0] < hi:
                     g = st.comm.get(desc)
@@ -322,7 +339,7 @@ class RankAnalysis:
                         d, role, ranks = self._group_of(desc)
                         g = st.comm[desc] = GroupComm(d, role, list(ranks))
                     g.ops[name] = g.ops.get(name, 0) + 1
-            for s, e, labels in partition(labelled, lo, hi):
+            for s, e, labels in partition(near, lo, hi):
                 length = (e - s) / 1e6
                 cats = [x for k, x in labels if k == "c"]
                 groups = [x for k, x in labels if k == "m"]

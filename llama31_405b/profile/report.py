@@ -58,6 +58,33 @@ def predicted_breakdown(cfg) -> dict | None:
     return dict(step_time_s=p.step_time_s, **p.breakdown)
 
 
+def _analyse_rank(meta_path: str) -> dict | str:
+    """One rank's trace -> its mean breakdown and its steps (an error message on failure)."""
+    mp = Path(meta_path)
+    meta = json.loads(mp.read_text())
+    r = meta["rank"]
+    try:
+        ra = RankAnalysis(load(mp.with_name(f"rank{r:05d}.trace.json.gz")), meta)
+    except TraceError as e:
+        return str(e)
+    m = ra.mean()
+    m.update(rank=r, steps_detail=[s.as_dict() for s in ra.steps])
+    return m
+
+
+def _map(fn, items: list) -> list:
+    """fn over items, in worker processes when there are several (the traces are independent;
+    the CPU count bounds the workers; spawned: the caller may hold threads, e.g. torch's)."""
+    import os
+    workers = min(len(items), os.cpu_count() or 1, 8)
+    if workers < 2:
+        return [fn(x) for x in items]
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+        return list(pool.map(fn, items))
+
+
 def analyze_folder(out: str | Path, *, cfg=None, threshold: float = straggler.DEFAULT_THRESHOLD
                    ) -> dict:
     out = Path(out)
@@ -73,35 +100,35 @@ def analyze_folder(out: str | Path, *, cfg=None, threshold: float = straggler.DE
     metas = sorted((out / "traces").glob("rank*.meta.json"))
     if not metas:
         raise ProfileError(f"{out}/traces: no traces (did the run reach its profiled steps?)")
-    per_rank, analyses = {}, {}
-    for mp in metas:
-        meta = json.loads(mp.read_text())
-        r = meta["rank"]
-        try:
-            trace = load(mp.with_name(f"rank{r:05d}.trace.json.gz"))
-        except TraceError as e:
-            raise ProfileError(str(e)) from None
-        ra = RankAnalysis(trace, meta)
-        analyses[r] = ra
-        m = ra.mean()
-        rec = records.get(r, {})
-        m.update(rank=r, host=rec.get("host", "?"), device=rec.get("device", "?"),
+    per_rank = {}
+    for m in _map(_analyse_rank, [str(mp) for mp in metas]):
+        if isinstance(m, str):
+            raise ProfileError(m)
+        rec = records.get(m["rank"], {})
+        m.update(host=rec.get("host", "?"), device=rec.get("device", "?"),
                  pp_rank=rec.get("pp_rank", 0), dp_rank=rec.get("dp_rank", 0),
-                 tp_rank=rec.get("tp_rank", 0), cp_rank=rec.get("cp_rank", 0),
-                 steps_detail=[s.as_dict() for s in ra.steps])
-        per_rank[r] = m
+                 tp_rank=rec.get("tp_rank", 0), cp_rank=rec.get("cp_rank", 0))
+        per_rank[m["rank"]] = m
     busiest = max(per_rank, key=lambda r: (per_rank[r]["compute_s"], -r))
     predicted = predicted_breakdown(cfg) if cfg is not None else None
     pred_ok = predicted if predicted and "error" not in predicted else None
-    rows = _rows(per_rank[busiest]["components"], pred_ok)
+    # like with like: the planner describes its busiest pipeline stage; the measured side is
+    # the mean of the profiled ranks of that stage (else the rank with the most compute)
+    stage = int(pred_ok.get("rank", -1)) if pred_ok else -1
+    compared = sorted(r for r, m in per_rank.items() if m["pp_rank"] == stage) or [busiest]
+    keys = {k for r in compared for k in per_rank[r]["components"]}
+    mean_components = {k: sum(per_rank[r]["components"].get(k, 0.0) for r in compared)
+                       / len(compared) for k in keys}
+    rows = _rows(mean_components, pred_ok)
     ratios = [d["overhead_ratio"] for d in records.values() if d.get("overhead_ratio")]
     sizes = [d["trace_bytes"] / max(1, len(d["profiled_step_s"])) for d in records.values()
              if d.get("trace_bytes")]
     result = dict(
         kind=manifest.get("kind"), mlperf_run=False, config=manifest.get("config"),
         layout=manifest.get("layout"), world_size=manifest.get("world_size"),
-        profiled_ranks=sorted(per_rank), busiest_rank=busiest,
-        measured_step_s=per_rank[busiest]["step_s"],
+        profiled_ranks=sorted(per_rank), busiest_rank=busiest, compared_ranks=compared,
+        compared_stage=per_rank[compared[0]]["pp_rank"],
+        measured_step_s=sum(per_rank[r]["step_s"] for r in compared) / len(compared),
         predicted_step_s=pred_ok["step_time_s"] if pred_ok else None,
         prediction_error=predicted.get("error") if predicted else None,
         comparison=rows,
@@ -136,8 +163,9 @@ def render(r: dict) -> str:
              f"VP{lay.get('vp')} CP{lay.get('cp')} DP{lay.get('dp')}, {r.get('world_size')} ranks; "
              f"profiled ranks {r['profiled_ranks']}",
              "",
-             f"Step breakdown of rank {r['busiest_rank']} (the busiest profiled rank), mean over "
-             f"its profiled steps, next to the planner's prediction (busiest GPU):",
+             f"Step breakdown of pipeline stage {r['compared_stage']} (mean of ranks "
+             f"{r['compared_ranks']} over their profiled steps), next to the planner's prediction "
+             f"for its busiest GPU (stage {r['compared_stage']}):",
              f"{'component':<28} {'measured ms':>11} {'predicted ms':>12} {'ratio':>7}"]
     total_m = 0.0
     for row in r["comparison"]:
@@ -152,8 +180,10 @@ def render(r: dict) -> str:
         lines.append(f"  no prediction: {r['prediction_error']}")
     if r.get("note"):
         lines.append(f"  note: {r['note']}")
-    b = r["ranks"][r["busiest_rank"]]
-    lines += ["", f"Communication of rank {r['busiest_rank']} by process group (ms per step):",
+    first = r["compared_ranks"][0]
+    b = r["ranks"][first]
+    lines += ["", f"Communication of rank {first} by process group (ms per step; every rank's "
+                  "in analysis.json):",
               f"{'group':<40} {'dim':<5} {'ranks':<16} {'total':>9} {'overlap':>9} "
               f"{'exposed':>9}  ops"]
     for g in sorted(b["comm"].values(), key=lambda g: -g["total_s"]):
@@ -208,7 +238,8 @@ def plot(r: dict, path: Path) -> Path:
         vals = [row["measured_s"] * 1e3, (row["predicted_s"] or 0.0) * 1e3]
         a.bar([0, 1], vals, bottom=bottoms, color=colors[i % len(colors)], label=row["component"])
         bottoms = [x + y for x, y in zip(bottoms, vals)]
-    a.set_xticks([0, 1], [f"measured\n(rank {r['busiest_rank']})", "planner"])
+    a.set_xticks([0, 1], [f"measured\n(stage {r['compared_stage']}, ranks {r['compared_ranks']})",
+                          "planner"])
     a.set(ylabel="ms per step", title="Step breakdown: measured vs predicted")
     a.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ranks = sorted(r["ranks"], key=int)

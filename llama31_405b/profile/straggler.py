@@ -5,8 +5,10 @@ alone names nobody. What differs is how a rank spends it: a straggler is busy (c
 the host: data, Python, a delay) while its peers sit in exposed communication waiting for it.
 Per profiled rank: busy = step - exposed communication. Peers are the ranks with the same work:
 the same pipeline stage (pipeline stages differ by design: the first holds the embedding, the
-last the LM head and the loss). A rank whose busy time exceeds its peers' median by more than
-`threshold` (a fraction of the median step) is named, with its host, device, and what it was
+last the LM head and the loss). A rank whose busy time exceeds the median of its peers (the
+others of its stage, so that with two peers the slow one is compared with the other, not with a
+mean that contains itself) by more than `threshold` (a fraction of the peers' median step) is
+named, with its host, device, and what it was
 slow in: compute, or host time outside compute and communication.
 """
 from __future__ import annotations
@@ -27,24 +29,24 @@ def find(per_rank: dict, *, threshold: float = DEFAULT_THRESHOLD) -> list[dict]:
         if len(ranks) < 2:
             continue
         busy = {r: per_rank[r]["step_s"] - per_rank[r]["exposed_s"] for r in ranks}
-        med_busy = median(busy.values())
-        med_step = median(per_rank[r]["step_s"] for r in ranks)
-        med_compute = median(per_rank[r]["compute_s"] for r in ranks)
-        med_host = median(per_rank[r]["host_gap_s"] for r in ranks)
-        med_wait = median(per_rank[r]["exposed_s"] for r in ranks)
         for r in ranks:
+            peers = [q for q in ranks if q != r]
+            med_busy = median(busy[q] for q in peers)
+            med_step = median(per_rank[q]["step_s"] for q in peers)
             excess = busy[r] - med_busy
             if excess <= threshold * med_step:
                 continue
             d = per_rank[r]
-            dc, dh = d["compute_s"] - med_compute, d["host_gap_s"] - med_host
+            dc = d["compute_s"] - median(per_rank[q]["compute_s"] for q in peers)
+            dh = d["host_gap_s"] - median(per_rank[q]["host_gap_s"] for q in peers)
             out.append(dict(rank=r, host=d.get("host", "?"), device=d.get("device", "?"),
                             pp_rank=stage, busy_s=busy[r], peers_busy_median_s=med_busy,
                             excess_s=excess, excess_fraction=excess / med_step,
                             slow_in="compute" if dc >= dh else "host (outside compute and "
                                                                  "communication)",
-                            compute_excess_s=dc, host_excess_s=dh,
-                            waiting_s=d["exposed_s"], peers_waiting_median_s=med_wait))
+                            compute_excess_s=dc, host_excess_s=dh, waiting_s=d["exposed_s"],
+                            peers_waiting_median_s=median(per_rank[q]["exposed_s"]
+                                                          for q in peers)))
     return sorted(out, key=lambda s: -s["excess_s"])
 
 
