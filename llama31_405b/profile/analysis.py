@@ -17,8 +17,8 @@ device span of the kernels that step launched):
 So compute + exposed communication + host gaps = the step window, exactly; a group's total =
 overlapped + exposed = the length of the union of its intervals in the window. The pipeline
 bubble (exposed time of pipeline receives: waiting for the previous stage, in the fill and
-drain as well as in the steady state) is part of exposed PP time, as in the seed's figure
-("NVLink ... including pipeline bubbles").
+drain as well as in the steady state) is part of exposed PP time, as in the published
+breakdown ("NVLink ... including pipeline bubbles"; docs/profile.md).
 """
 from __future__ import annotations
 

@@ -111,11 +111,24 @@ def _annotated(fn, label):
 
 
 class ProfileRun(Run):
-    """The training run without evaluations, with the thread map and the annotations."""
+    """The training run without evaluations, with the thread map and the annotations. With
+    full-iteration CUDA graphs, `eager` makes a step run Megatron's schedule itself instead of
+    the graph's replay (a replay leaves kernels without any host op, role or process group in
+    the trace: docs/profile.md, "CUDA graphs")."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.group_threads = GroupThreads()
+        self.eager = False
+
+    def _forward_backward(self, microbatches):
+        if not (self.eager and self._graphs):
+            return super()._forward_backward(microbatches)
+        from ..train.step import run_schedule
+        cfg = self.cfg
+        return run_schedule(self.model, microbatches, seq_length=cfg.model.seq_length,
+                            mbs=cfg.batch.micro_batch_size, forward_only=False,
+                            cp=cfg.parallel.cp, gpu=self.device.gpu, forward_backward=None)
 
     def _init(self):
         self.group_threads.install()
@@ -141,10 +154,15 @@ class Plan:
 
 
 class ProfileHook(Hook):
-    def __init__(self, plan: Plan, *, rank: int, stream=sys.stderr):
+    """Phases after the warm-up: skip, baseline (timed), [eager baseline (timed; full-iteration
+    graphs only)], profiled."""
+
+    def __init__(self, plan: Plan, *, rank: int, graphs: bool = False, stream=sys.stderr):
         self.plan, self.rank, self.stream = plan, rank, stream
+        self.graphs = graphs
         self.t_prev = None
         self.baseline_s: list[float] = []
+        self.eager_s: list[float] = []
         self.profiled_s: list[float] = []
         self.prof = None
         self.rf = None
@@ -189,27 +207,34 @@ class ProfileHook(Hook):
         dt, self.t_prev = now - self.t_prev, now
         p = self.plan
         k = stats.step
+        eager_steps = p.baseline if self.graphs else 0
+        timed = p.skip + p.baseline + eager_steps   # steps before the profiled ones
+        last = timed + p.steps
         phase = ("skipped" if k <= p.skip else "timed, no profiler" if k <= p.skip + p.baseline
+                 else "timed eager, no profiler" if k <= timed
                  else "profiled" if self.profiled or self.rank != 0 else "profiled elsewhere")
-        self._say(f"step {k}/{p.skip + p.baseline + p.steps} ({phase}): {dt * 1e3:.1f} ms, "
-                  f"loss {stats.loss:.4f}")
+        self._say(f"step {k}/{last} ({phase}): {dt * 1e3:.1f} ms, loss {stats.loss:.4f}")
         if k <= p.skip:
             pass
         elif k <= p.skip + p.baseline:
             self.baseline_s.append(dt)
+        elif k <= timed:
+            self.eager_s.append(dt)
         else:
             self.profiled_s.append(dt)
-        if k == p.skip + p.baseline and p.steps:
+        if self.graphs and k == p.skip + p.baseline:
+            run.eager = True     # from the next step on: Megatron's schedule, not the replay
+        if k == timed and p.steps:
             self._start(run)
-        elif k > p.skip + p.baseline and self.prof is not None:
+        elif k > timed and self.prof is not None:
             from torch.autograd.profiler import record_function
             self.rf.__exit__(None, None, None)
-            if k < p.skip + p.baseline + p.steps:
+            if k < last:
                 self.rf = record_function(f"profile_step#{len(self.profiled_s)}")
                 self.rf.__enter__()
             else:
                 self.prof.stop()
-        if k == p.skip + p.baseline + p.steps:
+        if k == last:
             self.done = True
             self._write(run)
 
@@ -231,8 +256,12 @@ class ProfileHook(Hook):
                    tp_rank=info.tp_rank, pp_rank=info.pp_rank, cp_rank=info.cp_rank,
                    dp_rank=info.dp_rank, profiled=self.prof is not None,
                    baseline_step_s=self.baseline_s, profiled_step_s=self.profiled_s,
-                   overhead_ratio=(mean(self.profiled_s) / mean(self.baseline_s)
-                                   if self.baseline_s and self.profiled_s else None),
+                   eager_step_s=self.eager_s, cuda_graphs=self.graphs,
+                   overhead_ratio=(mean(self.profiled_s) / mean(self.eager_s or self.baseline_s)
+                                   if (self.eager_s or self.baseline_s) and self.profiled_s
+                                   else None),
+                   graphs_speedup=(mean(self.eager_s) / mean(self.baseline_s)
+                                   if self.eager_s and self.baseline_s else None),
                    trace=str(trace_path.relative_to(out)) if self.prof is not None else None,
                    trace_bytes=trace_path.stat().st_size if self.prof is not None else None)
         _write_json(out / "ranks" / f"rank{rank:05d}.json", rec)
@@ -273,10 +302,21 @@ def _write_json(path: Path, data) -> None:
     os.replace(tmp, path)
 
 
+def full_iteration_graphs(cfg) -> bool:
+    return cfg.derived.system.is_gpu and cfg.performance.cuda_graphs == "full_iteration"
+
+
 def profile_config(cfg, plan: Plan):
-    """The config of a profile run: max steps = skip + baseline + steps (no evaluation runs)."""
-    run = dataclasses.replace(cfg.run, max_steps=plan.skip + plan.baseline + plan.steps)
-    return dataclasses.replace(cfg, run=run)
+    """The config of a profile run: max steps = skip + baseline (twice with full-iteration
+    graphs: replayed, then eager) + steps, no evaluation; per-layer graphs ("layers") off: their
+    replays bypass the modules the roles are read from."""
+    eager = plan.baseline if full_iteration_graphs(cfg) else 0
+    run = dataclasses.replace(cfg.run, max_steps=plan.skip + plan.baseline + eager + plan.steps)
+    out = dataclasses.replace(cfg, run=run)
+    if cfg.performance.cuda_graphs == "layers":
+        out = dataclasses.replace(out, performance=dataclasses.replace(cfg.performance,
+                                                                       cuda_graphs="none"))
+    return out
 
 
 def run_profile(cfg, plan: Plan, *, seed: int, dist_env, timeout_s: float = 600.0,
@@ -284,7 +324,7 @@ def run_profile(cfg, plan: Plan, *, seed: int, dist_env, timeout_s: float = 600.
     """Run the steps on this rank and write its files; returns the hook (done: all written)."""
     if dist_env.rank == 0:
         mark_folder(plan.out, cfg, plan)
-    hook = ProfileHook(plan, rank=dist_env.rank)
+    hook = ProfileHook(plan, rank=dist_env.rank, graphs=full_iteration_graphs(cfg))
     pcfg = profile_config(cfg, plan)
     run = ProfileRun(pcfg, seed=seed, hooks=[hook],
                      dist_env=dist_env, timeout_s=timeout_s, init_checkpoint=init_checkpoint)

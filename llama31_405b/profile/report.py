@@ -139,6 +139,8 @@ def analyze_folder(out: str | Path, *, cfg=None, threshold: float = straggler.DE
         straggler_threshold=threshold,
         overhead_ratio=max(ratios) if ratios else None,
         overhead_ratio_per_rank={r: d.get("overhead_ratio") for r, d in records.items()},
+        graphs_speedup=max((d["graphs_speedup"] for d in records.values()
+                            if d.get("graphs_speedup")), default=None),
         trace_bytes_per_rank_per_step=max(sizes) if sizes else None,
         unattributed={r: m["unattributed"] for r, m in per_rank.items() if m["unattributed"]},
     )
@@ -217,8 +219,12 @@ def render(r: dict) -> str:
     if r.get("unattributed"):
         lines.append(f"unattributed communication events: {r['unattributed']}")
     ov = r.get("overhead_ratio")
-    lines.append(f"profiler overhead: step time with / without the profiler = "
+    lines.append("profiler overhead: step time with / without the profiler = "
                  + (f"{ov:.2f} (worst rank)" if ov else "not measured (--baseline 0)"))
+    gs = r.get("graphs_speedup")
+    if gs:
+        lines.append(f"full-iteration CUDA graphs: the eager step (profiled) takes {gs:.2f} x the "
+                     "replayed step (worst rank); the breakdown above is of eager steps")
     sz = r.get("trace_bytes_per_rank_per_step")
     if sz:
         lines.append(f"trace size: {sz / 1e6:.2f} MB per rank per step (gzipped JSON)")
