@@ -297,3 +297,22 @@ def test_gpu_kernel_names():
     assert at.is_nccl_kernel(RS) and at.is_nccl_kernel(SENDRECV)
     assert at.is_nccl_kernel("ncclKernel_AllReduce_RING_LL_Sum_bfloat16(ncclWorkElem)")
     assert not at.is_gemm_kernel(SWIGLU) and not at.is_attention_kernel(SWIGLU)
+
+
+def test_out_folder_rules(tmp_path):
+    from llama31_405b.config import load_config
+    from llama31_405b.profile.capture import Plan
+    from llama31_405b.profile.marker import mark_folder, unusable
+    from conftest import REPO
+    cfg = load_config(REPO / "configs" / "tiny_cpu.toml")
+    assert unusable(tmp_path / "new") is None
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "keep.txt").write_text("x")
+    assert "did not write" in unusable(tmp_path / "data")
+    out = tmp_path / "prof"
+    mark_folder(out, cfg, Plan(out=out))
+    (out / "ranks").mkdir()
+    (out / "ranks" / "rank00007.json").write_text("{}")   # from an earlier, larger run
+    assert unusable(out) is None
+    mark_folder(out, cfg, Plan(out=out))
+    assert not list((out / "ranks").iterdir())

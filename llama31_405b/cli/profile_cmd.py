@@ -94,6 +94,11 @@ def run(args) -> int:
     from ..parallel.setup import teardown_parallel
     from ..profile.capture import Plan, run_profile
     out = Path(args.out or Path("out") / "profile" / Path(path).stem)
+    from ..profile.marker import unusable
+    why = unusable(out)
+    if why:
+        print(f"error: {why}", file=sys.stderr)
+        return 2
     de = dist_env_from_environ()
     plan = Plan(out=out, skip=args.skip, baseline=args.baseline, steps=args.steps, ranks=ranks)
     hook = run_profile(cfg, plan, seed=seed, dist_env=de, timeout_s=args.timeout_s,

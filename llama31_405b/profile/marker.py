@@ -16,9 +16,28 @@ no evaluation ran, and nothing here may be submitted or compliance-checked
 """
 
 
+def unusable(out: str | Path) -> str | None:
+    """Why `out` cannot take a profile (a non-empty folder that `profile` did not write), or
+    None."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        return f"--out {out}: exists and is not a folder"
+    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():
+        return (f"--out {out}: a non-empty folder that `profile` did not write; give a new or "
+                "empty folder (a profile folder is overwritten)")
+    return None
+
+
 def mark_folder(out: Path, cfg, plan) -> None:
+    """Mark the folder and clear what an earlier profile left in it (rank 0, before the process
+    group exists: no other rank writes before it joined)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    for sub in ("ranks", "traces"):
+        for f in (out / sub).glob("rank*"):
+            f.unlink()
+    for name in ("analysis.json", "analysis.txt", "breakdown.png"):
+        (out / name).unlink(missing_ok=True)
     (out / MARKER).write_text(TEXT)
     manifest = dict(kind=KIND, mlperf_run=False, config=cfg.source, system=cfg.system.id,
                     layout=dict(tp=cfg.parallel.tp, pp=cfg.parallel.pp, vp=cfg.parallel.vp,
