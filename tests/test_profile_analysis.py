@@ -316,3 +316,54 @@ def test_out_folder_rules(tmp_path):
     assert unusable(out) is None
     mark_folder(out, cfg, Plan(out=out))
     assert not list((out / "ranks").iterdir())
+
+
+def test_compute_split_of_a_whole_trace(tmp_path):
+    """No step annotation (one layer profiled on its own): the trace's span is the window."""
+    from llama31_405b.profile.analysis import compute_split
+    path = tmp_path / "layer.json"
+    path.write_text(json.dumps({"traceEvents": [
+        ev("role:ffn_up", 0, 100, cat="user_annotation"), ev("aten::mm", 0, 100),
+        ev("role:ffn_down", 150, 50, cat="user_annotation"), ev("aten::mm", 150, 50)]}))
+    got = compute_split(path)
+    assert got["window_s"] == approx(200e-6)
+    assert got["compute"] == {"gemm_ffn_up": approx(100e-6), "gemm_ffn_down": approx(50e-6)}
+    assert got["components"]["host_gap"] == approx(50e-6)
+
+
+def test_real_torch_trace_backward_roles(tmp_path):
+    """torch.profiler on a real forward/backward of modules named like megatron's: the
+    backward GEMMs (no module around them) get their role from the sequence number."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from llama31_405b.profile.analysis import compute_split
+    from llama31_405b.profile.capture import annotate_modules
+
+    class MLP(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear_fc1 = torch.nn.Linear(64, 256)
+            self.linear_fc2 = torch.nn.Linear(256, 64)
+
+        def forward(self, x):
+            return self.linear_fc2(torch.relu(self.linear_fc1(x)))
+
+    layer = torch.nn.Module()
+    layer.mlp = MLP()
+    annotate_modules([layer])
+    x = torch.randn(128, 64)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        layer.mlp(x).sum().backward()
+    path = tmp_path / "t.json"
+    prof.export_chrome_trace(str(path))
+    c = compute_split(path)["compute"]
+    # forward: one addmm each; backward: two mm each (input and weight gradient; fc1's input
+    # needs no gradient, so it has one), all outside any role annotation
+    raw = json.loads(path.read_text())["traceEvents"]
+    backward_mm = [e for e in raw if e.get("name") == "aten::mm"]
+    assert backward_mm, "the backward ran no aten::mm"
+    assert c["gemm_ffn_up"] > 0 and c["gemm_ffn_down"] > 0
+    total_gemm = sum(e["dur"] for e in raw if e.get("name") in ("aten::mm", "aten::addmm"))
+    assert c["gemm_ffn_up"] + c["gemm_ffn_down"] == pytest.approx(total_gemm * 1e-6, rel=0.05)
+    assert "gemm_other" not in c

@@ -195,12 +195,21 @@ class RankAnalysis:
 
     # -- inputs ---------------------------------------------------------------------------------
     def _windows(self, host):
+        if self.meta.get("whole_trace"):
+            host = [e for e in host if e.cat in ("cpu_op", "user_annotation")]
+            return [(min(e.ts for e in host), max(e.end for e in host))] if host else []
         wins = sorted((e for e in host if e.name.startswith(STEP_PREFIXES)), key=lambda e: e.ts)
         return [(w.ts, w.end) for w in wins]
 
     def _host_events(self):
         evs = [e for e in self.trace.events if e.cat not in ("kernel", "gpu_memcpy", "gpu_memset",
                                                                 "gpu_user_annotation")]
+        if self.main_tid is None and self.meta.get("whole_trace"):
+            counts: dict = {}
+            for e in evs:
+                if e.cat == "cpu_op":
+                    counts[e.tid] = counts.get(e.tid, 0) + 1
+            self.main_tid = max(counts, key=counts.get) if counts else None  # the busiest thread
         if self.main_tid is None:
             steps = [e for e in evs if e.name.startswith(STEP_PREFIXES)]
             if not steps:
@@ -386,3 +395,15 @@ class RankAnalysis:
                     bubble_s=sum(s.bubble_s for s in self.steps) / n,
                     exposed_s=sum(sum(s.exposed_by_role().values()) for s in self.steps) / n,
                     components=comps, comm=groups, unattributed=dict(self.unattributed))
+
+
+def compute_split(trace_path, *, groups=()) -> dict:
+    """The whole trace as one window (no step annotations needed, e.g. one layer's forward and
+    backward under torch.profiler with `capture.annotate_modules`): compute seconds by
+    category, exposed communication by dimension, host gaps, and the window. For a GPU
+    check of the GEMM split against the planner's per-layer compute (first contact)."""
+    from .trace import load
+    ra = RankAnalysis(load(trace_path), {"whole_trace": True, "groups": list(groups)})
+    st = ra.steps[0]
+    return dict(window_s=st.step_s, compute=dict(st.compute), components=st.components(),
+                gpu=ra.gpu)

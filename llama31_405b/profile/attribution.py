@@ -86,7 +86,7 @@ _HOST_COMM = ("c10d::", "gloo:", "nccl:", "record_param_comms")
 
 def module_role(qualified_name: str) -> str | None:
     for suffix, role in MODULE_ROLES:
-        if qualified_name.endswith(suffix):
+        if qualified_name.endswith(suffix) or qualified_name == suffix.lstrip("."):
             return role
     return None
 

@@ -77,8 +77,17 @@ class GroupThreads:
 def install_annotations(run) -> None:
     """`role:<name>` ranges around the modules of each role (forward hooks), `profile:loss`
     around the loss, `profile:optimizer` around the optimizer step."""
+    annotate_modules(run.model)
+    run.optimizer.step = _annotated(run.optimizer.step, at.OPTIMIZER_ANNOTATION)
+
+
+def annotate_modules(chunks) -> None:
+    """The role annotations on megatron modules (a GPTModel's chunks, or any module tree whose
+    names end like megatron's: `self_attention.linear_qkv`, `mlp.linear_fc1`, ...; Transformer
+    Engine layers of megatron's TE spec keep those names). Also usable outside a profile run,
+    e.g. around one layer's forward/backward, with `analysis.compute_split` on its trace."""
     from torch.autograd.profiler import record_function
-    for chunk in run.model:
+    for chunk in chunks:
         for name, mod in chunk.named_modules():
             role = at.module_role(name)
             if role is not None:
@@ -97,7 +106,6 @@ def install_annotations(run) -> None:
             loss_fn = getattr(mod, "compute_language_model_loss", None)
             if callable(loss_fn) and not getattr(loss_fn, "_profile_wrapped", False):
                 mod.compute_language_model_loss = _annotated(loss_fn, at.LOSS_ANNOTATION)
-    run.optimizer.step = _annotated(run.optimizer.step, at.OPTIMIZER_ANNOTATION)
 
 
 def _annotated(fn, label):
