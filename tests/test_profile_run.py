@@ -1,10 +1,10 @@
 """`python -m llama31_405b profile` for real: the tiny run at 4 gloo ranks under torchrun, one
-profile per layout (PP2 x DP2, TP2 x PP2) shared by every assertion, and one PP2 x DP2 run with
-a test-only delay on one rank (testing.step_delay_ranks). Checked: every collective attributed
-to the group megatron's parallel_state gives this rank for that dimension, the components of
-each step sum to the step time the loop measured within 2%, the compute split finds the FFN
-GEMMs, the slowed rank is named the straggler (and nobody without the delay), and the folder
-holds no MLPerf run."""
+profile per layout shared by every assertion: PP2 x DP2 with a test-only delay on one rank
+(testing.step_delay_ranks), TP2 x PP2 without. Checked: every collective attributed to the group
+megatron's parallel_state gives this rank for that dimension, the components of each step sum
+to the step time the loop measured within 2%, the compute split finds the FFN GEMMs, the slowed
+rank is named the straggler (and nobody in the run without delay), and the folder holds no
+MLPerf run."""
 from __future__ import annotations
 
 import json
@@ -24,9 +24,9 @@ LAYOUTS = {
     "tp2_pp2": "[parallel]\ntp = 2\npp = 2\n\n[batch]\nminibs = 8\nmicro_batch_size = 2\n",
 }
 DELAYED_RANK, DELAY_S = 2, 3.0
-# 4 ranks share the 2 cores of a CI machine: DP peers' compute differs by up to ~45% from
-# scheduling alone (measured), so "names nobody" is checked at a threshold the delay clears
-# by far (a 3 s sleep is ~75% of a delayed step)
+# 4 ranks share 2 cores: on a loaded machine, two DP peers' compute differed by 43% of the step
+# from scheduling alone (measured here), so the runs use a threshold the delay clears by far (a
+# 3 s sleep is ~75% of a delayed step) and that scheduling noise does not reach
 QUIET_THRESHOLD = 0.5
 
 
@@ -50,10 +50,16 @@ def run_profile(tiny_env, tmp: Path, layout: str, extra: str = "", args=()) -> t
     return out, r.stdout + r.stderr
 
 
+DELAYED = "pp2_dp2"
+"""The layout whose run slows DELAYED_RANK down (the other runs without delay)."""
+
+
 @pytest.fixture(scope="module", params=list(LAYOUTS))
 def profiled(request, tiny_env, tmp_path_factory):
+    extra = (f"\n[testing]\nstep_delay_s = {DELAY_S}\nstep_delay_ranks = [{DELAYED_RANK}]\n"
+             if request.param == DELAYED else "")
     out, output = run_profile(tiny_env, tmp_path_factory.mktemp(request.param), request.param,
-                              args=("--threshold", str(QUIET_THRESHOLD)))
+                              extra, args=("--threshold", str(QUIET_THRESHOLD)))
     return request.param, out, json.loads((out / "analysis.json").read_text()), output
 
 
@@ -108,12 +114,11 @@ def test_compute_split_finds_the_ffn_gemms(profiled):
 
 
 def test_report_and_folder(profiled):
-    _, out, res, output = profiled
+    layout, out, res, output = profiled
     assert (out / "NOT_AN_MLPERF_RUN.txt").is_file()
     assert (out / "breakdown.png").stat().st_size > 10_000
     assert "run_start" not in output and ":::MLLOG" not in output
     assert res["mlperf_run"] is False and res["predicted_step_s"] > 0
-    assert res["stragglers"] == []
     assert res["overhead_ratio"] > 0 and res["trace_bytes_per_rank_per_step"] > 0
     text = (out / "analysis.txt").read_text()
     for needle in ("GEMM FFN up/gate", "PIPELINE_MODEL_PARALLEL_GROUP", "profiler overhead",
@@ -122,11 +127,12 @@ def test_report_and_folder(profiled):
     assert text in output
 
 
-def test_the_delayed_rank_is_named_the_straggler(tiny_env, tmp_path):
-    extra = f"\n[testing]\nstep_delay_s = {DELAY_S}\nstep_delay_ranks = [{DELAYED_RANK}]\n"
-    out, output = run_profile(tiny_env, tmp_path, "pp2_dp2", extra,
-                              args=("--threshold", str(QUIET_THRESHOLD)))
-    res = json.loads((out / "analysis.json").read_text())
+def test_stragglers(profiled):
+    """The delayed rank is named, slow in host time (its sleep), and nobody without delay."""
+    layout, _, res, output = profiled
+    if layout != DELAYED:
+        assert res["stragglers"] == [], res["stragglers"]
+        return
     assert [s["rank"] for s in res["stragglers"]] == [DELAYED_RANK], res["stragglers"]
     s = res["stragglers"][0]
     assert s["slow_in"].startswith("host") and s["host"] == socket.gethostname()

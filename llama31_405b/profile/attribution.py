@@ -127,10 +127,3 @@ def category(gemm: bool, role: str | None, region: str | None) -> str:
         return "loss"
     return "other"
 
-
-PLANNER_PARTS = {
-    # measured component -> the planner's breakdown key (planner/step.py Breakdown.as_dict)
-    "gemm_qkv": "compute_qkv_s", "gemm_proj": "compute_proj_s", "gemm_ffn_up": "compute_ffn_up_s",
-    "gemm_ffn_down": "compute_ffn_down_s", "gemm_lm_head": "compute_logits_s",
-    "attention": "compute_attention_s",
-}

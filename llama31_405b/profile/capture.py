@@ -192,12 +192,12 @@ class ProfileHook(Hook):
         self._say(f"warm-up done; {p.skip} step(s) skipped, {p.baseline} timed without the "
                   f"profiler, {p.steps} profiled")
         if p.skip == 0 and p.baseline == 0:
+            run.eager = self.graphs
             self._start(run)
 
     def _start(self, run):
         if not self.profiled:
             return
-        import torch
         from torch.autograd.profiler import record_function
         from torch.profiler import ProfilerActivity, profile
         acts = [ProfilerActivity.CPU]
@@ -208,7 +208,6 @@ class ProfileHook(Hook):
         self.rf = record_function(f"profile_step#{len(self.profiled_s)}")
         self.rf.__enter__()
         self.main_tid = _gettid()
-        del torch
 
     def on_step_end(self, run, stats):
         now = time.perf_counter()
