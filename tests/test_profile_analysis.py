@@ -367,3 +367,23 @@ def test_real_torch_trace_backward_roles(tmp_path):
     total_gemm = sum(e["dur"] for e in raw if e.get("name") in ("aten::mm", "aten::addmm"))
     assert c["gemm_ffn_up"] + c["gemm_ffn_down"] == pytest.approx(total_gemm * 1e-6, rel=0.05)
     assert "gemm_other" not in c
+
+
+def test_per_rank_step_delay_rules():
+    """testing.step_delay_ranks: the delay on those ranks only, ranks of the world, a delay
+    set, refused on GPU systems like the other test-only delays."""
+    from llama31_405b.config import ConfigError, load_config
+    from conftest import REPO
+    two = REPO / "configs" / "tiny_cpu_2racks.toml"     # 4 ranks
+    cfg = load_config(two, overrides={"testing": {"step_delay_s": 0.5,
+                                                  "step_delay_ranks": [1, 3]}})
+    assert [cfg.testing.step_delay_on(r) for r in range(4)] == [0.0, 0.5, 0.0, 0.5]
+    assert load_config(two, overrides={"testing": {"step_delay_s": 0.5}}).testing.step_delay_on(
+        2) == 0.5
+    with pytest.raises(ConfigError, match=r"step_delay_ranks \[4\]"):
+        load_config(two, overrides={"testing": {"step_delay_s": 0.5, "step_delay_ranks": [4]}})
+    with pytest.raises(ConfigError, match="step_delay_s is 0"):
+        load_config(two, overrides={"testing": {"step_delay_ranks": [1]}})
+    with pytest.raises(ConfigError, match="step_delay_ranks slow a run down"):
+        load_config(REPO / "configs" / "config_GB200_2048x4x8xtp4pp8cp2.toml",
+                    overrides={"testing": {"step_delay_s": 1.0, "step_delay_ranks": [0]}})
