@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from statistics import median
 
 from . import straggler
 from .analysis import RankAnalysis
@@ -137,7 +138,8 @@ def analyze_folder(out: str | Path, *, cfg=None, threshold: float = straggler.DE
         stragglers=straggler.find(per_rank, threshold=threshold),
         step_time_outliers=straggler.step_time_outliers(records, threshold=threshold),
         straggler_threshold=threshold,
-        overhead_ratio=max(ratios) if ratios else None,
+        overhead_ratio=median(ratios) if ratios else None,
+        overhead_ratio_range=(min(ratios), max(ratios)) if ratios else None,
         overhead_ratio_per_rank={r: d.get("overhead_ratio") for r, d in records.items()},
         graphs_speedup=max((d["graphs_speedup"] for d in records.values()
                             if d.get("graphs_speedup")), default=None),
@@ -219,8 +221,10 @@ def render(r: dict) -> str:
     if r.get("unattributed"):
         lines.append(f"unattributed communication events: {r['unattributed']}")
     ov = r.get("overhead_ratio")
+    rng = r.get("overhead_ratio_range")
     lines.append("profiler overhead: step time with / without the profiler = "
-                 + (f"{ov:.2f} (worst rank)" if ov else "not measured (--baseline 0)"))
+                 + (f"{ov:.2f} (median of the ranks; {rng[0]:.2f}-{rng[1]:.2f})" if ov else
+                    "not measured (--baseline 0)"))
     gs = r.get("graphs_speedup")
     if gs:
         lines.append(f"full-iteration CUDA graphs: the eager step (profiled) takes {gs:.2f} x the "
