@@ -52,6 +52,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", type=Path, help="tiny config with data and initial checkpoint")
     ap.add_argument("--folder", type=Path, help="analyse this profile folder instead of running")
+    ap.add_argument("--out", type=Path, help="keep the profile folder of the run here")
     ap.add_argument("--repeat", type=int, default=3)
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -60,19 +61,26 @@ def main() -> None:
     if a.folder is None:
         if a.config is None:
             ap.error("--config or --folder")
-        tmp = tempfile.TemporaryDirectory(prefix="profile_cost_")
-        a.folder = Path(tmp.name) / "out"
+        if a.out is None:
+            tmp = tempfile.TemporaryDirectory(prefix="profile_cost_")
+            a.out = Path(tmp.name) / "out"
+        a.folder = a.out
+        a.folder.parent.mkdir(parents=True, exist_ok=True)
         wall = run_profile(a.config, a.folder)
         print(f"profile run (8 ranks, 2 skipped + 3 timed + 3 profiled steps): {wall:.0f} s")
-    times = []
+    times, cpu = [], []
     for _ in range(a.repeat):
         t0 = time.perf_counter()
         res = analyze_folder(a.folder)
         times.append(time.perf_counter() - t0)
+        c0 = time.process_time()   # one process: its CPU time is what an idle core would take
+        analyze_folder(a.folder, workers=1)
+        cpu.append(time.process_time() - c0)
     records = [json.loads(p.read_text()) for p in (a.folder / "ranks").glob("rank*.json")]
     steps = max(len(r["profiled_step_s"]) for r in records)
-    print(f"analysis of {len(res['ranks'])} ranks x {steps} steps: median {median(times):.2f} s "
-          f"of {a.repeat} (min {min(times):.2f}, max {max(times):.2f})")
+    print(f"analysis of {len(res['ranks'])} ranks x {steps} steps: wall median {median(times):.2f} s "
+          f"of {a.repeat} (min {min(times):.2f}, max {max(times):.2f}); CPU time in one process "
+          f"median {median(cpu):.2f} s (min {min(cpu):.2f})")
     print(f"trace size per rank per step: {res['trace_bytes_per_rank_per_step'] / 1e6:.2f} MB "
           "(gzipped Chrome JSON)")
     ratios = sorted(r["overhead_ratio"] for r in records if r.get("overhead_ratio"))

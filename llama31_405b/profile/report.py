@@ -73,11 +73,11 @@ def _analyse_rank(meta_path: str) -> dict | str:
     return m
 
 
-def _map(fn, items: list) -> list:
+def _map(fn, items: list, workers: int | None = None) -> list:
     """fn over items, in worker processes when there are several (the traces are independent;
     the CPU count bounds the workers; spawned: the caller may hold threads, e.g. torch's)."""
     import os
-    workers = min(len(items), os.cpu_count() or 1, 8)
+    workers = min(len(items), workers or os.cpu_count() or 1, 8)
     if workers < 2:
         return [fn(x) for x in items]
     import multiprocessing as mp
@@ -86,8 +86,10 @@ def _map(fn, items: list) -> list:
         return list(pool.map(fn, items))
 
 
-def analyze_folder(out: str | Path, *, cfg=None, threshold: float = straggler.DEFAULT_THRESHOLD
-                   ) -> dict:
+def analyze_folder(out: str | Path, *, cfg=None, threshold: float = straggler.DEFAULT_THRESHOLD,
+                   workers: int | None = None) -> dict:
+    """Analyse every trace of a profile folder (`workers` processes, default: the CPUs) and
+    write analysis.json, analysis.txt and breakdown.png."""
     out = Path(out)
     t0 = time.perf_counter()
     manifest_path = out / MANIFEST
@@ -102,7 +104,7 @@ def analyze_folder(out: str | Path, *, cfg=None, threshold: float = straggler.DE
     if not metas:
         raise ProfileError(f"{out}/traces: no traces (did the run reach its profiled steps?)")
     per_rank = {}
-    for m in _map(_analyse_rank, [str(mp) for mp in metas]):
+    for m in _map(_analyse_rank, [str(mp) for mp in metas], workers):
         if isinstance(m, str):
             raise ProfileError(m)
         rec = records.get(m["rank"], {})
