@@ -27,10 +27,10 @@ def register(sub) -> None:
     p.add_argument("--out", default=None,
                    help="output folder (default: out/profile/<config name>); marked as not an "
                         "MLPerf run")
-    p.add_argument("--skip", type=int, default=2, help="steps after the warm-up not recorded")
+    p.add_argument("--skip", type=int, default=2, help="steps after the warm-up not recorded (default 2)")
     p.add_argument("--baseline", type=int, default=3,
-                   help="steps timed without the profiler (the overhead ratio; 0: none)")
-    p.add_argument("--steps", type=int, default=3, help="steps recorded (K)")
+                   help="steps timed without the profiler (the overhead ratio; 0: none; default 3)")
+    p.add_argument("--steps", type=int, default=3, help="steps recorded (default 3)")
     p.add_argument("--ranks", default=None,
                    help="comma-separated global ranks to profile, or 'all' (default: every rank "
                         "of DP replica 0, plus the first rank of every other replica)")
