@@ -127,6 +127,28 @@ def test_self_time_and_backward_gemm_by_sequence_number():
     assert st.host_gap_s == approx(1000e-6 - 550e-6)
 
 
+def test_the_node_creator_gives_the_backward_role():
+    """Every op records the number the next autograd node will get: an op of the norm before
+    the QKV linear carries the number of the QKV Function's node; the Function (last to start)
+    gives the role, and the node's own event in the backward is no forward op."""
+    _, st = analyse([
+        step(0, 1000),
+        ev("role:norm", 0, 50, cat="user_annotation"),
+        ev("aten::type_as", 0, 10, **{"Sequence number": 9}),
+        ev("role:qkv", 60, 100, cat="user_annotation"),
+        ev("LinearWithGradAccumulationAndAsyncCommunication", 60, 100, **{"Sequence number": 9}),
+        ev("aten::mm", 70, 80),
+        ev("autograd::engine::evaluate_function: "
+           "LinearWithGradAccumulationAndAsyncCommunicationBackward", 500, 300,
+           **{"Sequence number": 9}),
+        ev("LinearWithGradAccumulationAndAsyncCommunicationBackward", 500, 300,
+           **{"Sequence number": 9}),
+        ev("aten::mm", 520, 200),
+    ])
+    assert st.compute["gemm_qkv"] == approx(280e-6)
+    assert "gemm_other" not in st.compute
+
+
 def test_a_wait_inside_an_autograd_function_is_not_compute():
     """megatron's TP all-reduce runs inside an autograd Function (_ReduceFromModelParallelRegion):
     the Function's event spans the collective's wait, which is exposed TP time, not compute."""
@@ -186,9 +208,11 @@ def test_intervals():
                      (6, 8, frozenset())]
 
 
-def rank(pp, step_s, compute, host, exposed):
+def rank(pp, step_s, compute, host, exposed, steps=None):
+    busy = step_s - exposed
     return dict(pp_rank=pp, host="h", device="cpu", step_s=step_s, compute_s=compute,
-                host_gap_s=host, exposed_s=exposed)
+                host_gap_s=host, exposed_s=exposed,
+                steps_busy=steps or [(step_s, busy), (step_s, busy)])
 
 
 def test_straggler_is_the_rank_the_others_wait_on():
@@ -205,6 +229,9 @@ def test_straggler_is_the_rank_the_others_wait_on():
     assert straggler.find(ranks)[0]["slow_in"] == "compute"
     ranks[2] = rank(0, 1.0, 0.31, 0.1, 0.59)
     assert straggler.find(ranks) == []
+    # busier by 0.8 s on the mean, but in one step only (the CPU taken away once): not named
+    ranks[2] = rank(0, 1.0, 0.3, 0.6, 0.1, steps=[(1.0, 1.3), (1.0, 0.5)])
+    assert straggler.find(ranks, threshold=0.1) == []
 
 
 def test_a_profile_folder_is_refused(tmp_path, capsys):

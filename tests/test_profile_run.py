@@ -107,6 +107,8 @@ def test_compute_split_finds_the_ffn_gemms(profiled):
         c = m["components"]
         assert c["compute.gemm_ffn_up"] > 0 and c["compute.gemm_ffn_down"] > 0, (rank, c)
         assert c["compute.gemm_qkv"] > 0 and c["compute.attention"] > 0
+        # every GEMM has a role: forward by module, backward by the node's sequence number
+        assert "compute.gemm_other" not in c, (rank, c)
         if m["pp_rank"] == 1:
             assert c["compute.gemm_lm_head"] > 0 and c["compute.loss"] > 0
         else:

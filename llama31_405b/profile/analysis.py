@@ -22,7 +22,7 @@ breakdown ("NVLink ... including pipeline bubbles"; docs/profile.md).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from . import attribution as at
 from bisect import bisect_left
@@ -91,13 +91,15 @@ class StepBreakdown:
                     comm={k: g.as_dict() for k, g in self.comm.items()})
 
 
-@dataclass
+@dataclass(frozen=True)
 class Ctx:
     role: str | None = None
     region: str | None = None
     comm: bool = False
     group: tuple | None = None
     """(desc, ranks) of an enclosing record_param_comms (NCCL)."""
+    backward: bool = False
+    """Inside an autograd node's evaluation."""
 
 
 _ROOT = Ctx()
@@ -106,20 +108,20 @@ _ROOT = Ctx()
 def _derive(parent: Ctx, e, seq_role: dict) -> Ctx:
     n = e.name
     if n.startswith(at.ROLE_PREFIX):
-        return Ctx(n[len(at.ROLE_PREFIX):], parent.region, parent.comm, parent.group)
+        return replace(parent, role=n[len(at.ROLE_PREFIX):])
     if n == at.OPTIMIZER_ANNOTATION or n.startswith("Optimizer.step#"):
-        return Ctx(parent.role, "optimizer", parent.comm, parent.group)
+        return replace(parent, region="optimizer")
     if n == at.LOSS_ANNOTATION:
-        return Ctx(parent.role, "loss", parent.comm, parent.group)
+        return replace(parent, region="loss")
     if n.startswith(_EVAL_FN):
         role = seq_role.get(e.args.get("Sequence number"), parent.role)
-        return Ctx(role, parent.region, parent.comm, parent.group)
+        return replace(parent, role=role, backward=True)
     if at.is_host_comm(n):
         group = parent.group
         desc = e.args.get("Process Group Description")
         if desc:
-            group = (desc, list(e.args.get("Process Group Ranks") or []))
-        return Ctx(parent.role, parent.region, True, group)
+            group = (desc, tuple(e.args.get("Process Group Ranks") or []))
+        return replace(parent, comm=True, group=group)
     return parent
 
 
@@ -157,15 +159,20 @@ def walk(events, seq_role: dict, visit) -> None:
 
 
 def _forward_roles(events) -> dict:
-    """Sequence number -> role of every forward op that ran inside a role annotation."""
-    out = {}
+    """Sequence number -> role of the forward op that created the autograd node of that number.
+    An op records the number the next node will get, whether it creates one or not, so several
+    ops carry a number: the last one to start (the creator, or an op inside it) gives the role;
+    an op before it may lie in the previous module (e.g. the norm before linear_qkv)."""
+    best: dict = {}
 
     def visit(e, ctx, _selfs):
         seq = e.args.get("Sequence number")
-        if ctx.role and seq is not None and e.cat == "cpu_op" and not e.name.startswith(_EVAL_FN):
-            out.setdefault(seq, ctx.role)
+        if seq is None or e.cat != "cpu_op" or ctx.backward:
+            return
+        if seq not in best or e.ts >= best[seq][0]:
+            best[seq] = (e.ts, ctx.role)
     walk(events, {}, visit)
-    return out
+    return {seq: role for seq, (_, role) in best.items() if role}
 
 
 def _host_label(e, ctx) -> str | None:

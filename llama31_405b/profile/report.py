@@ -69,7 +69,9 @@ def _analyse_rank(meta_path: str) -> dict | str:
     except TraceError as e:
         return str(e)
     m = ra.mean()
-    m.update(rank=r, steps_detail=[s.as_dict() for s in ra.steps])
+    m.update(rank=r, steps_detail=[s.as_dict() for s in ra.steps],
+             steps_busy=[(s.step_s, s.step_s - sum(s.exposed_by_role().values()))
+                         for s in ra.steps])
     return m
 
 

@@ -19,8 +19,9 @@ DEFAULT_THRESHOLD = 0.10
 
 
 def find(per_rank: dict, *, threshold: float = DEFAULT_THRESHOLD) -> list[dict]:
-    """per_rank: rank -> {pp_rank, host, device, step_s, compute_s, host_gap_s, exposed_s}.
-    Returns the stragglers, slowest first."""
+    """per_rank: rank -> {pp_rank, host, device, step_s, compute_s, host_gap_s, exposed_s,
+    steps_busy: [(step_s, busy_s) per profiled step]}. A rank is named when its excess holds in
+    every profiled step. Returns the stragglers, slowest first."""
     stages: dict = {}
     for r, d in per_rank.items():
         stages.setdefault(d.get("pp_rank", 0), []).append(r)
@@ -29,12 +30,13 @@ def find(per_rank: dict, *, threshold: float = DEFAULT_THRESHOLD) -> list[dict]:
         if len(ranks) < 2:
             continue
         busy = {r: per_rank[r]["step_s"] - per_rank[r]["exposed_s"] for r in ranks}
+        steps = {r: per_rank[r].get("steps_busy") for r in ranks}
         for r in ranks:
             peers = [q for q in ranks if q != r]
             med_busy = median(busy[q] for q in peers)
             med_step = median(per_rank[q]["step_s"] for q in peers)
             excess = busy[r] - med_busy
-            if excess <= threshold * med_step:
+            if _consistent_excess(r, peers, steps) <= threshold:
                 continue
             d = per_rank[r]
             dc = d["compute_s"] - median(per_rank[q]["compute_s"] for q in peers)
@@ -48,6 +50,22 @@ def find(per_rank: dict, *, threshold: float = DEFAULT_THRESHOLD) -> list[dict]:
                             peers_waiting_median_s=median(per_rank[q]["exposed_s"]
                                                           for q in peers)))
     return sorted(out, key=lambda s: -s["excess_s"])
+
+
+def _consistent_excess(r, peers, steps) -> float:
+    """The smallest, over the profiled steps, of rank r's busy time beyond its peers' median, as
+    a fraction of their median step: a straggler is slower in every step, while a rank that lost
+    the CPU for a while in one step (scheduling noise) is not. steps[q]: [(step_s, busy_s)] of
+    rank q per step."""
+    n = min(len(steps[q] or ()) for q in (r, *peers))
+    if n == 0:
+        return float("-inf")
+    out = float("inf")
+    for k in range(n):
+        med_busy = median(steps[q][k][1] for q in peers)
+        med_step = median(steps[q][k][0] for q in peers)
+        out = min(out, (steps[r][k][1] - med_busy) / med_step if med_step else 0.0)
+    return out
 
 
 def step_time_outliers(records: dict, *, threshold: float = DEFAULT_THRESHOLD) -> list[dict]:
