@@ -26,7 +26,7 @@ LAYERS = {
     "checkpoint": 4,
     # what runs: training, packaging a submission, the launch plan and log check
     "train": 5, "submission": 5, "launch": 5,
-    "rehearse": 6,
+    "rehearse": 6, "profile": 6,
     # the command line, and the entry point
     "cli": 7, "__main__": 8,
 }

@@ -21,6 +21,7 @@ COMMANDS = {
     "submission": "llama31_405b.cli.submission_cmd",
     "report": "llama31_405b.cli.report_cmd",
     "plan": "llama31_405b.cli.plan_cmd",
+    "profile": "llama31_405b.cli.profile_cmd",
     "launch": "llama31_405b.cli.launch_cmd",
     "train": "llama31_405b.cli.train_cmd",
     "rehearse": "llama31_405b.cli.rehearse_cmd",

@@ -72,8 +72,14 @@ def check(args) -> int:
     the rules pass AND the run converged (an aborted run_stop passes the checker's rules)."""
     from ..mlperf.checker import check_log
     from ..mlperf.checker import judge
+    from ..profile.marker import refusal
     bad = 0
     for path in args.logs:
+        why = refusal(path)
+        if why:
+            print(f"REFUSED: {why}", file=sys.stderr)
+            bad += 1
+            continue
         res = check_log(path, ruleset=args.ruleset, config=args.config)
         ok, line, _ = judge(res)
         print(line, file=sys.stdout if ok else sys.stderr)

@@ -24,7 +24,13 @@ def register(sub) -> None:
 
 def package(args) -> int:
     from ..config import ConfigError, load_config
+    from ..profile.marker import refusal
     from ..submission.package import PackageError, package as build
+    for path in (args.logs, args.out):
+        why = refusal(path)
+        if why:
+            print(f"REFUSED: {why}", file=sys.stderr)
+            return 1
     try:
         cfg = load_config(args.config) if args.config else None
         res = build(args.logs, out=args.out, org=args.org, cfg=cfg, system_desc=args.system_desc,

@@ -294,6 +294,15 @@ class TestingConfig:
     that outlasts Slurm's KillWait on any machine."""
     eval_delay_s: float = 0.0
     """TEST ONLY: seconds slept at the start of every evaluation (after eval_start is logged)."""
+    step_delay_ranks: list[int] = field(default_factory=list)
+    """TEST ONLY: when set, step_delay_s applies only on these global ranks (a straggler for the
+    profile tests, tests/test_profile_run.py); empty: on every rank."""
+
+    def step_delay_on(self, rank: int) -> float:
+        """Seconds slept before each training step on `rank`."""
+        if self.step_delay_ranks and rank not in self.step_delay_ranks:
+            return 0.0
+        return self.step_delay_s
 
 
 @dataclass(kw_only=True, slots=True)

@@ -227,9 +227,18 @@ def run_rules(cfg: Config, d: Derived) -> list[str]:
     t = cfg.testing
     if t.step_delay_s < 0 or t.eval_delay_s < 0:
         out.append("testing.step_delay_s / eval_delay_s must be >= 0")
-    elif (t.step_delay_s or t.eval_delay_s) and d.system.is_gpu:
-        out.append(f"[testing] step_delay_s / eval_delay_s slow a run down on purpose for the CPU "
-                   f"fault tests; remove them from a {d.system.name} config")
+    elif (t.step_delay_s or t.eval_delay_s or t.step_delay_ranks) and d.system.is_gpu:
+        out.append(f"[testing] step_delay_s / eval_delay_s / step_delay_ranks slow a run down on "
+                   f"purpose for the CPU fault and profile tests; remove them from a "
+                   f"{d.system.name} config")
+    elif t.step_delay_ranks:
+        bad = [r for r in t.step_delay_ranks if not 0 <= r < d.world_size]
+        if bad:
+            out.append(f"testing.step_delay_ranks {bad}: not ranks of this config's world "
+                       f"(0..{d.world_size - 1})")
+        if not t.step_delay_s:
+            out.append("testing.step_delay_ranks is set but testing.step_delay_s is 0: set the "
+                       "delay the ranks should sleep before each step")
     return out
 
 

@@ -372,13 +372,14 @@ class Run:
         d = self.cfg.derived
         testing = self.cfg.testing
         if (testing.step_delay_s or testing.eval_delay_s) and self.info.is_rank0:
-            print(f"[train] TEST ONLY: testing.step_delay_s {testing.step_delay_s} s, "
+            print(f"[train] TEST ONLY: testing.step_delay_s {testing.step_delay_s} s "
+                  f"(ranks {testing.step_delay_ranks or 'all'}), "
                   f"testing.eval_delay_s {testing.eval_delay_s} s slow this run down",
                   file=sys.stderr, flush=True)
         block_start_step = 0
         self.hooks.on_block_start(self, 0, self._block_len(0))
         while self.state.step < d.max_steps:
-            self._test_delay(testing.step_delay_s)
+            self._test_delay(testing.step_delay_on(self.info.dist_env.rank))
             stats = self.train_step()
             self.hooks.on_step_end(self, stats)
             self._stop_if_requested()

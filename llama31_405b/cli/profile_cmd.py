@@ -1,0 +1,152 @@
+"""`profile CONFIG`: a measured step breakdown of a config's run (not an MLPerf run).
+
+    python -m llama31_405b profile CONFIG [--out DIR] [--skip 2] [--baseline 3] [--steps 3]
+                                          [--ranks 0,1,...] [--seed N] [--set K=V ...]
+    python -m llama31_405b profile --analyze DIR     # redo the analysis of a profile folder
+
+Launched like `train` (one process per rank: torchrun, srun). Runs what train runs up to the end
+of the warm-up, then the steps; every rank writes its files into DIR, rank 0 waits for them and
+writes analysis.txt, analysis.json and breakdown.png (docs/profile.md). Exit status: 0 done,
+1 the run or the analysis failed, 2 bad config or arguments.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from .options import add_set_option, load_or_report
+
+
+def register(sub) -> None:
+    p = sub.add_parser("profile", help="profile a few steady-state training steps (torch.profiler) "
+                       "and break the step down, next to the planner's prediction (not an "
+                       "MLPerf run)")
+    p.add_argument("config_pos", nargs="?", metavar="CONFIG", help="config TOML")
+    p.add_argument("--config", default=None, help="config TOML (instead of CONFIG)")
+    p.add_argument("--out", default=None,
+                   help="output folder (default: out/profile/<config name>); marked as not an "
+                        "MLPerf run")
+    p.add_argument("--skip", type=int, default=2, help="steps after the warm-up not recorded (default 2)")
+    p.add_argument("--baseline", type=int, default=3,
+                   help="steps timed without the profiler (the overhead ratio; 0: none; default 3)")
+    p.add_argument("--steps", type=int, default=3, help="steps recorded (default 3)")
+    p.add_argument("--ranks", default=None,
+                   help="comma-separated global ranks to profile, or 'all' (default: every rank "
+                        "of DP replica 0, plus the first rank of every other replica)")
+    p.add_argument("--threshold", type=float, default=None,
+                   help="straggler threshold, fraction of the step (default 0.10)")
+    p.add_argument("--seed", type=int, default=None, help="run seed (as train)")
+    p.add_argument("--init-checkpoint", default=None,
+                   help="override checkpoint.ckpt_dir/checkpoint.init")
+    p.add_argument("--timeout-s", type=float, default=600.0,
+                   help="collective timeout, and how long rank 0 waits for the others' files")
+    p.add_argument("--analyze", metavar="DIR", default=None,
+                   help="only analyse an existing profile folder (CONFIG optional: the "
+                        "prediction)")
+    add_set_option(p)
+    p.set_defaults(func=run)
+
+
+def _ranks(text: str | None, world: int) -> list[int] | None | str:
+    if text is None:
+        return None
+    if text == "all":
+        return list(range(world))
+    try:
+        ranks = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        return f"--ranks {text!r}: give comma-separated integers or 'all'"
+    bad = [r for r in ranks if not 0 <= r < world]
+    if bad or not ranks:
+        return f"--ranks {text!r}: ranks must lie in 0..{world - 1} (the config's world size)"
+    return ranks
+
+
+def run(args) -> int:
+    from ..profile import straggler
+    threshold = straggler.DEFAULT_THRESHOLD if args.threshold is None else args.threshold
+    path = args.config or args.config_pos
+    if args.analyze:
+        cfg = load_or_report(path, args.set) if path else None
+        if path and cfg is None:
+            return 2
+        return _analyze(Path(args.analyze), cfg, threshold)
+    if not path:
+        print("error: profile: give a config (CONFIG or --config), or --analyze DIR",
+              file=sys.stderr)
+        return 2
+    if min(args.skip, args.baseline) < 0 or args.steps < 1:
+        print("error: --skip and --baseline must be >= 0, --steps >= 1", file=sys.stderr)
+        return 2
+    from .train_cmd import _load, run_seed
+    cfg = _load(argparse_ns(config=path, set=args.set))
+    if cfg is None:
+        return 2
+    ranks = _ranks(args.ranks, cfg.derived.world_size)
+    if isinstance(ranks, str):
+        print(f"error: {ranks}", file=sys.stderr)
+        return 2
+    seed = run_seed(cfg, args.seed)
+    if seed is None:
+        return 2
+    from ..parallel.distributed import dist_env_from_environ
+    from ..parallel.setup import teardown_parallel
+    from ..profile.capture import Plan, run_profile
+    out = Path(args.out or Path("out") / "profile" / Path(path).stem)
+    from ..profile.marker import unusable
+    why = unusable(out)
+    if why:
+        print(f"error: {why}", file=sys.stderr)
+        return 2
+    de = dist_env_from_environ()
+    plan = Plan(out=out, skip=args.skip, baseline=args.baseline, steps=args.steps, ranks=ranks)
+    hook = run_profile(cfg, plan, seed=seed, dist_env=de, timeout_s=args.timeout_s,
+                       init_checkpoint=args.init_checkpoint)
+    try:
+        teardown_parallel()
+    except Exception:  # noqa: BLE001 - peers may be gone after a failure
+        pass
+    if not hook.done:
+        print(f"error: rank {de.rank}: the run stopped before its profiled steps were written",
+              file=sys.stderr)
+        return 1
+    if de.rank != 0:
+        return 0
+    if not _wait_for_ranks(out, de.world_size, args.timeout_s):
+        return 1
+    return _analyze(out, cfg, threshold)
+
+
+def argparse_ns(**kw):
+    import argparse
+    return argparse.Namespace(**kw)
+
+
+def _wait_for_ranks(out: Path, world: int, timeout_s: float) -> bool:
+    """Rank 0 waits until every rank wrote ranks/rank<R>.json (they finish together, but a
+    shared file system may show the files late)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        missing = [r for r in range(world) if not (out / "ranks" / f"rank{r:05d}.json").is_file()]
+        if not missing:
+            return True
+        if time.monotonic() > deadline:
+            print(f"error: {out}/ranks: no file from rank(s) {missing[:16]} after {timeout_s:.0f} s "
+                  "(did they fail? see their stderr)", file=sys.stderr)
+            return False
+        time.sleep(0.2)
+
+
+def _analyze(out: Path, cfg, threshold: float) -> int:
+    from ..profile.report import ProfileError, analyze_folder
+    print(f"[profile] analysing {out} ...", file=sys.stderr, flush=True)
+    try:
+        res = analyze_folder(out, cfg=cfg, threshold=threshold)
+    except ProfileError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print((out / "analysis.txt").read_text(), end="")
+    print(f"analysis: {out / 'analysis.json'}, {out / 'analysis.txt'}; plot: {res.get('plot')} "
+          f"(analysed in {res['analysis_s']:.1f} s)")
+    return 0

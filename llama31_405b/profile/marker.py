@@ -1,0 +1,70 @@
+"""The mark of a profile folder: it holds no MLPerf run, and the compliance and submission
+commands refuse anything inside it."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+MARKER = "NOT_AN_MLPERF_RUN.txt"
+MANIFEST = "profile.json"
+KIND = "llama31_405b profile (not an MLPerf run)"
+
+TEXT = """This folder was written by `python -m llama31_405b profile`: a profile of a few training
+steps after the warm-up, under torch.profiler. It is NOT an MLPerf run: no run_start was logged,
+no evaluation ran, and nothing here may be submitted or compliance-checked
+(`compliance check` and `submission package` refuse it). See docs/profile.md.
+"""
+
+
+def unusable(out: str | Path) -> str | None:
+    """Why `out` cannot take a profile (a non-empty folder that `profile` did not write), or
+    None."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        return f"--out {out}: exists and is not a folder"
+    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():
+        return (f"--out {out}: a non-empty folder that `profile` did not write; give a new or "
+                "empty folder (a profile folder is overwritten)")
+    return None
+
+
+def mark_folder(out: Path, cfg, plan) -> None:
+    """Mark the folder and clear what an earlier profile left in it (rank 0, before the process
+    group exists: no other rank writes before it joined)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for sub in ("ranks", "traces"):
+        for f in (out / sub).glob("rank*"):
+            f.unlink()
+    for name in ("analysis.json", "analysis.txt", "breakdown.png"):
+        (out / name).unlink(missing_ok=True)
+    (out / MARKER).write_text(TEXT)
+    manifest = dict(kind=KIND, mlperf_run=False, config=cfg.source, system=cfg.system.id,
+                    layout=dict(tp=cfg.parallel.tp, pp=cfg.parallel.pp, vp=cfg.parallel.vp,
+                                cp=cfg.parallel.cp, dp=cfg.derived.dp),
+                    world_size=cfg.derived.world_size, skip=plan.skip, baseline=plan.baseline,
+                    steps=plan.steps, ranks=plan.ranks)
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
+
+
+def profile_folder_of(path: str | Path) -> Path | None:
+    """The profile folder that holds `path` (the path itself, or a parent, carries the marker);
+    for a directory, also one below it. None when the path has nothing to do with a profile."""
+    p = Path(path).resolve()
+    for d in [p, *p.parents]:
+        if (d / MARKER).is_file():
+            return d
+    if p.is_dir():
+        for hit in p.rglob(MARKER):
+            return hit.parent
+    return None
+
+
+def refusal(path: str | Path) -> str | None:
+    """The reason to refuse `path` in compliance check / submission package, or None."""
+    d = profile_folder_of(path)
+    if d is None:
+        return None
+    return (f"{path}: inside the profile folder {d} (written by `profile`, marked by {MARKER}): "
+            "a profile is not an MLPerf run (no run_start, no evaluation); check or package the "
+            "logs of a `train` run instead")
