@@ -8,7 +8,8 @@
   non-zero.
 
 Tests that use either fixture train, so they must be marked `slow`: collection stops with an
-error naming any that is not (pytest_collection_modifyitems below).
+error naming any that is not (pytest_collection_modifyitems below). So must tests marked `stress`
+(the fault loops repeated to catch flakiness, run by `make test-stress`, not by `make test`).
 """
 from __future__ import annotations
 
@@ -58,11 +59,40 @@ def unmarked_training_tests(items) -> list[str]:
             and it.get_closest_marker("slow") is None]
 
 
+def unmarked_stress_tests(items) -> list[str]:
+    """Node ids of collected tests marked `stress` but not `slow`."""
+    return [it.nodeid for it in items
+            if it.get_closest_marker("stress") is not None and it.get_closest_marker("slow") is None]
+
+
+def misplaced_slurm_tests(items) -> list[str]:
+    """Node ids of collected tests that use the Slurm cluster without the `slurm` marker or
+    without `xdist_group("slurm")` (the one xdist worker that owns the cluster: any other worker
+    would wait on the cluster's lock for the whole Slurm suite)."""
+    out = []
+    for it in items:
+        if "slurm_cluster" not in getattr(it, "fixturenames", ()):
+            continue
+        group = it.get_closest_marker("xdist_group")
+        name = (group.args[0] if group.args else group.kwargs.get("name")) if group else None
+        if it.get_closest_marker("slurm") is None or name != "slurm":
+            out.append(it.nodeid)
+    return out
+
+
 def pytest_collection_modifyitems(config, items):
     bad = unmarked_training_tests(items)
     if bad:
         raise pytest.UsageError("these tests train (tiny_env/tiny_runs) but are not marked "
                                 "slow, so `make test-fast` would run them: " + ", ".join(bad))
+    bad = unmarked_stress_tests(items)
+    if bad:
+        raise pytest.UsageError("these tests are marked stress but not slow, so `make test-fast` "
+                                "would run them: " + ", ".join(bad))
+    bad = misplaced_slurm_tests(items)
+    if bad:
+        raise pytest.UsageError("these tests use slurm_cluster but are not marked both "
+                                "`slurm` and `xdist_group(\"slurm\")`: " + ", ".join(bad))
 
 
 @pytest.fixture(scope="session")
