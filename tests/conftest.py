@@ -26,6 +26,7 @@ import pytest
 
 # the local Slurm cluster, one session fixture for every Slurm test module (tests/conftest_slurm.py)
 from conftest_slurm import slurm_cluster  # noqa: E402,F401
+from conftest_schedule import assign_groups, order
 
 REPO = Path(__file__).resolve().parents[1]
 NUM_TINY_RUNS = 3
@@ -49,7 +50,7 @@ def _locked(path: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-TRAINING_FIXTURES = ("tiny_env", "tiny_runs")
+TRAINING_FIXTURES = ("tiny_env", "tiny_runs", "tiny_run_seeds")
 
 
 def unmarked_training_tests(items) -> list[str]:
@@ -80,6 +81,7 @@ def misplaced_slurm_tests(items) -> list[str]:
     return out
 
 
+@pytest.hookimpl(tryfirst=True)      # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     bad = unmarked_training_tests(items)
     if bad:
@@ -93,6 +95,9 @@ def pytest_collection_modifyitems(config, items):
     if bad:
         raise pytest.UsageError("these tests use slurm_cluster but are not marked both "
                                 "`slurm` and `xdist_group(\"slurm\")`: " + ", ".join(bad))
+    # which worker runs what, and in which order (tests/conftest_schedule.py)
+    assign_groups(items)
+    order(items)
 
 
 @pytest.fixture(scope="session")
@@ -144,11 +149,23 @@ def run_train(config: Path, seed: int, log: Path, *, timeout: float = 900,
 
 
 @pytest.fixture(scope="session")
-def tiny_runs(tiny_env, shared_dir) -> list[Path]:
+def tiny_run_seeds(shared_dir) -> list[int]:
+    """The seeds of the NUM_TINY_RUNS tiny runs, drawn once per session from the system's
+    entropy (as `launch env` draws them for a config without run.seed_base) and shared by all
+    workers: a test can start its own run with one of them before the tiny runs are done."""
+    path = shared_dir / "tiny_run_seeds.json"
+    with _locked(shared_dir / "tiny_run_seeds.lock"):
+        if not path.exists():
+            from llama31_405b.config.seeds import run_seeds
+            path.write_text(json.dumps(run_seeds(None, NUM_TINY_RUNS)))
+    return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="session")
+def tiny_runs(tiny_env, tiny_run_seeds, shared_dir) -> list[Path]:
     """MLPerf logs of NUM_TINY_RUNS completed tiny runs, each with a seed drawn from the
-    system's entropy (recorded as "seed" in result_<i>.json beside the log)."""
-    from llama31_405b.config.seeds import run_seeds
-    seeds = run_seeds(None, NUM_TINY_RUNS)
+    system's entropy (tiny_run_seeds; recorded as "seed" in result_<i>.json beside the log)."""
+    seeds = tiny_run_seeds
     logdir = shared_dir / "tiny_runs"
     with _locked(shared_dir / "tiny_runs.lock"):
         logdir.mkdir(exist_ok=True)
