@@ -141,9 +141,9 @@ def tiny_env(shared_dir) -> dict:
     return {"root": root, "data_dir": data_dir, "ckpt_dir": ckpt_dir, "config": cfg}
 
 
-# niceness of the long tiny runs that no test times (tiny_runs, the NVFP4 run): they soak up the
-# CPU the other tests leave idle, and the Slurm jobs, whose tests bound how long a job takes to
-# stop, keep the CPU first
+# niceness of the tiny runs (no test times them; three processes, so they use both cores once the
+# rest is done): they soak up the CPU the other tests leave idle, and the Slurm jobs, whose tests
+# bound how long a job takes to stop, keep the CPU first
 BACKGROUND_NICE = 5
 
 

@@ -92,10 +92,13 @@ def test_runs_converge_and_pass_compliance(slurm_cluster, tiny_env, tmp_path):
 
 def _start_training(cluster, tiny_env, tmp_path, config: str = CONFIG, wait_for: str = "run_start",
                     preflight: bool = True) -> tuple[subprocess.Popen, int, Path]:
+    """preflight=False: neither the pre-flight nor the data verification step (the converging
+    job covers both; train still requires the recorded verification)."""
     logs = tmp_path / "logs"
     job = cluster.sbatch(["--wait", "-N", "4", "-o", str(tmp_path / "job.out"), "run_and_time.sh"],
                          env=cluster.env(CONFIG=config, NEXP="1", LOGDIR=str(logs),
                                          PREFLIGHT="1" if preflight else "0",
+                                         VERIFY_DATA="1" if preflight else "0",
                                          **_data_env(tiny_env)))
     job_id = cluster.job_id(job.stdout.readline())
     log = logs / "result_0.txt"
@@ -197,7 +200,7 @@ def test_scancel_leaves_an_aborted_log_every_time(slurm_cluster, tiny_env, tmp_p
 
 
 def test_killing_one_rank_ends_the_job(slurm_cluster, tiny_env, tmp_path):
-    job, job_id, _ = _start_training(slurm_cluster, tiny_env, tmp_path)
+    job, job_id, _ = _start_training(slurm_cluster, tiny_env, tmp_path, preflight=False)
     pid = slurm_cluster.wait_for(lambda: _rank_pid(job_id, 2), timeout=30, what="rank 2's pid")
     t0 = time.monotonic()
     os.kill(pid, signal.SIGKILL)
