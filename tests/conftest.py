@@ -8,7 +8,8 @@
   non-zero.
 
 Tests that use either fixture train, so they must be marked `slow`: collection stops with an
-error naming any that is not (pytest_collection_modifyitems below).
+error naming any that is not (pytest_collection_modifyitems below). So must tests marked `stress`
+(the fault loops repeated to catch flakiness, run by `make test-stress`, not by `make test`).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import pytest
 
 # the local Slurm cluster, one session fixture for every Slurm test module (tests/conftest_slurm.py)
 from conftest_slurm import slurm_cluster  # noqa: E402,F401
+from conftest_schedule import assign_groups, order
 
 REPO = Path(__file__).resolve().parents[1]
 NUM_TINY_RUNS = 3
@@ -48,7 +50,7 @@ def _locked(path: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-TRAINING_FIXTURES = ("tiny_env", "tiny_runs")
+TRAINING_FIXTURES = ("tiny_env", "tiny_runs", "tiny_run_seeds")
 
 
 def unmarked_training_tests(items) -> list[str]:
@@ -58,11 +60,44 @@ def unmarked_training_tests(items) -> list[str]:
             and it.get_closest_marker("slow") is None]
 
 
+def unmarked_stress_tests(items) -> list[str]:
+    """Node ids of collected tests marked `stress` but not `slow`."""
+    return [it.nodeid for it in items
+            if it.get_closest_marker("stress") is not None and it.get_closest_marker("slow") is None]
+
+
+def misplaced_slurm_tests(items) -> list[str]:
+    """Node ids of collected tests that use the Slurm cluster without the `slurm` marker or
+    without `xdist_group("slurm")` (the one xdist worker that owns the cluster: any other worker
+    would wait on the cluster's lock for the whole Slurm suite)."""
+    out = []
+    for it in items:
+        if "slurm_cluster" not in getattr(it, "fixturenames", ()):
+            continue
+        group = it.get_closest_marker("xdist_group")
+        name = (group.args[0] if group.args else group.kwargs.get("name")) if group else None
+        if it.get_closest_marker("slurm") is None or name != "slurm":
+            out.append(it.nodeid)
+    return out
+
+
+@pytest.hookimpl(tryfirst=True)      # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     bad = unmarked_training_tests(items)
     if bad:
         raise pytest.UsageError("these tests train (tiny_env/tiny_runs) but are not marked "
                                 "slow, so `make test-fast` would run them: " + ", ".join(bad))
+    bad = unmarked_stress_tests(items)
+    if bad:
+        raise pytest.UsageError("these tests are marked stress but not slow, so `make test-fast` "
+                                "would run them: " + ", ".join(bad))
+    bad = misplaced_slurm_tests(items)
+    if bad:
+        raise pytest.UsageError("these tests use slurm_cluster but are not marked both "
+                                "`slurm` and `xdist_group(\"slurm\")`: " + ", ".join(bad))
+    # which worker runs what, and in which order (tests/conftest_schedule.py)
+    assign_groups(items)
+    order(items)
 
 
 @pytest.fixture(scope="session")
@@ -106,19 +141,40 @@ def tiny_env(shared_dir) -> dict:
     return {"root": root, "data_dir": data_dir, "ckpt_dir": ckpt_dir, "config": cfg}
 
 
-def run_train(config: Path, seed: int, log: Path, *, timeout: float = 900,
-              extra_args: tuple = ()) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "llama31_405b", "train", "--config", str(config),
-                           "--seed", str(seed), "--log", str(log), *extra_args],
+# niceness of the tiny runs (no test times them; three processes, so they use both cores once the
+# rest is done): they soak up the CPU the other tests leave idle, and the Slurm jobs, whose tests
+# bound how long a job takes to stop, keep the CPU first
+BACKGROUND_NICE = 5
+
+
+def run_train(config: Path, seed: int, log: Path, *, timeout: float | None = None,
+              extra_args: tuple = (), background: bool = False) -> subprocess.CompletedProcess:
+    """`python -m llama31_405b train`; background: at lower priority, with a longer timeout."""
+    nice = ["nice", "-n", str(BACKGROUND_NICE)] if background else []
+    timeout = timeout or (1800 if background else 900)
+    return subprocess.run([*nice, sys.executable, "-m", "llama31_405b", "train", "--config",
+                           str(config), "--seed", str(seed), "--log", str(log), *extra_args],
                           cwd=REPO, env=py_env(), capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="session")
-def tiny_runs(tiny_env, shared_dir) -> list[Path]:
+def tiny_run_seeds(shared_dir) -> list[int]:
+    """The seeds of the NUM_TINY_RUNS tiny runs, drawn once per session from the system's
+    entropy (as `launch env` draws them for a config without run.seed_base) and shared by all
+    workers: a test can start its own run with one of them before the tiny runs are done."""
+    path = shared_dir / "tiny_run_seeds.json"
+    with _locked(shared_dir / "tiny_run_seeds.lock"):
+        if not path.exists():
+            from llama31_405b.config.seeds import run_seeds
+            path.write_text(json.dumps(run_seeds(None, NUM_TINY_RUNS)))
+    return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="session")
+def tiny_runs(tiny_env, tiny_run_seeds, shared_dir) -> list[Path]:
     """MLPerf logs of NUM_TINY_RUNS completed tiny runs, each with a seed drawn from the
-    system's entropy (recorded as "seed" in result_<i>.json beside the log)."""
-    from llama31_405b.config.seeds import run_seeds
-    seeds = run_seeds(None, NUM_TINY_RUNS)
+    system's entropy (tiny_run_seeds; recorded as "seed" in result_<i>.json beside the log)."""
+    seeds = tiny_run_seeds
     logdir = shared_dir / "tiny_runs"
     with _locked(shared_dir / "tiny_runs.lock"):
         logdir.mkdir(exist_ok=True)
@@ -128,7 +184,8 @@ def tiny_runs(tiny_env, shared_dir) -> list[Path]:
         # time the Slurm tests leave idle while they wait on jobs
         with ThreadPoolExecutor(max_workers=NUM_TINY_RUNS) as pool:
             for i, r in zip(todo, pool.map(
-                    lambda i: run_train(tiny_env["config"], seeds[i], _fresh(logs[i])), todo)):
+                    lambda i: run_train(tiny_env["config"], seeds[i], _fresh(logs[i]),
+                                     background=True), todo)):
                 logs[i].with_suffix(".json").write_text(json.dumps(
                     {"rc": r.returncode, "seed": seeds[i], "stderr": r.stderr[-4000:]}))
     failed = tiny_run_failures(logs)

@@ -1,11 +1,12 @@
 """The shared test fixtures' own guards (tests/conftest.py): a failed tiny run is reported with
 its stderr instead of handing its log to the tests, and a test that trains without the `slow`
-marker is caught at collection."""
+marker (or a `stress` test without it) is caught at collection."""
 import json
 from types import SimpleNamespace
 
 import pytest
-from conftest import tiny_run_failures, unmarked_training_tests
+from conftest import (misplaced_slurm_tests, tiny_run_failures, unmarked_stress_tests,
+                      unmarked_training_tests)
 
 
 def test_a_failed_tiny_run_is_reported_with_its_stderr(tmp_path):
@@ -20,13 +21,31 @@ def test_a_failed_tiny_run_is_reported_with_its_stderr(tmp_path):
     assert "loss is NaN at step 3" in failed[0]
 
 
-def _item(nodeid, fixtures, slow):
-    mark = pytest.mark.slow.mark if slow else None
+def _item(nodeid, fixtures, slow, stress=False, slurm=False, group=None):
+    marks = {"slow": pytest.mark.slow.mark if slow else None,
+             "stress": pytest.mark.stress.mark if stress else None,
+             "slurm": pytest.mark.slurm.mark if slurm else None,
+             "xdist_group": pytest.mark.xdist_group(group).mark if group else None}
     return SimpleNamespace(nodeid=nodeid, fixturenames=fixtures,
-                           get_closest_marker=lambda name: mark if name == "slow" else None)
+                           get_closest_marker=lambda name: marks.get(name))
 
 
 def test_training_fixtures_need_the_slow_marker():
     items = [_item("a", ["tiny_runs", "tmp_path"], slow=False),
              _item("b", ["tiny_env"], slow=True), _item("c", ["tmp_path"], slow=False)]
     assert unmarked_training_tests(items) == ["a"]
+
+
+def test_stress_tests_need_the_slow_marker():
+    items = [_item("a", ["tmp_path"], slow=False, stress=True),
+             _item("b", ["tiny_env"], slow=True, stress=True), _item("c", [], slow=False)]
+    assert unmarked_stress_tests(items) == ["a"]
+
+
+def test_slurm_tests_need_the_marker_and_the_xdist_group():
+    items = [_item("a", ["slurm_cluster"], slow=True, slurm=True, group="slurm"),
+             _item("b", ["slurm_cluster"], slow=True, slurm=True),
+             _item("c", ["slurm_cluster"], slow=True, group="slurm"),
+             _item("d", ["slurm_cluster"], slow=True, slurm=True, group="train_parallel"),
+             _item("e", ["tmp_path"], slow=False)]
+    assert misplaced_slurm_tests(items) == ["b", "c", "d"]

@@ -25,15 +25,19 @@ def _status(log: Path) -> str:
     return load_run(log).status
 
 
-def test_nvfp4_tiny_run_reaches_target_close_to_fp32(tiny_env, tiny_runs, tmp_path):
+def test_nvfp4_tiny_run_reaches_target_close_to_fp32(tiny_env, tiny_run_seeds, request,
+                                                     tmp_path):
     cfg = tmp_path / "tiny_nvfp4.toml"
     cfg.write_text(f'base = "{REPO / "configs" / "tiny_cpu_nvfp4.toml"}"\n\n'
                    f'[data]\ndata_dir = "{tiny_env["data_dir"]}"\n\n'
                    f'[checkpoint]\nckpt_dir = "{tiny_env["ckpt_dir"]}"\n')
     log = tmp_path / "nvfp4.txt"
-    seed = load_run(tiny_runs[0]).seed
+    seed = tiny_run_seeds[0]
     r = run_train(cfg, seed, log)       # the seed of the first of tiny_runs (an entropy seed)
     assert r.returncode == 0, r.stderr[-3000:]
+    # the FP32 runs are asked for only now: this run trains while they do (on another worker)
+    tiny_runs = request.getfixturevalue("tiny_runs")
+    assert load_run(tiny_runs[0]).seed == seed
     assert _status(log) == "success"
     assert '"lowest_numerical_precision_in_linear", "value": "nvfp4"' in log.read_text()
     fp32, nvfp4 = _evals(tiny_runs[0]), _evals(log)
