@@ -61,6 +61,10 @@ def test_checkpoint_read_once_in_parallel_and_restored_bit_for_bit(tmp_path, lay
         assert r["differ_after_restore"] == [], json.dumps(ranks)
         # its half of the DP x CP group's slice, within one largest tensor
         assert abs(r["bytes_read"] - slice_bytes / 2) <= largest + ZIP_OVERHEAD * r["chunks"], r
+    for r in ranks:   # the rehearsal's figures (checkpoint/read_plan.py) are what was read
+        pred = r["predicted"]
+        assert abs(r["bytes_read"] - pred["after_bytes"]) <= ZIP_OVERHEAD * r["chunks"], r
+        assert abs(slice_bytes - pred["slice_bytes"]) <= ZIP_OVERHEAD * ranks[0]["params"], r
     want_dtype = "torch.bfloat16" if layout == "distributed_bf16" else "torch.float32"
     assert all(r["dtypes"] == [want_dtype] for r in ranks), ranks
     # every stored tensor chunk read by exactly one rank of the group, and nothing else read

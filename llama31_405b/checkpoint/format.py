@@ -1,5 +1,5 @@
 """The Megatron distributed checkpoint of the model: the one module that writes, reads and
-checks it. Training (initial checkpoint, warm-up reload, tiny pre-training), conversion and
+checks it. Training (initial checkpoint, read once per run; tiny pre-training), conversion and
 verification all go through here.
 
 A checkpoint directory holds
@@ -27,7 +27,8 @@ Why, case by case (megatron-core 0.19.2, Transformer Engine 2.20.2):
   reading it would only add a key mismatch to explain away;
 - a TE-saved checkpoint read on CPU: Megatron's `ColumnParallelLinear.set_extra_state` and
   `RowParallelLinear.set_extra_state` ignore whatever they are given;
-- the warm-up's reload into the same tensors (train.warmup): the NVFP4 and current-scaling
+- a load into a model whose TE modules already ran (a reload after a warm-up; the warm-up itself
+  no longer reads the checkpoint again, train.warmup): the NVFP4 and current-scaling
   recipes are stateless (TE's `get_extra_state` saves an empty tensor, `set_extra_state` skips
   it), while a delayed-scaling FP8 state is a pickle that TE refuses to load unless
   NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1, and that `TransformerEngineBaseModule.set_extra_state`

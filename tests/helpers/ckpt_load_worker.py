@@ -97,7 +97,13 @@ def init(cfg, ckpt: str, out: str) -> None:
     ref = torch.load(_reference_path(out))
     params = dict(unwrap(run.model[0]).named_parameters())
     differ = sorted(n for n, p in params.items() if not _same(p, ref[n]))
+    from megatron.core import parallel_state as ps
+    from llama31_405b.checkpoint.read_plan import rank_read
+    predicted = rank_read(run.model, cfg,
+                          group_size=ps.get_data_parallel_world_size(with_context_parallel=True),
+                          group_rank=ps.get_data_parallel_rank(with_context_parallel=True))
     mine = {"rank": dist.get_rank(), "bytes_read": counted["bytes"], "chunks": counted["chunks"],
+            "predicted": predicted.as_dict(),
             "object_bytes": counted["object_bytes"], "moved_by_warmup": moved.get("before_restore"),
             "differ_after_restore": differ, "params": len(params),
             "dtypes": sorted({str(p.dtype) for p in params.values()}),
