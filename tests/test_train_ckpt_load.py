@@ -13,7 +13,6 @@ import pytest
 from checkpoint_helpers import free_port, write_config
 from conftest import REPO, py_env
 
-pytestmark = pytest.mark.slow
 WORKER = REPO / "tests" / "helpers" / "ckpt_load_worker.py"
 SHORT = {"run": {"division": "open", "warmup_iters": 2, "max_steps": 4},
          "eval": {"first_step": 2, "interval_steps": 2, "samples": 4}}
@@ -39,6 +38,7 @@ def _run(cmd, timeout=300):
     assert r.returncode == 0, r.stderr[-4000:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["distributed_bf16", "plain_fp32"])
 def test_checkpoint_read_once_in_parallel_and_restored_bit_for_bit(tmp_path, layout):
     config = write_config(tmp_path / "c.toml")
@@ -83,3 +83,30 @@ def _stored_tensor_chunks(ckpt) -> tuple[int, int]:
     tensors = [i for i in md.storage_data
                if isinstance(md.state_dict_metadata[i.fqn], TensorStorageMetadata)]
     return len(tensors), sum(md.storage_data[i].length for i in tensors)
+
+
+def test_stored_chunks_and_the_jobs_reads():
+    """The converted checkpoint's chunks behind a shard at TP4 (read_plan.stored_chunk_bytes),
+    and the whole job's reads before and with the parallel load (read_plan.totals)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from llama31_405b.checkpoint.read_plan import stored_chunk_bytes, totals
+
+    def shard(shape, frags, prepend=1, mismatch=False):
+        return SimpleNamespace(global_shape=shape, axis_fragmentations=frags, dtype=torch.bfloat16,
+                               prepend_axis_num=prepend, allow_shape_mismatch=mismatch)
+    # a TP4 shard of fc1 (gate/up halves: 2 x TP pieces) costs one whole half of the layer
+    assert stored_chunk_bytes(shard((126, 106496, 16384), (126, 8, 1)), vocab_size=0,
+                              tp=4) == 53248 * 16384 * 2
+    # linear_proj (TP on the input axis) and a norm (not sharded): the whole layer
+    assert stored_chunk_bytes(shard((126, 16384, 16384), (126, 1, 4)), vocab_size=0,
+                              tp=4) == 16384 * 16384 * 2
+    assert stored_chunk_bytes(shard((126, 16384), (126, 1)), vocab_size=0, tp=4) == 16384 * 2
+    # the embedding: stored at the true vocab rows, whole
+    assert stored_chunk_bytes(shard((128512, 16384), (4, 1), prepend=0, mismatch=True),
+                              vocab_size=128256, tp=4) == 128256 * 16384 * 2
+    assert totals({0: 10, 1: 12}, world=64, tp=4, pp=2) == {
+        "checkpoint_bytes": 22, "before_bytes": 2 * 32 * 22, "after_bytes": 4 * 22}
+    assert totals({0: 10}, world=64, tp=4, pp=2) is None       # a stage not played

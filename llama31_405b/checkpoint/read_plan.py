@@ -8,7 +8,7 @@ Two facts decide it:
   rank pays for the stored chunk, not for its slice of it. `checkpoint convert` writes the model
   at TP1/PP1, one chunk per layer of each decoder tensor (SwiGLU's gate and up halves apart) and
   one per other tensor (embedding and output layer at the true vocab rows): a request of any
-  shard of a tensor costs the whole layer of that tensor;
+  TP shard of a tensor costs the whole layer of that tensor (of that SwiGLU half);
 - who reads: `checkpoint.format.load_strategy` (megatron-core 0.19.2 FullyParallelLoadStrategyWrapper
   over the DP x CP group) gives each shard of the group's slice to one rank, by megatron-core's
   own greedy assignment (`exchange_utils.distribute_shards_to_ranks`, by shard size); before it,
@@ -49,15 +49,21 @@ def _shard_tensors(chunks) -> list:
     return [v for v in nested_values(sharded) if isinstance(v, ShardedTensor)]
 
 
-def stored_chunk_bytes(sh, vocab_size: int) -> int:
-    """Bytes of the converted checkpoint's chunk behind shard `sh`: its tensor's global shape
-    without the prepended layer axes, the vocab axis at the stored (true) vocab rows for the
-    tensors Megatron marks `allow_shape_mismatch` (embedding, output layer)."""
+def stored_chunk_bytes(sh, *, vocab_size: int, tp: int) -> int:
+    """Bytes of the converted checkpoint's chunk behind shard `sh`. The converter saves the
+    TP1/PP1 model, whose shards are this one's with every TP-sharded axis whole: an axis split
+    into f pieces here (a multiple of TP: TP for a TP-sharded axis, 2 x TP for SwiGLU's fc1,
+    whose gate and up halves are separate shards) is split into f / TP there; the prepended
+    layer axis keeps one layer per chunk. The vocab axis of the tensors Megatron marks
+    `allow_shape_mismatch` (embedding, output layer) is stored at the true vocab rows."""
     import torch
     shape = list(sh.global_shape[sh.prepend_axis_num:])
+    frags = list(sh.axis_fragmentations or [1] * len(sh.global_shape))[sh.prepend_axis_num:]
     if sh.allow_shape_mismatch and shape:
         shape[0] = min(shape[0], vocab_size)
-    return prod(shape) * torch.tensor([], dtype=sh.dtype).element_size()
+    pieces = [f // tp if f > 1 and f % tp == 0 else f for f in frags]
+    elements = prod(-(-n // k) for n, k in zip(shape, pieces))
+    return elements * torch.tensor([], dtype=sh.dtype).element_size()
 
 
 def rank_read(chunks, cfg, *, group_size: int, group_rank: int) -> RankRead:
@@ -67,7 +73,8 @@ def rank_read(chunks, cfg, *, group_size: int, group_rank: int) -> RankRead:
                                                                  distribute_shards_to_ranks)
     from megatron.core.dist_checkpointing.utils import _sharded_tensor_shard_id
     shards = {_sharded_tensor_shard_id(s): s for s in _shard_tensors(chunks)}
-    stored = {k: stored_chunk_bytes(s, cfg.model.vocab_size) for k, s in shards.items()}
+    stored = {k: stored_chunk_bytes(s, vocab_size=cfg.model.vocab_size, tp=cfg.parallel.tp)
+              for k, s in shards.items()}
     everyone = list(range(group_size))
     owner = distribute_shards_to_ranks({k: everyone for k in shards},
                                        {k: int(_shard_size(s)) for k, s in shards.items()},
