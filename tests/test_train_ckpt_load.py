@@ -39,11 +39,12 @@ def _run(cmd, timeout=300):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", ["distributed_bf16", "plain_fp32"])
+@pytest.mark.parametrize("layout", ["distributed_bf16", "plain_bf16"])
 def test_checkpoint_read_once_in_parallel_and_restored_bit_for_bit(tmp_path, layout):
     config = write_config(tmp_path / "c.toml")
+    # plain: Megatron's Float16OptimizerWithFloat16Params (full FP32 copies, no gather)
     precision = GB200_LIKE if layout == "distributed_bf16" else {
-        "precision": {"params": "fp32"}, "optimizer": {"distributed": False}}
+        "precision": {"params": "bf16"}, "optimizer": {"distributed": False}}
     common = _merge(SHORT, precision)
     ckpt, saved, got = tmp_path / "ckpt", tmp_path / "save.json", tmp_path / "init.json"
     _run([sys.executable, str(WORKER), "save", str(config),
@@ -65,8 +66,9 @@ def test_checkpoint_read_once_in_parallel_and_restored_bit_for_bit(tmp_path, lay
         pred = r["predicted"]
         assert abs(r["bytes_read"] - pred["after_bytes"]) <= ZIP_OVERHEAD * r["chunks"], r
         assert abs(slice_bytes - pred["slice_bytes"]) <= ZIP_OVERHEAD * ranks[0]["params"], r
-    want_dtype = "torch.bfloat16" if layout == "distributed_bf16" else "torch.float32"
-    assert all(r["dtypes"] == [want_dtype] for r in ranks), ranks
+    assert all(r["dtypes"] == ["torch.bfloat16"] for r in ranks), ranks
+    assert all(r["optimizer"] == (["DistributedOptimizer"] if layout == "distributed_bf16"
+                                  else ["Float16OptimizerWithFloat16Params"]) for r in ranks), ranks
     # every stored tensor chunk read by exactly one rank of the group, and nothing else read
     chunks, stored = _stored_tensor_chunks(ckpt)
     assert sum(r["chunks"] for r in ranks) == chunks

@@ -8,8 +8,9 @@ Init, in order (all before run_start, MLPerf "init"): device decision -> process
 placement check -> seeds -> model build -> initial checkpoint load -> DDP + distributed
 optimizer -> datasets and their index caches -> CUDA graph wrappers -> warm-up on synthetic
 tokens (training steps with optimizer updates, evaluation passes; train.warmup) and the in-place
-restore (from the master weights: the checkpoint is read once) -> manual GC start. After run_start a loader thread (train.prefetch) reads the next
-step's batch while the current one computes.
+restore (from the master weights: the checkpoint is read once) -> manual GC start. After
+run_start a loader thread (train.prefetch) reads the next step's batch while the current one
+computes.
 """
 from __future__ import annotations
 

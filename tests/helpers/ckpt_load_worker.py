@@ -107,7 +107,8 @@ def init(cfg, ckpt: str, out: str) -> None:
             "object_bytes": counted["object_bytes"], "moved_by_warmup": moved.get("before_restore"),
             "differ_after_restore": differ, "params": len(params),
             "dtypes": sorted({str(p.dtype) for p in params.values()}),
-            "optimizer": type(run.optimizer).__name__}
+            "optimizer": sorted({type(o).__name__
+                                 for o in warmup.megatron_optimizers(run.optimizer)})}
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     if dist.get_rank() == 0:
