@@ -95,3 +95,58 @@ def test_require_te_env():
                                              r"DISABLE_RHT=1 \(found '0'\)"):
         require_te_env(cfg, environ=bad)
     assert require_te_env(load_config(TINY), environ={}) == {}       # fp32: nothing to check
+
+
+# one knob of each kind TE 2.20.2 reads for the GB200 recipe (NVFP4 + BF16 attention) and
+# the proven run's TE 2.8 did not have, or had and left at its default
+@pytest.mark.parametrize("name,value", [("NVTE_NVFP4_4OVER6", "weights"),
+                                        ("NVTE_NVFP4_ROW_SCALED_ACTIVATION", "1"),
+                                        ("NVTE_BACKWARD_OVERRIDE", "dequantized"),
+                                        ("NVTE_DPA_FP8DS_AMAX_HISTLEN", "16")])
+def test_a_stray_recipe_knob_stops_the_run_unless_the_config_sets_it(name, value):
+    cfg = load_config(GB200)
+    stray = dict(launch_env(cfg), **{name: value})
+    with pytest.raises(RecipeEnvError, match=rf"{name} is set to '{value}' but must be unset"):
+        require_te_env(cfg, environ=stray)
+    on_purpose = load_config(GB200, overrides={"env": {name: value}})
+    assert require_te_env(on_purpose, environ=launch_env(on_purpose))[name] == value
+    with pytest.raises(RecipeEnvError, match=rf"{name}={value} \(missing\)"):
+        require_te_env(on_purpose, environ=launch_env(cfg))
+
+
+def test_the_pinned_knobs_follow_the_recipe():
+    from llama31_405b.precision.te_recipe import TE_RECIPE_KNOBS, expected_te_env, te_recipes
+    gb200 = expected_te_env(load_config(GB200))
+    # the proven run's values where it set one (docs/gpu_settings.md), unset everywhere else
+    assert {k: v for k, v in gb200.items() if v is not None} == {
+        "NVTE_NVFP4_DISABLE_RHT": "1", "NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING": "1",
+        "NVTE_NVFP4_DISABLE_2D_QUANTIZATION": "1", "NVTE_DPA_FP8_RECIPE": "F16"}
+    assert {"NVTE_NVFP4_4OVER6", "NVTE_NVFP4_4OVER6_E4M3_USE_256", "NVTE_NVFP4_4OVER6_ERR_MODE",
+            "NVTE_NVFP4_ROW_SCALED_ACTIVATION", "NVTE_BACKWARD_OVERRIDE",
+            "NVTE_DPA_FP8_FORMAT"} <= set(gb200)
+    assert "NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES" not in gb200     # no current scaling here
+    h100 = load_config(ROOT / "configs" / "config_H100_512x8x64xtp4pp16cp4.toml")
+    assert "DelayedScaling" in te_recipes(h100)
+    fp8 = expected_te_env(h100)
+    assert not any(k.startswith("NVTE_NVFP4") for k in fp8)
+    assert fp8["NVTE_BACKWARD_OVERRIDE"] is None and "NVTE_UNFUSED_FP8_UPDATE" in fp8
+    # NVFP4 linear layers with FP8 attention: TE's attention builds current + delayed scaling
+    fp8_attn = load_config(GB200, overrides={"precision": {"attention": "fp8"}}, validate=False)
+    assert expected_te_env(fp8_attn)["NVTE_DPA_FP8_FORMAT"] == "HYBRID"
+    assert "NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES" in expected_te_env(fp8_attn)
+    assert set(expected_te_env(fp8_attn)) == set(TE_RECIPE_KNOBS)
+    assert te_recipes(load_config(TINY)) == set()
+
+
+def test_the_knob_list_is_what_transformer_engine_reads():
+    """Where TE 2.20.2's sources are installed (GPU images), every os.getenv of its recipe
+    classes is in TE_RECIPE_KNOBS; skipped without them."""
+    import importlib.util
+    import re
+    from llama31_405b.precision.te_recipe import TE_RECIPE_KNOBS
+    spec = importlib.util.find_spec("transformer_engine")
+    if spec is None or spec.origin is None:
+        pytest.skip("Transformer Engine is not installed (GPU images only)")
+    recipe = Path(spec.origin).parent / "common" / "recipe" / "__init__.py"
+    read = set(re.findall(r'os\.getenv\("(NVTE_[A-Z0-9_]+)"', recipe.read_text()))
+    assert read - {"NVTE_FP8_BLOCK_SCALING_FP32_SCALES"} <= set(TE_RECIPE_KNOBS)

@@ -51,6 +51,14 @@ def check_rank(res: dict, cfg) -> None:
     for mine, theirs in ((b["weights"], pl["weights"]), (b["grads"], pl["grads"]),
                          (b["master_weights"] + b["optimizer_state"], pl["optimizer"])):
         assert theirs == pytest.approx(mine, rel=0.05)
+    # the initial checkpoint: the converted TP1 chunks behind the rank's slice (BF16, every TP
+    # slice whole: about TP x its BF16 weights), read once over the DP x CP group, at most one
+    # chunk per rank when the group has more ranks than the slice has chunks
+    rd = res["checkpoint_read"]
+    assert rd["group_size"] == cfg.derived.dp * p.cp
+    assert rd["slice_bytes"] == pytest.approx(p.tp * b["weights"], rel=0.05)
+    assert rd["before_bytes"] == 2 * rd["slice_bytes"]
+    assert rd["after_bytes"] <= rd["slice_bytes"] / rd["group_size"] + rd["largest_chunk"]
 
 
 @pytest.mark.parametrize("path", [C128, C2048], ids=["8racks", "128racks"])

@@ -31,14 +31,14 @@ def test_weights_adam_state_and_groups_come_back_in_place():
     opt = torch.optim.AdamW(chunk.parameters(), lr=0.1, weight_decay=0.1)
     fresh = {n: p.detach().clone() for n, p in chunk.named_parameters()}
     x = torch.randn(5, 4)
-    point = RestorePoint.capture([chunk], opt, gpu=False, weights_from_checkpoint=False)
+    point = RestorePoint.capture([chunk], opt, gpu=False)
     ptrs = [p.data_ptr() for p in chunk.parameters()]
     for _ in range(3):                                   # the warm-up
         _step(chunk, opt, torch.randn(5, 4))
     opt.param_groups[0]["step"] = 3                      # a group counter (TE FusedAdam style)
     opt.param_groups[0]["lr"] = 7.0
     state_ptrs = [[v.data_ptr() for v in opt.state[p].values()] for p in chunk.parameters()]
-    point.restore([chunk], opt, reload_weights=None)
+    point.restore([chunk], opt)
     assert chunk.zeroed == 1
     assert [p.data_ptr() for p in chunk.parameters()] == ptrs
     for n, p in chunk.named_parameters():
@@ -57,19 +57,38 @@ def test_weights_adam_state_and_groups_come_back_in_place():
         assert torch.equal(p, q), n
 
 
-def test_weights_from_the_checkpoint_reload_and_unknown_state_is_refused():
+class _QuantizedParam(torch.nn.Parameter):
+    """Stands for a Transformer Engine quantized parameter (precision.te_recipe.is_te_quantized
+    goes by the class's module)."""
+
+    def dequantize(self):
+        return self
+
+
+_QuantizedParam.__module__ = "transformer_engine.pytorch.tensor.float8_tensor"
+
+
+def test_quantized_parameters_come_back_from_their_checkpoint_values_else_are_refused():
+    chunk = _Chunk()
+    chunk.q = _QuantizedParam(torch.full((2,), 3.0))
+    opt = torch.optim.SGD([chunk.lin.weight, chunk.lin.bias], lr=0.1)
+    with pytest.raises(RestoreError, match="quantized"):
+        RestorePoint.capture([chunk], opt, gpu=False)
+    point = RestorePoint.capture([chunk], opt, gpu=False, quantized={chunk.q: torch.full((2,), 3.0)})
+    with torch.no_grad():
+        chunk.q.fill_(-1.0)
+    point.restore([chunk], opt)
+    assert torch.equal(chunk.q.detach(), torch.full((2,), 3.0))
+
+
+def test_optimizer_state_without_a_known_initial_value_is_refused():
     chunk = _Chunk()
     opt = torch.optim.AdamW(chunk.parameters(), lr=0.1)
-    point = RestorePoint.capture([chunk], opt, gpu=False, weights_from_checkpoint=True)
-    assert point.params is None
-    _step(chunk, opt, torch.randn(2, 4))
-    calls = []
-    point.restore([chunk], opt, reload_weights=lambda: calls.append(1))
-    assert calls == [1]
+    point = RestorePoint.capture([chunk], opt, gpu=False)
     _step(chunk, opt, torch.randn(2, 4))
     opt.state[next(chunk.parameters())]["mystery"] = torch.ones(1)
     with pytest.raises(RestoreError, match="mystery"):
-        point.restore([chunk], opt, reload_weights=lambda: None)
+        point.restore([chunk], opt)
 
 
 def test_rng_streams_and_graph_safe_generators_are_restored_in_place():
@@ -83,10 +102,10 @@ def test_rng_streams_and_graph_safe_generators_are_restored_in_place():
     try:
         chunk = _Chunk()
         opt = torch.optim.SGD(chunk.parameters(), lr=0.1)
-        point = RestorePoint.capture([chunk], opt, gpu=False, weights_from_checkpoint=False)
+        point = RestorePoint.capture([chunk], opt, gpu=False)
         want = (random.random(), np.random.rand(), torch.rand(1),
                 torch.rand(1, generator=gen))
-        point.restore([chunk], opt, reload_weights=None)
+        point.restore([chunk], opt)
         assert tracker.get_states()["graph-safe"] is gen            # the same object
         got = (random.random(), np.random.rand(), torch.rand(1), torch.rand(1, generator=gen))
         assert got[:2] == want[:2] and torch.equal(got[2], want[2])
@@ -122,7 +141,7 @@ def test_te_recipe_statistics_are_restored_or_reset_in_place():
     chunk.a.fp8_meta["scaling_fwd"].scale.fill_(2.0)
     chunk.b.fp8_meta["scaling_fwd"] = _NVFP4State()
     opt = torch.optim.SGD(chunk.parameters(), lr=0.1)
-    point = RestorePoint.capture([chunk], opt, gpu=False, weights_from_checkpoint=False)
+    point = RestorePoint.capture([chunk], opt, gpu=False)
     a_fwd = chunk.a.fp8_meta["scaling_fwd"]
     a_fwd.scale.fill_(9.0)
     a_fwd.amax_history.fill_(3.0)
@@ -130,7 +149,7 @@ def test_te_recipe_statistics_are_restored_or_reset_in_place():
     chunk.a.fp8_meta["scaling_bwd"].scale.fill_(5.0)
     chunk.a.fp8_meta["scaling_bwd"].amax_history.fill_(1.0)
     bwd_scale = chunk.a.fp8_meta["scaling_bwd"].scale
-    point.restore([chunk], opt, reload_weights=None)
+    point.restore([chunk], opt)
     assert torch.equal(a_fwd.scale, torch.full((3,), 2.0))
     assert float(a_fwd.amax_history.abs().sum()) == 0
     assert chunk.a.fp8_meta["scaling_bwd"].scale is bwd_scale

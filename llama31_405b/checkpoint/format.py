@@ -1,5 +1,5 @@
 """The Megatron distributed checkpoint of the model: the one module that writes, reads and
-checks it. Training (initial checkpoint, warm-up reload, tiny pre-training), conversion and
+checks it. Training (initial checkpoint, read once per run; tiny pre-training), conversion and
 verification all go through here.
 
 A checkpoint directory holds
@@ -27,7 +27,8 @@ Why, case by case (megatron-core 0.19.2, Transformer Engine 2.20.2):
   reading it would only add a key mismatch to explain away;
 - a TE-saved checkpoint read on CPU: Megatron's `ColumnParallelLinear.set_extra_state` and
   `RowParallelLinear.set_extra_state` ignore whatever they are given;
-- the warm-up's reload into the same tensors (train.warmup): the NVFP4 and current-scaling
+- a load into a model whose TE modules already ran (a reload after a warm-up; the warm-up itself
+  no longer reads the checkpoint again, train.warmup): the NVFP4 and current-scaling
   recipes are stateless (TE's `get_extra_state` saves an empty tensor, `set_extra_state` skips
   it), while a delayed-scaling FP8 state is a pickle that TE refuses to load unless
   NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1, and that `TransformerEngineBaseModule.set_extra_state`
@@ -160,9 +161,45 @@ def load_into(module, state: dict, where: str) -> None:
     module.load_state_dict(state, strict=False)
 
 
+def load_group():
+    """The ranks that hold the same weights as this one and share the reading of them: the data-
+    and context-parallel group (every rank of it has this rank's TP x PP slice; context
+    parallelism splits sequences, not parameters). None when it is this rank alone or Megatron's
+    groups do not exist (a single process)."""
+    from megatron.core import parallel_state as ps
+    if not ps.model_parallel_is_initialized():
+        return None
+    group = ps.get_data_parallel_group(with_context_parallel=True)
+    return group if group is not None and group.size() > 1 else None
+
+
+def load_strategy():
+    """megatron-core 0.19.2's torch_dist load strategy, fully parallel over `load_group()`.
+
+    `FullyParallelLoadStrategyWrapper` (dist_checkpointing/strategies/fully_parallel.py)
+    exchanges the shard metadata of the group, assigns every shard to one rank of it (greedy by
+    size, `exchange_utils.distribute_shards_to_ranks`), lets each rank read only its shards
+    (replica_id 0; the others are deferred) and broadcasts them to the rest of the group. So a
+    slice is read once per group instead of once per rank. Megatron-LM's own loader does the
+    same with `--ckpt-fully-parallel-load` (megatron/training/checkpointing.py
+    `_load_global_dist_base_checkpoint`: the data-parallel group with context parallelism,
+    exchange algorithm "broadcast", the only one it calls numerically safe). The wrapper falls
+    back to the plain strategy for a group of one."""
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import (
+        FullyParallelLoadStrategyWrapper)
+    from megatron.core.dist_checkpointing.strategies.torch import TorchDistLoadShardedStrategy
+    base = TorchDistLoadShardedStrategy()
+    group = load_group()
+    if group is None:
+        return base
+    return FullyParallelLoadStrategyWrapper(base, group, exchange_algo="broadcast")
+
+
 def load(chunks, path: str | Path, cfg) -> dict:
     """Load model weights saved at any layout into this rank's chunks, in place (the parameter
-    tensors stay the same objects). Collective. Returns the checkpoint's model info."""
+    tensors stay the same objects). Collective; each rank reads only its share of the slice that
+    its data- and context-parallel group holds (`load_strategy`). Returns the checkpoint's model
+    info."""
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.validation import StrictHandling
 
@@ -182,7 +219,8 @@ def load(chunks, path: str | Path, cfg) -> dict:
     # RETURN_ALL: megatron-core compares the keys of every rank's request with the checkpoint's
     # (the metadata exchange its access-integrity check does anyway)
     loaded, in_ckpt_only, requested_only = dist_checkpointing.load(
-        sharded, str(path), strict=StrictHandling.RETURN_ALL)
+        sharded, str(path), sharded_strategy=load_strategy(),
+        strict=StrictHandling.RETURN_ALL)
     absent = sorted(requested_only)
     unread = sorted(k for k in in_ckpt_only if not is_extra_state(k))
     if absent or unread:

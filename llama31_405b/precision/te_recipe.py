@@ -7,10 +7,11 @@ TransformerConfig fields and checks the recipe environment:
 
 - `transformer_config_kwargs(cfg)`: fp8/fp8_recipe/fp4/fp4_recipe/fp8_param/fp4_param,
   first_last_layers_bf16 and the edge-layer counts, attention precision, bf16/params_dtype.
-- `require_te_env(cfg)`: TE's NVFP4BlockScaling reads NVTE_NVFP4_DISABLE_{RHT,
-  STOCHASTIC_ROUNDING,2D_QUANTIZATION} as class defaults when transformer_engine is imported
-  (and megatron.core imports TE at import time when it is installed). Call it before the first
-  `import megatron.core` / `import transformer_engine` of the training process.
+- `require_te_env(cfg)`: every environment knob TE 2.20.2 reads for the configured recipe
+  (TE_RECIPE_KNOBS: the recipe classes' defaults, read when transformer_engine is imported, and
+  TE attention's FP8 recipe knobs) against the config's values; a knob the config does not set
+  must be unset. Call it before the first `import megatron.core` / `import transformer_engine`
+  of the training process.
 - `verify_te_recipe(cfg)`: after TE is imported, checks the recipe object Megatron will build.
 - `ub_quantization_modes(cfg)`: the TE userbuffer modes for TP communication overlap.
 - `high_precision_load_targets` / `keep_checkpoint_master_values`: with fp8/fp4 parameters
@@ -31,13 +32,89 @@ from ..config import launch_env
 from ..config.schema import Config
 from ..config.validate_gpu import precision_rules, userbuffer_rules
 
-# the recipe variables TE reads at import time; the launcher exports them (config/env.py).
-# TE 2.20.2: transformer_engine.common.recipe.NVFP4BlockScaling class defaults (os.getenv at class
-# definition), and the module-level reads of
-# transformer_engine.pytorch.attention.dot_product_attention.dot_product_attention.
-TE_IMPORT_TIME_VARS = ("NVTE_NVFP4_DISABLE_RHT", "NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING",
-                       "NVTE_NVFP4_DISABLE_2D_QUANTIZATION", "NVTE_DPA_FP8_RECIPE",
-                       "NVTE_DPA_FP8_FORMAT")
+# Every environment variable Transformer Engine 2.20.2 reads that shapes the numerics of a recipe
+# this project configures, with where TE reads it. Read from TE 2.20.2's published Python sources
+# (the transformer_engine 2.20.2 wheel); "2.8" says whether the proven GB200 run's TE 2.8 read it
+# too (transformer_engine 2.8.0 wheel). Recipe class defaults are evaluated once, when
+# transformer_engine.common.recipe is imported (megatron.core imports TE when installed); the
+# attention knobs are read by dot_product_attention's module body and when the attention
+# backend and its FP8 recipe are chosen.
+_RECIPE = "transformer_engine/common/recipe/__init__.py"
+_DPA = "transformer_engine/pytorch/attention/dot_product_attention/"
+TE_RECIPE_KNOBS: dict[str, tuple[tuple[str, ...], str, bool]] = {
+    # name: (recipes that read it, where in TE 2.20.2, read by TE 2.8)
+    "NVTE_NVFP4_DISABLE_RHT": (("NVFP4BlockScaling",), f"{_RECIPE} NVFP4BlockScaling.disable_rht", True),
+    "NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING": (
+        ("NVFP4BlockScaling",), f"{_RECIPE} NVFP4BlockScaling.disable_stochastic_rounding", True),
+    "NVTE_NVFP4_DISABLE_2D_QUANTIZATION": (
+        ("NVFP4BlockScaling",), f"{_RECIPE} NVFP4BlockScaling.disable_2d_quantization", True),
+    "NVTE_NVFP4_ROW_SCALED_ACTIVATION": (
+        ("NVFP4BlockScaling",), f"{_RECIPE} NVFP4BlockScaling.row_scaled_activation", False),
+    "NVTE_NVFP4_4OVER6": (("NVFP4BlockScaling",), f"{_RECIPE} NVFP4BlockScaling.nvfp4_4over6", False),
+    "NVTE_NVFP4_4OVER6_E4M3_USE_256": (
+        ("NVFP4BlockScaling",), f"{_RECIPE} NVFP4BlockScaling.nvfp4_4over6_e4m3_use_256", False),
+    "NVTE_NVFP4_4OVER6_ERR_MODE": (
+        ("NVFP4BlockScaling",), f"{_RECIPE} NVFP4BlockScaling.nvfp4_4over6_err_mode", False),
+    "NVTE_BACKWARD_OVERRIDE": (
+        ("NVFP4BlockScaling", "DelayedScaling", "Float8CurrentScaling"),
+        f"{_RECIPE} NVFP4BlockScaling / DelayedScaling / Float8CurrentScaling .backward_override",
+        False),
+    "NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES": (
+        ("Float8CurrentScaling",), f"{_RECIPE} Float8CurrentScaling.use_power_2_scales", True),
+    "NVTE_UNFUSED_FP8_UPDATE": (
+        ("DelayedScaling",), "transformer_engine/pytorch/quantization.py FP8GlobalStateManager "
+        "(amax and scale update of delayed scaling)", True),
+    "NVTE_DPA_FP8_RECIPE": (("DotProductAttention",), f"{_DPA}dot_product_attention.py "
+                            "(module) and DotProductAttention.init_fp8_metadata", True),
+    "NVTE_DPA_FP8_FORMAT": (("DotProductAttention",), f"{_DPA}dot_product_attention.py (module)",
+                            True),
+    "NVTE_DPA_FP8DS_AMAX_ALGO": (("DotProductAttention",),
+                                 f"{_DPA}dot_product_attention.py (module)", True),
+    "NVTE_DPA_FP8DS_AMAX_HISTLEN": (("DotProductAttention",),
+                                    f"{_DPA}dot_product_attention.py (module)", True),
+    "NVTE_DPA_FP8DS_REDUCE_AMAX": (("DotProductAttention",),
+                                   f"{_DPA}dot_product_attention.py (module)", True),
+    "NVTE_DPA_FP8CS_O_in_F16": (("DotProductAttention",), f"{_DPA}backends.py and "
+                                "context_parallel.py (module)", True),
+    "NVTE_FP8_DPA_BWD": (("DotProductAttention",), f"{_DPA}backends.py FusedAttnFunc, "
+                         "context_parallel.py, utils.py get_attention_backend", True),
+    "NVTE_UnfusedDPA_Emulate_FP8": (("DotProductAttention",), f"{_DPA}dot_product_attention.py "
+                                    "and utils.py get_attention_backend", True),
+}
+
+
+def te_recipes(cfg: Config) -> set[str]:
+    """The TE recipe classes (and TE's attention) a GPU run of `cfg` builds: Megatron's
+    fp4_utils.get_fp4_recipe (NVFP4BlockScaling) or fp8_utils.get_fp8_recipe (DelayedScaling;
+    Float8CurrentScaling for "tensorwise", which transformer_config_kwargs picks with BF16 edge
+    layers); with FP8 attention, TE's DotProductAttention adds a current-scaling recipe for
+    QKV, O, dO, dQKV and a delayed-scaling one for S, dP (its recipe table). Empty without
+    quantized compute."""
+    pr = cfg.precision
+    if pr.compute == "nvfp4":
+        out = {"NVFP4BlockScaling"}
+    elif pr.compute == "fp8":
+        edges = pr.bf16_layers_at_start > 0 or pr.bf16_layers_at_end > 0
+        out = {"Float8CurrentScaling" if edges else "DelayedScaling"}
+    else:
+        return set()
+    out.add("DotProductAttention")
+    if pr.attention == "fp8":
+        out |= {"Float8CurrentScaling", "DelayedScaling"}
+    return out
+
+
+def expected_te_env(cfg: Config) -> dict[str, str | None]:
+    """Every knob of TE_RECIPE_KNOBS that `cfg`'s recipes read -> the value the process must
+    carry (None: unset, TE 2.20.2's default). The value is launch_env(cfg)'s: the proven run's
+    where it set one (the NVFP4 switches and the attention recipe, from precision.*), the
+    project's own FP8 recipe (precision.*), or what the config's [env] table sets on purpose;
+    every other knob must be unset: TE's default, which is also TE 2.8's for the knobs TE 2.8
+    had, and the only value the proven run can vouch for for those it did not."""
+    recipes = te_recipes(cfg)
+    env = launch_env(cfg)
+    return {name: env.get(name) for name, (readers, _, _) in TE_RECIPE_KNOBS.items()
+            if recipes & set(readers)}
 
 
 class RecipeEnvError(RuntimeError):
@@ -96,26 +173,36 @@ def transformer_config_kwargs(cfg: Config) -> dict:
 
 
 def require_te_env(cfg: Config, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Check that the recipe variables of launch_env(cfg) are in the environment with the
-    config's values; returns them. Raises RecipeEnvError naming every missing/mismatched one.
+    """Check every recipe knob TE 2.20.2 reads for cfg's recipe (`expected_te_env`) against the
+    environment: a config value missing or different, or a knob set that the config leaves
+    unset, stops the run naming the variable. Returns the knobs that must be set.
 
     Must run before transformer_engine is imported (megatron.core imports it when installed):
     TE turns these variables into the recipe's defaults at import time.
     """
     env = os.environ if environ is None else environ
-    want = {k: v for k, v in launch_env(cfg).items() if k in TE_IMPORT_TIME_VARS}
-    bad = [f"{k}={v} (found {env[k]!r})" if k in env else f"{k}={v} (missing)"
-           for k, v in sorted(want.items()) if env.get(k) != v]
+    want = expected_te_env(cfg)
+    bad = []
+    for k, v in sorted(want.items()):
+        have = env.get(k)
+        if have == v:
+            continue
+        if v is None:
+            bad.append(f"{k} is set to {have!r} but must be unset (Transformer Engine 2.20.2's "
+                       f"default; read by {TE_RECIPE_KNOBS[k][1]}): unset it, or set it in the "
+                       "config's [env] table if the run is meant to change the recipe")
+        else:
+            bad.append(f"{k}={v} (" + ("missing" if have is None else f"found {have!r}") + ")")
     if bad:
         imported = "transformer_engine" in sys.modules
         raise RecipeEnvError(
-            f"{cfg.source or '<config>'}: precision.compute = {cfg.precision.compute} needs "
-            f"{', '.join(bad)} in the environment before Transformer Engine is imported"
-            + (" (it is already imported in this process, so setting them now is too late)"
+            f"{cfg.source or '<config>'}: precision.compute = {cfg.precision.compute}: the "
+            "Transformer Engine recipe environment differs from the config: " + "; ".join(bad)
+            + (" (TE is already imported in this process, so changing them now is too late)"
                if imported else "")
             + ". Launch through the project's launcher (it exports launch_env(cfg)) or export "
             "them in the job script.")
-    return want
+    return {k: v for k, v in want.items() if v is not None}
 
 
 def verify_te_recipe(cfg: Config) -> None:

@@ -10,6 +10,7 @@ Phases, timed, in the order `train` runs them (train/loop.py Run._init):
 3. placement: the placement check's verdict on the synthetic allocation (rehearse/allocation.py);
 4. model: the rank's model chunks, built by model/builder.py on the meta device with the run's
    TransformerConfig, changed only where Megatron's local layer spec needs it (CONFIG_CHANGES);
+   then the bytes the rank reads from the initial checkpoint (checkpoint/read_plan.py);
 5. ddp: Megatron's DDP around each chunk (contiguous parameter and gradient buffers);
 6. optimizer: Megatron's distributed optimizer (FP32 master shards) and its Adam state, created
    by the optimizer's own `init_state_fn` (what a checkpoint load does before the first step).
@@ -116,6 +117,17 @@ def _transformer_config(cfg):
     return built, changes, {k: repr(v) for k, v in gpu_only.items()}
 
 
+def checkpoint_reads(chunks, cfg) -> dict:
+    """The bytes this rank reads from the converted initial checkpoint, before and with the
+    parallel load (checkpoint/read_plan.py), from the rank's sharded state dict."""
+    from megatron.core import parallel_state as ps
+
+    from ..checkpoint.read_plan import rank_read
+    return rank_read(chunks, cfg,
+                     group_size=ps.get_data_parallel_world_size(with_context_parallel=True),
+                     group_rank=ps.get_data_parallel_rank(with_context_parallel=True)).as_dict()
+
+
 def rehearse_rank(cfg, rank: int, alloc, clock: dict[str, float]) -> dict:
     """The phases of the module docstring; `clock` gets each phase's seconds as it ends."""
     t = time.perf_counter()
@@ -153,6 +165,8 @@ def rehearse_rank(cfg, rank: int, alloc, clock: dict[str, float]) -> dict:
     with torch.device("meta"):
         chunks = build_model(cfg, config=tcfg, **cpu_decision(cfg))
     lap("model")
+    reads = checkpoint_reads(chunks, cfg)
+    lap("checkpoint read")
     with torch.device("meta"):
         model = wrap_for_training(cfg, chunks)
     lap("ddp")
@@ -166,6 +180,7 @@ def rehearse_rank(cfg, rank: int, alloc, clock: dict[str, float]) -> dict:
             "bytes": {**measure.buffer_bytes(model), **measure.optimizer_bytes(opt),
                       "te_copies": measure.te_copy_bytes(chunks, cfg)},
             "params": measure.param_count(chunks), "config_changes": changes,
+            "checkpoint_read": reads,
             "nccl": _nccl_summary(), "quantized_params": _quantized_params(cfg),
             "gpu_only_fields": gpu_only}
 
@@ -214,7 +229,8 @@ def write_result(path: str, result: dict, start: float) -> int:
     return 0 if result["ok"] else 1
 
 
-PHASES = ("imports", "process group", "setup_parallel", "placement", "model", "ddp", "optimizer")
+PHASES = ("imports", "process group", "setup_parallel", "placement", "model", "checkpoint read",
+          "ddp", "optimizer")
 
 if __name__ == "__main__":
     os.environ["CUDA_VISIBLE_DEVICES"] = ""   # before torch: Megatron must see no CUDA here

@@ -144,7 +144,24 @@ def format_rank(res: dict, capacity: float, gpu: bool = True) -> list[str]:
         out.append(f"  {label:<18}{'-':>12}  {_gb(pl[key]):>11}          {src}")
     out.append(f"  {'total':<18}{_gb(rank_total(res)):>12}  of {capacity / GB:.0f} GB"
                + ("" if gpu else " (CPU system: the planner's GPU reserve; not checked)"))
+    rd = res.get("checkpoint_read")
+    if rd:
+        out.append(f"  initial checkpoint read: {rd['after_bytes'] / GB:.2f} GB, once, its "
+                   f"share of the {rd['slice_bytes'] / GB:.2f} GB slice over a DP x CP group of "
+                   f"{rd['group_size']} (before the parallel load: "
+                   f"{rd['before_bytes'] / GB:.2f} GB, the slice at init and again at the "
+                   "warm-up restore)")
     return out
+
+
+def format_checkpoint_totals(t: dict | None) -> str:
+    if not t:
+        return ("initial checkpoint read, whole job: not computed (play a rank of every "
+                "pipeline stage)")
+    return (f"initial checkpoint read, whole job: {t['after_bytes'] / 1e12:.2f} TB once "
+            f"(checkpoint {t['checkpoint_bytes'] / 1e12:.2f} TB, read whole by each TP rank's "
+            f"groups); before the parallel load {t['before_bytes'] / 1e12:.1f} TB "
+            "(every rank its slice, twice)")
 
 
 def format_text(rep: dict) -> str:
@@ -190,6 +207,8 @@ def format_text(rep: dict) -> str:
         lines.append("Transformer Engine's spec differs by: the RMSNorm weights fused into "
                      "linear_qkv and linear_fc1 (same bytes), no attention parameters either way, "
                      "and the quantized weight copies (the 'TE weight copies' row, not built here)")
+    if "checkpoint_read" in rep:
+        lines.append(format_checkpoint_totals(rep["checkpoint_read"]))
     lines.append("planner check (weights, gradients, optimizer within "
                  f"{PLANNER_TOLERANCE:.0%}): " + ("ok" if not rep["planner_check"]
                                                    else "; ".join(rep["planner_check"])))

@@ -8,8 +8,9 @@ Init, in order (all before run_start, MLPerf "init"): device decision -> process
 placement check -> seeds -> model build -> initial checkpoint load -> DDP + distributed
 optimizer -> datasets and their index caches -> CUDA graph wrappers -> warm-up on synthetic
 tokens (training steps with optimizer updates, evaluation passes; train.warmup) and the in-place
-restore -> manual GC start. After run_start a loader thread (train.prefetch) reads the next
-step's batch while the current one computes.
+restore (from the master weights: the checkpoint is read once) -> manual GC start. After
+run_start a loader thread (train.prefetch) reads the next step's batch while the current one
+computes.
 """
 from __future__ import annotations
 
@@ -64,6 +65,7 @@ class Run:
         self._init_ckpt = ""
         self.failure: BaseException | None = None
         """The exception that ended the run (None: it ended by itself or by RunAborted)."""
+        self._quantized_init: dict = {}   # train.warmup.quantized_values after the load
 
     # state shortcuts used by hooks
     @property
@@ -114,7 +116,9 @@ class Run:
         self._init_ckpt = ckpt
         if ckpt:
             from ..checkpoint import format as ckpt_format
-            ckpt_format.load(chunks, ckpt, cfg)
+            from .warmup import quantized_values
+            ckpt_format.load(chunks, ckpt, cfg)    # read once, in parallel: never again
+            self._quantized_init = quantized_values(chunks)   # fp8/fp4 params only (warm-up)
         self.model = wrap_for_training(cfg, chunks)
         self.optimizer = get_megatron_optimizer(optimizer_config(cfg), self.model)
         self.schedule = LRSchedule.from_config(cfg)
@@ -168,19 +172,15 @@ class Run:
         if not self.cfg.run.warmup_iters and not layers:
             return
         point = RestorePoint.capture(self.model, self.optimizer, gpu=self.device.gpu,
-                                     weights_from_checkpoint=bool(self._init_ckpt))
+                                     quantized=self._quantized_init)
         if self.cfg.run.warmup_iters:
             self._warmup(self.cfg.run.warmup_iters)
         if layers:
             from .graphs import capture_layer_graphs
             self.cuda_graph_helper = capture_layer_graphs(
                 self.cfg, self.model, self.optimizer, tcfg, rank=self.info.dist_env.rank)
-        point.restore(self.model, self.optimizer,
-                      reload_weights=self._reload_weights if self._init_ckpt else None)
-
-    def _reload_weights(self):
-        from ..checkpoint import format as ckpt_format
-        ckpt_format.load(self.model, self._init_ckpt, self.cfg)
+        point.restore(self.model, self.optimizer)
+        self._quantized_init = {}
 
     def _warmup(self, iters: int):
         """`iters` training iterations (forward/backward, gradient reduction, optimizer step at

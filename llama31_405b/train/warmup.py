@@ -7,10 +7,18 @@ graphs exist before the clock starts, and nothing of the dataset is read. Afterw
 is put back exactly where it was, without moving any tensor (CUDA graphs captured during the
 warm-up hold the addresses of parameters, gradient buffers, RNG states and static inputs):
 
-- model weights: the initial checkpoint is read again into the same parameter tensors
-  (checkpoint.format.load: Megatron's load, then `load_state_dict`, which copies; extra state is
-  never read, so no Transformer Engine buffer is re-created); without a checkpoint (tests, the
-  tiny pre-training) from a host copy taken before the warm-up;
+- model weights: put back from the FP32 master weights the restore point keeps on the host
+  (the optimizer's parameter groups: the distributed optimizer's shards, Float16Optimizer's
+  full FP32 copies, or the parameters themselves for FP32 parameters without a separate
+  master), copied into the model's parameters by the optimizer's own
+  `_copy_main_params_to_model_params` and completed by a synchronous parameter all-gather
+  (`start_param_sync(force_sync=True)` on every chunk; megatron-core 0.19.2
+  DistributedDataParallel) where the distributed optimizer shards them. The checkpoint is not
+  read again. This is bit-identical: the master weights were made from the loaded BF16 (or
+  FP32) values by an exact widening, and narrowing them back is exact. Quantized (fp8/fp4)
+  parameters are re-cast from the checkpoint's high-precision values kept on the host
+  (`quantized_values`, taken right after the load), after the recipe statistics below are
+  back, exactly as the load cast them; without a checkpoint they are refused;
 - optimizer: FP32 master weights / distributed-optimizer shards copied back from a host copy;
   Adam moments and step counters zeroed in place (equal to the state Adam creates at its first
   step: zero moments, step 0) or, where state existed before, copied back; parameter-group
@@ -27,12 +35,14 @@ warm-up hold the addresses of parameters, gradient buffers, RNG states and stati
 
 `RestorePoint.capture` is taken after the optimizer exists and before the first warm-up
 iteration; `restore` runs after the last one (and after a per-layer graph capture).
+Host memory: the FP32 master shards and Adam state of this rank (as before), plus, with
+quantized parameters only, their high-precision checkpoint values.
 """
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -101,30 +111,45 @@ def _te_recipe_buffers(chunks) -> dict[tuple[int, str, str], torch.Tensor]:
     return out
 
 
+def quantized_values(chunks) -> dict:
+    """{parameter: host tensor} of the checkpoint's high-precision values of every quantized
+    (fp8/fp4) parameter, as `checkpoint.format.load` leaves them
+    (`precision.te_recipe.keep_checkpoint_master_values`: `_high_precision_init_val`). Taken right
+    after the load: megatron-core's DistributedOptimizer clears them when it builds its master
+    weights. Empty for BF16/FP32 parameters."""
+    from ..precision.te_recipe import is_te_quantized
+    return {p: p._high_precision_init_val for c in chunks for p in c.parameters()
+            if is_te_quantized(p) and getattr(p, "_high_precision_init_val", None) is not None}
+
+
+def megatron_optimizers(optimizer) -> list:
+    """The Megatron optimizers inside a (chained) Megatron optimizer."""
+    return list(getattr(optimizer, "chained_optimizers", None) or [optimizer])
+
+
 @dataclass
 class RestorePoint:
     gpu: bool
-    params: list[torch.Tensor] | None
     main_params: list[list[torch.Tensor]]
     opt_state: list[dict[int, dict[str, Any]]]
     groups: list[list[dict[str, Any]]]
     rng: dict
     te_buffers: dict = field(default_factory=dict)
+    quantized: dict = field(default_factory=dict)
 
     @classmethod
-    def capture(cls, chunks, optimizer, *, gpu: bool, weights_from_checkpoint: bool
+    def capture(cls, chunks, optimizer, *, gpu: bool, quantized: dict | None = None
                 ) -> "RestorePoint":
-        """Snapshot before the warm-up. Model weights are copied to the host only when they
-        will not be read again from the initial checkpoint."""
-        params = None
-        if not weights_from_checkpoint:
-            from ..precision.te_recipe import is_te_quantized
-            plist = [p for c in chunks for p in c.parameters()]
-            if any(is_te_quantized(p) for p in plist):
-                raise RestoreError("warm-up without an initial checkpoint cannot restore "
-                                   "quantized (fp8/fp4) parameters; load a checkpoint or set "
-                                   "run.warmup_iters = 0")
-            params = [_host(p) for p in plist]
+        """Snapshot before the warm-up. `quantized`: `quantized_values(chunks)` taken after the
+        checkpoint load (required when the parameters are fp8/fp4)."""
+        from ..precision.te_recipe import is_te_quantized
+        quantized = dict(quantized or {})
+        lacking = [p for c in chunks for p in c.parameters()
+                   if is_te_quantized(p) and p not in quantized]
+        if lacking:
+            raise RestoreError("the warm-up cannot restore quantized (fp8/fp4) parameters "
+                               "without their checkpoint values; load an initial checkpoint or "
+                               "set run.warmup_iters = 0")
         opts = torch_optimizers(optimizer)
         main = [[_host(p) for g in o.param_groups for p in g["params"]] for o in opts]
         state = []
@@ -135,25 +160,15 @@ class RestorePoint:
         groups = [[{k: (_host(v) if torch.is_tensor(v) else v) for k, v in g.items() if k != "params"}
                    for g in o.param_groups] for o in opts]
         te = {k: _host(v) for k, v in _te_recipe_buffers(chunks).items()}
-        return cls(gpu=gpu, params=params, main_params=main, opt_state=state, groups=groups,
-                   rng=_capture_rng(gpu), te_buffers=te)
+        return cls(gpu=gpu, main_params=main, opt_state=state, groups=groups,
+                   rng=_capture_rng(gpu), te_buffers=te, quantized=quantized)
 
-    def restore(self, chunks, optimizer, *, reload_weights: Callable[[], Any] | None) -> None:
-        """Put everything back in place (module docstring). `reload_weights` reads the initial
-        checkpoint into the model's parameters; None: use the host copy."""
+    def restore(self, chunks, optimizer) -> None:
+        """Put everything back in place (module docstring)."""
         with torch.no_grad():
             for c in chunks:
                 c.zero_grad_buffer()
             optimizer.zero_grad()
-            if reload_weights is not None:
-                reload_weights()
-            else:
-                if self.params is None:
-                    raise RestoreError("no weights to restore: the restore point expected a "
-                                       "checkpoint reload")
-                for p, saved in zip((p for c in chunks for p in c.parameters()), self.params,
-                                    strict=True):
-                    p.copy_(saved)
             for o, mains, state, groups in zip(torch_optimizers(optimizer), self.main_params,
                                                self.opt_state, self.groups, strict=True):
                 flat = [p for g in o.param_groups for p in g["params"]]
@@ -162,7 +177,26 @@ class RestorePoint:
                 self._restore_state(o, flat, state)
                 self._restore_groups(o, groups)
             self._restore_te(chunks)
+            self._restore_weights(chunks, optimizer)
         _restore_rng(self.rng)
+
+    def _restore_weights(self, chunks, optimizer) -> None:
+        """Model parameters from the restored master weights (module docstring)."""
+        for o in megatron_optimizers(optimizer):
+            copy = getattr(o, "_copy_main_params_to_model_params", None)
+            if copy is not None:          # FP32Optimizer / plain torch: the masters are the params
+                copy()
+        for c in chunks:
+            ddp = getattr(c, "ddp_config", None)
+            if ddp is not None and (ddp.use_distributed_optimizer or ddp.overlap_param_gather):
+                # an all-gather still in flight would make force_sync wait for it and return
+                # without gathering: finish it first, then gather the restored shards
+                for bucket_group in getattr(c, "bucket_groups", []):
+                    if bucket_group.param_gather_handle is not None:
+                        bucket_group.start_param_sync(force_sync=True)
+                c.start_param_sync(force_sync=True)
+        for p, value in self.quantized.items():
+            p.copy_(value)                # the cast the checkpoint load did (load_state_dict)
 
     @staticmethod
     def _restore_state(o, flat, saved: dict[int, dict]) -> None:
