@@ -1,13 +1,22 @@
 """Time-to-target of the tiny benchmark: the project's Megatron-core run vs a plain PyTorch Llama
-loop written for the comparison, on the same machine, in the same process, one after the other.
+loop written for the comparison, on the same machine, in the same process.
 
 Both start from the tiny initial checkpoint (the plain model takes Megatron's weights), read the
 same samples in the same order (GBS 8 as MiniBS/MBS microbatches), use AdamW with the rules'
 hyperparameters, the same LR schedule, gradient clipping 1.0, and evaluate the same 64
-validation sequences at the rules' steps until the 5.6 target. Printed: each time-to-target,
-steps, and the ratio project / plain (lower is better; 1.0 = no framework overhead).
+validation sequences at the rules' steps until the 5.6 target. The project side is the real run:
+train.loop.Run with the MLPerf log and progress hooks of `train`; the plain side runs outside the
+project's CPU patches (cpu_compat), as a user's own loop would.
 
-usage: python bench/tiny_train.py [--config configs/tiny_cpu.toml] [--seed 1]
+The two run back to back as a pair, `--pairs` times, the order alternating (project first, then
+plain first, ...): a shared 2-core VM drifts by tens of percent over minutes, so only runs taken
+seconds apart compare. Printed: each run's time and evaluations, each pair's ratio project /
+plain (lower is better; 1.0 = no framework overhead), and the median over the pairs.
+`--steps N` times N training steps of each side instead (no evaluation; shorter pairs, so more
+of them): the per-step overhead alone.
+
+usage: python bench/tiny_train.py [--config configs/tiny_cpu.toml] [--seed 1] [--pairs 3]
+                                  [--steps N]
 """
 from __future__ import annotations
 
@@ -104,24 +113,56 @@ class PlainLlama(torch.nn.Module):
 
 
 # ----------------------------------------------------------------------------------- the two runs
-def run_project(cfg, seed, datasets):
-    from llama31_405b.train.hooks import Hook
+class _Clock:
+    """Hook: the time from run_start to run_stop, or to the end of step `steps` (per-step
+    measure: the run is then asked to stop; it does one more, untimed, step)."""
+
+    def __init__(self, steps: int | None):
+        from llama31_405b.train.hooks import Hook
+        self.steps, self.t0, self.t1 = steps, 0.0, None
+        clock = self
+
+        class _Hook(Hook):
+            def on_run_start(self, run):
+                clock.t0 = time.perf_counter()
+
+            def on_step_end(self, run, stats):
+                if clock.steps and stats.step == clock.steps and clock.t1 is None:
+                    clock.t1 = time.perf_counter()
+                    run.request_stop("bench: per-step measure done")
+
+            def on_run_stop(self, run, status, reason):
+                if clock.t1 is None:
+                    clock.t1 = time.perf_counter()
+        self.hook = _Hook()
+
+
+def run_project(cfg, seed, datasets, steps=None):
+    """The real run: train.loop.Run with the hooks `train` uses (MLPerf log to a temporary file,
+    progress lines), its stdout/stderr copies going to memory."""
+    import io
+    import tempfile
     from llama31_405b.train.loop import Run
+    from llama31_405b.train.mllog import MLPerfLogHook
+    from llama31_405b.train.progress import ProgressHook
+    clock = _Clock(steps)
+    with tempfile.TemporaryDirectory() as tmp:
+        hooks = [MLPerfLogHook(cfg, seed=seed, log_file=f"{tmp}/log.txt", rank=0,
+                               echo=io.StringIO()),
+                 ProgressHook(cfg, rank=0, stream=io.StringIO()), clock.hook]
+        run = Run(cfg, seed=seed, hooks=hooks, datasets=datasets)
+        status = run.execute()
+    n = steps or run.state.step
+    return clock.t1 - clock.t0, n, [(s, v) for s, _, v in run.state.evals], status
 
-    class Clock(Hook):
-        def on_run_start(self, run):
-            self.t0 = time.perf_counter()
 
-        def on_run_stop(self, run, status, reason):
-            self.t1 = time.perf_counter()
-
-    clock = Clock()
-    run = Run(cfg, seed=seed, hooks=[clock], datasets=datasets)
-    status = run.execute()
-    return clock.t1 - clock.t0, run.state, status
-
-
-def run_plain(cfg, seed, datasets, init_sd):
+def run_plain(cfg, seed, datasets, init_sd, steps=None):
+    """The plain loop, outside the project's CPU patches (cpu_compat's torch-function mode, which
+    the project's setup leaves active in this process): what a PyTorch user's loop pays."""
+    from torch.overrides import _get_current_function_mode_stack, _pop_mode_temporarily
+    if _get_current_function_mode_stack():
+        with _pop_mode_temporarily():
+            return run_plain(cfg, seed, datasets, init_sd, steps)
     from llama31_405b.model.rope import llama31_inv_freq
     from llama31_405b.train.batches import eval_microbatches, train_microbatches
     from llama31_405b.train.schedule import LRSchedule
@@ -140,7 +181,7 @@ def run_plain(cfg, seed, datasets, init_sd):
                               mbs=cfg.batch.eval_micro_batch_size or mbs)
     t0 = time.perf_counter()
     step, value, evals = 0, math.inf, []
-    while step < d.max_steps:
+    while step < (steps or d.max_steps):
         opt.zero_grad(set_to_none=True)
         batches = train_microbatches(train_ds, step=step, gbs=d.gbs, minibs=cfg.batch.minibs,
                                      mbs=mbs, dp_rank=0)
@@ -152,6 +193,8 @@ def run_plain(cfg, seed, datasets, init_sd):
         sched.apply(opt, step)
         opt.step()
         step += 1
+        if steps:
+            continue
         if step >= d.first_eval_step and (step - d.first_eval_step) % d.eval_interval_steps == 0:
             model.eval()
             with torch.no_grad():
@@ -165,10 +208,22 @@ def run_plain(cfg, seed, datasets, init_sd):
     return time.perf_counter() - t0, step, evals
 
 
+def _load_load() -> str:
+    try:
+        return "load average " + " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "load average unknown"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default=str(REPO / "configs" / "tiny_cpu.toml"))
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--pairs", type=int, default=3,
+                    help="back-to-back (project, plain) pairs, the order alternating (default 3)")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="per-step measure: time N training steps of each side, no evaluation "
+                         "(default: time to target)")
     args = ap.parse_args()
     from llama31_405b.config import load_config
     from llama31_405b.data.datasets import build_datasets
@@ -184,6 +239,9 @@ def main() -> int:
               f"{args.config}` (or make demo) first", file=sys.stderr)
         return 2
     d = cfg.derived
+    if args.steps is not None and not 0 < args.steps < d.max_steps:
+        print(f"--steps must be in 1..{d.max_steps - 1}", file=sys.stderr)
+        return 2
     from llama31_405b.parallel.setup import setup_parallel
     setup_parallel(cfg)
     datasets = build_datasets(cfg, seed=args.seed, train_samples=d.max_steps * d.gbs)
@@ -195,15 +253,37 @@ def main() -> int:
     init_sd = {k: v.detach().clone() for k, v in chunks[0].state_dict().items()
                if not k.endswith("_extra_state")}
     del chunks
-    print(f"threads: {torch.get_num_threads()}; config {args.config}; seed {args.seed}", flush=True)
-    t_proj, st, status = run_project(cfg, args.seed, datasets)
-    print(f"project (megatron-core): {t_proj:7.1f} s to target, {st.step} steps, status {status}, "
-          f"evals {[(s, round(v, 4)) for s, _, v in st.evals]}", flush=True)
-    t_plain, steps, evals = run_plain(cfg, args.seed, datasets, init_sd)
-    print(f"plain PyTorch loop:      {t_plain:7.1f} s to target, {steps} steps, "
-          f"evals {[(s, round(v, 4)) for s, v in evals]}", flush=True)
-    print(f"time-to-target ratio project/plain = {t_proj / t_plain:.2f} "
-          f"(per step: {t_proj / st.step / (t_plain / steps):.2f})")
+    what = f"{args.steps} steps, no evaluation" if args.steps else "time to target"
+    print(f"threads: {torch.get_num_threads()}; config {args.config}; seed {args.seed}; "
+          f"{args.pairs} pairs; measure: {what}; {_load_load()}", flush=True)
+    # untimed: the first steps of each side in this process (lazy initialisation in torch,
+    # Megatron and the data path) would otherwise weigh on the first pair only
+    run_project(cfg, args.seed, datasets, 2)
+    run_plain(cfg, args.seed, datasets, init_sd, 2)
+    ratios, per_step = [], []
+    for i in range(args.pairs):
+        res = {}
+        for side in (("project", "plain") if i % 2 == 0 else ("plain", "project")):
+            if side == "project":
+                t, n, evals, status = run_project(cfg, args.seed, datasets, args.steps)
+                res[side] = (t, n)
+                tail = "" if args.steps else f", status {status}"
+            else:
+                t, n, evals = run_plain(cfg, args.seed, datasets, init_sd, args.steps)
+                res[side] = (t, n)
+                tail = ""
+            ev = f", evals {[(s, round(v, 4)) for s, v in evals]}" if evals else ""
+            print(f"  pair {i + 1} {side:<7}: {t:7.1f} s, {n} steps{tail}{ev}", flush=True)
+        (tp, np_), (tq, nq) = res["project"], res["plain"]
+        ratios.append(tp / tq)
+        per_step.append((tp / np_) / (tq / nq))
+        print(f"pair {i + 1} ({'project first' if i % 2 == 0 else 'plain first'}): ratio "
+              f"project/plain {tp / tq:.3f} (per step {per_step[-1]:.3f}); {_load_load()}",
+              flush=True)
+    import statistics
+    print(f"median of {len(ratios)} alternating pairs: ratio project/plain = "
+          f"{statistics.median(ratios):.3f} (per step {statistics.median(per_step):.3f}; pairs "
+          f"{', '.join(f'{r:.3f}' for r in ratios)}); {_load_load()}")
     return 0
 
 

@@ -9,10 +9,13 @@ Each patch says why it is needed (megatron-core 0.19.2). Idempotent.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch.overrides import TorchFunctionMode
 
 _applied = False
+_mode = None   # the _CudaToCpu instance on the torch-function stack
 
 
 class _NoStream:
@@ -111,8 +114,68 @@ def apply(device=None) -> bool:
     # Memory statistics are queried for logging; a CPU run has no device memory to report.
     cuda.max_memory_allocated = lambda *a, **k: 0
     cuda.memory_allocated = lambda *a, **k: 0
+    # The causal mask of the unfused softmax (megatron-core 0.19.2 fused_softmax imports
+    # transformer.utils.get_default_causal_mask, which builds it with device="cuda" on every
+    # attention call): the same mask built on the CPU, once per sequence length, so that the
+    # model's forward runs without the function mode below (without_cuda_redirect).
+    import megatron.core.fusions.fused_softmax as fused_softmax
+    fused_softmax.get_default_causal_mask = _causal_mask
     # Redirect device="cuda" literals and .cuda() calls (see _CudaToCpu). Stays active for the
     # lifetime of the process, like the patches above.
-    _CudaToCpu().__enter__()
+    global _mode
+    _mode = _CudaToCpu()
+    _mode.__enter__()
     _applied = True
     return True
+
+
+@functools.lru_cache(maxsize=8)
+def _causal_mask(sq: int) -> torch.Tensor:
+    """megatron-core 0.19.2 transformer.utils.get_default_causal_mask on the CPU (read-only)."""
+    return torch.triu(torch.ones(sq, sq), diagonal=1).bool()
+
+
+def without_cuda_redirect(fn):
+    """`fn` run with the _CudaToCpu function mode off, where `fn` needs no redirect.
+
+    A Python torch-function mode runs a Python call for every torch operation: ~3,500 per tiny
+    training step, which doubles the dispatch cost of each small op (measured: bench/tiny_train.py,
+    docs/training.md). The model's forward (with the causal mask above) and torch's own optimizer
+    step issue no CUDA call on the CPU, so they run without it; everything else keeps it. Where the
+    mode is not on top of the stack (a GPU decision, or another mode pushed above it), `fn` runs
+    unchanged."""
+    from torch.overrides import _get_current_function_mode_stack, _pop_mode_temporarily
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        stack = _get_current_function_mode_stack()
+        if _mode is None or not stack or stack[-1] is not _mode:
+            return fn(*args, **kwargs)
+        with _pop_mode_temporarily():
+            return fn(*args, **kwargs)
+    return run
+
+
+def fast_paths(model_chunks, optimizer) -> int:
+    """On the CPU (after apply): the forward of every model chunk and the step of every torch
+    optimizer inside Megatron's optimizer run without the function mode (without_cuda_redirect);
+    patched on the instances, so state dicts and checkpoints are unchanged. Returns the number
+    of callables switched (0 where the mode is not active: GPU)."""
+    if _mode is None:
+        return 0
+    n = 0
+    for chunk in model_chunks:
+        inner = chunk
+        while hasattr(inner, "module"):       # DDP / Float16Module wrappers
+            inner = inner.module
+        if not getattr(inner, "_fast_forward", False):
+            inner.forward = without_cuda_redirect(inner.forward)
+            inner._fast_forward = True
+            n += 1
+    for opt in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
+        inner = getattr(opt, "optimizer", None)
+        if isinstance(inner, torch.optim.Optimizer) and not getattr(inner, "_fast_step", False):
+            inner.step = without_cuda_redirect(inner.step)
+            inner._fast_step = True
+            n += 1
+    return n

@@ -26,6 +26,7 @@ quantize to identical values and differ only by FP32 summation order.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Literal
 
@@ -109,6 +110,54 @@ def _pad_rows(t: torch.Tensor) -> torch.Tensor:
     return F.pad(t, (0, 0, 0, pad)) if pad else t
 
 
+_INT_OF_SIZE = {4: torch.int32, 2: torch.int16, 8: torch.int64}
+
+
+class _WeightQuantCache:
+    """The quantized operands of a weight, kept while the weight's bits stay the same.
+
+    A weight is quantized identically for every microbatch of a step (rowwise for Fprop,
+    columnwise for Dgrad), as TE keeps a weight's quantized copy across the microbatches of a
+    step. Whether the weight changed is decided by comparing its bits with a copy taken at
+    quantization time (one read of the weight), never by version counters, which in-place
+    updates through `.data` bypass. Weights whose amax is reduced over a process group are
+    quantized every time (a cache hit on one rank and a miss on another would leave the
+    all-reduce unmatched)."""
+
+    def __init__(self):
+        self._entries: dict[int, tuple] = {}   # id(weight) -> (weakref, bits copy, {key: tensor})
+
+    def get(self, weight: torch.Tensor, key: tuple, make) -> torch.Tensor:
+        bits_dtype = _INT_OF_SIZE.get(weight.element_size())
+        if bits_dtype is None or weight.is_meta:
+            return make()
+        bits = weight.detach().view(bits_dtype)
+        wid = id(weight)
+        entry = self._entries.get(wid)
+        if (entry is None or entry[0]() is not weight or entry[1].shape != bits.shape
+                or not torch.equal(entry[1], bits)):
+            entries = self._entries
+            ref = weakref.ref(weight, lambda _, wid=wid: entries.pop(wid, None))
+            entry = self._entries[wid] = (ref, bits.clone(), {})
+        out = entry[2].get(key)
+        if out is None:
+            out = entry[2][key] = make()
+        return out
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+WEIGHT_CACHE = _WeightQuantCache()
+
+
+def _quantized_weight(weight: torch.Tensor, group, **kw) -> torch.Tensor:
+    if group is not None:
+        return fake_quantize(weight, amax_group=group, **kw)
+    return WEIGHT_CACHE.get(weight, tuple(sorted(kw.items())),
+                            lambda: fake_quantize(weight, **kw))
+
+
 class NVFP4LinearFunction(torch.autograd.Function):
     """Y = X W^T (+ b) with NVFP4-quantized Fprop, Dgrad and Wgrad operands (see module doc).
 
@@ -126,7 +175,7 @@ class NVFP4LinearFunction(torch.autograd.Function):
         x2 = x.reshape(-1, k)
         wblock = "2d" if recipe.weights_2d else "1d"
         xq = fake_quantize(x2, amax_group=groups.x)
-        wq = fake_quantize(weight, block=wblock, amax_group=groups.w)
+        wq = _quantized_weight(weight, groups.w, block=wblock)
         y = torch.matmul(xq, wq.t())
         if bias is not None:
             y = y + bias.float()
@@ -152,7 +201,7 @@ class NVFP4LinearFunction(torch.autograd.Function):
             if wq2d is not None:
                 dx = torch.matmul(dyq, wq2d)                                   # [T, K]
             else:
-                wcol = fake_quantize(weight, columnwise=True, amax_group=groups.w)  # W^T [K, N]
+                wcol = _quantized_weight(weight, groups.w, columnwise=True)     # W^T [K, N]
                 dx = torch.matmul(dyq, wcol.t())
             dx = dx.to(ctx.x_dtype).reshape(ctx.x_shape)
         if ctx.needs_input_grad[1]:

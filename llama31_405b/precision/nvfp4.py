@@ -24,6 +24,7 @@ import threading
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 import torch
 
 FLT_MAX = torch.finfo(torch.float32).max
@@ -182,7 +183,7 @@ def _clamped_exponent(a: torch.Tensor) -> torch.Tensor:
     """Exponent field of |a| clamped to [exp(1.0), exp(4.0)], as int32 bits (a scratch buffer)."""
     mask, lo, hi, _, _ = _consts(a.device)
     e = torch.bitwise_and(a.view(torch.int32), mask, out=_scratch("exp", a, torch.int32))
-    return torch.clamp_max_(torch.clamp_min_(e, lo), hi)
+    return e.clamp_(lo, hi)
 
 
 def _e2m1_step(a: torch.Tensor) -> torch.Tensor:
@@ -287,12 +288,29 @@ def _block_amax(x2d: torch.Tensor, block: str, axis: int):
     return xb, _inner_block_max(a).unsqueeze(-1)                              # (rows, nb, 1)
 
 
+_INV6_F32 = np.float32(1.0 / 6.0)   # fl32(1/6), the same value as _INV6
+
+
+def encode_scales(amax: float) -> tuple[np.float32, np.float32]:
+    """(S_enc, S_dec) of a global amax, computed on the host in FP32: numpy float32 arithmetic is
+    IEEE single precision, so these are the values global_encode_scale and its reciprocal give,
+    without a dozen 0-d tensor operations per quantization."""
+    a = np.float32(amax)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        s = np.minimum(np.float32(E4M3_MAX * E2M1_MAX) / a, np.float32(FLT_MAX))
+    if a == 0 or s == 0:
+        s = np.float32(1.0)
+    return s, np.float32(1.0) / s
+
+
 def _quantize_core(x2d: torch.Tensor, *, axis: int, block: str, rht: bool, stochastic: bool,
                    generator: torch.Generator | None, amax_group):
     """Quantize a contiguous FP32 2D tensor with blocks along `axis`; everything in x2d's layout.
 
     Returns (x2d after RHT/padding, signed E2M1 values (blocked view), block scales as FP32
-    e4m3 values (broadcastable), amax, S_enc, S_dec)."""
+    e4m3 values (broadcastable), amax (FP32 0-d tensor), S_enc, S_dec (numpy float32)). Scalars
+    multiply tensors as Python floats holding FP32 values: CPU kernels compute a float tensor
+    times a scalar in FP32, as with a 0-d FP32 tensor."""
     if rht:
         x2d = apply_rht(x2d, axis)
     rows = x2d.shape[0]
@@ -301,11 +319,10 @@ def _quantize_core(x2d: torch.Tensor, *, axis: int, block: str, rht: bool, stoch
     xb, amax_b = _block_amax(x2d, block, axis)
     amax = amax_b.amax() if amax_b.numel() else torch.zeros((), device=x2d.device)
     amax = _reduce_amax(amax, amax_group)
-    s_enc = global_encode_scale(amax)
-    s_dec = torch.reciprocal(s_enc)
-    s_b = torch.clamp(amax_b * (s_enc * _INV6.to(s_enc.device)), max=E4M3_MAX)
+    s_enc, s_dec = encode_scales(amax.item())
+    s_b = torch.mul(amax_b, float(s_enc * _INV6_F32)).clamp_(max=E4M3_MAX)
     s_b = s_b.to(torch.float8_e4m3fn).float()
-    enc_b = torch.clamp(torch.reciprocal(s_b * s_dec), max=FLT_MAX)
+    enc_b = torch.mul(s_b, float(s_dec)).reciprocal_().clamp_(max=FLT_MAX)
     y = torch.mul(xb, enc_b).clamp_(-E2M1_MAX, E2M1_MAX)
     v = stochastic_round_e2m1(y, generator) if stochastic else round_e2m1_(y)
     return x2d, v, s_b, amax, s_enc, s_dec
@@ -323,7 +340,7 @@ def fake_quantize(x: torch.Tensor, *, block: BlockKind = "1d", columnwise: bool 
     _, v, s_b, _, _, s_dec = _quantize_core(x2d, axis=0 if columnwise else 1, block=block,
                                             rht=rht, stochastic=stochastic, generator=generator,
                                             amax_group=amax_group)
-    out = v.mul_(s_b).mul_(s_dec).view(-1, cols)[:rows]   # (e2m1 * s_b) * S_dec; 1st product exact
+    out = v.mul_(s_b).mul_(float(s_dec)).view(-1, cols)[:rows]  # (e2m1 * s_b) * S_dec; 1st exact
     return out.t() if columnwise else out
 
 
@@ -360,7 +377,8 @@ def quantize(x: torch.Tensor, *, block: BlockKind = "1d", rht: bool = False,
     codes = torch.where((xr < 0) & (v == 0), torch.full_like(codes, 8), codes).contiguous()
     packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
     return NVFP4Tensor(data=packed.contiguous(), scales=scales.contiguous().to(torch.float8_e4m3fn),
-                       amax=amax.float(), scale=s_enc, shape=tuple(x.shape), dtype=x.dtype,
+                       amax=amax.float(),
+                       scale=torch.tensor(s_enc, dtype=torch.float32, device=x2d.device), shape=tuple(x.shape), dtype=x.dtype,
                        block=block, columnwise=columnwise, rht=rht)
 
 

@@ -121,6 +121,8 @@ class Run:
             self._quantized_init = quantized_values(chunks)   # fp8/fp4 params only (warm-up)
         self.model = wrap_for_training(cfg, chunks)
         self.optimizer = get_megatron_optimizer(optimizer_config(cfg), self.model)
+        if not device.gpu and cfg.parallel.cp == 1:   # CP's RoPE split pins memory in forward
+            cpu_compat.fast_paths(self.model, self.optimizer)
         self.schedule = LRSchedule.from_config(cfg)
         self.last_stage = ps.is_pipeline_last_stage(ignore_virtual=True)
         self.train_ds, self.valid_ds = self._build_datasets()
