@@ -13,12 +13,16 @@ by 30% over minutes, so only measurements taken seconds apart compare. The ratio
 throughput, so the text is long enough (`--copies 4`: ~12 s per side on 2 cores) for the fixed
 cost of a run (starting workers, merge, manifest: ~0.15 s, measured apart on a 20-document
 input and printed) to weigh little (~1%; next to real C4 shards, nothing; at `--copies 1`, 5%
-of a 3-second job). Text: the shipped tiny corpus, `--copies` times over, split into W shards.
+of a 3-second job). Text: the shipped tiny corpus, `--copies` times over, split into shards by
+`--layout`: `equal` (W shards of the same size, the default), `unequal` (8 shards, sizes 1.5^k,
+k = 0..7: the largest holds 35% of the text, the smallest 2%), `many` (256 small shards, ~100
+documents each). The baseline is always the same text in W equal shares.
 Tokenizer: `--tokenizer MODEL`, by default Mistral's v1 model (32,000 pieces, the Mixtral
 family) from the `mistral-common` package (dev extra), else the tiny one trained here; loaded
 by prepare through the production code (`load_tokenizer`).
 
-usage: PYTHONPATH=. python bench/data_prepare.py [--workers W] [--copies N] [--tokenizer MODEL]
+usage: PYTHONPATH=. python bench/data_prepare.py [--layout equal|unequal|many] [--workers W]
+           [--copies N] [--repeat R] [--tokenizer MODEL]
 """
 from __future__ import annotations
 
@@ -34,12 +38,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from llama31_405b.data.prepare import Output, prepare  # noqa: E402
-from llama31_405b.data.unit import BATCH_DOCS  # noqa: E402
 from llama31_405b.data.tiny import VOCAB_SIZE, corpus_documents  # noqa: E402
 from llama31_405b.data.tokenizer import train_tokenizer  # noqa: E402
 
 _SHARDS: list[list[str]] = []
 _MODEL = ""
+BATCH_DOCS = 256  # texts per sentencepiece call in the baseline
+LAYOUTS = ("equal", "unequal", "many")
 
 
 def _encode(i: int) -> int:
@@ -60,15 +65,25 @@ def _mistral_v1() -> Path | None:
     return path if path.is_file() else None
 
 
-def _write_shards(folder: Path, texts: list[str], n: int) -> list[Path]:
+def _split(texts: list[str], layout: str, w: int) -> list[list[str]]:
+    """The texts as shards of the layout (module docstring), every text once."""
+    if layout == "equal":
+        return [texts[i::w] for i in range(w)]
+    weights = [1.5 ** k for k in range(8)] if layout == "unequal" else [1.0] * 256
+    ends = [round(len(texts) * sum(weights[:i + 1]) / sum(weights)) for i in range(len(weights))]
+    return [texts[a:b] for a, b in zip([0] + ends[:-1], ends)]
+
+
+def _write_shards(folder: Path, shards: list[list[str]]) -> list[Path]:
     import gzip
     import json
     folder.mkdir(parents=True)
     paths = []
-    for i in range(n):
+    n = len(shards)
+    for i, shard in enumerate(shards):
         p = folder / f"c4-train.{i:05d}-of-{n:05d}.json.gz"
         with gzip.open(p, "wt", encoding="utf-8") as f:
-            for t in texts[i::n]:
+            for t in shard:
                 f.write(json.dumps({"text": t, "timestamp": "", "url": ""}) + "\n")
         paths.append(p)
     return paths
@@ -89,6 +104,8 @@ def _timed_prepare(out: Output, data_dir: Path, w: int) -> float:
 def main() -> None:
     global _MODEL
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--layout", choices=LAYOUTS, default="equal",
+                    help="input shards: W equal ones, 8 unequal ones, or 256 small ones")
     ap.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--copies", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=5)
@@ -97,12 +114,13 @@ def main() -> None:
     args = ap.parse_args()
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder  # noqa: F401
     texts = [d["text"] for d in corpus_documents()] * args.copies
+    load0 = os.getloadavg()
     w = args.workers
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         _MODEL = str(args.tokenizer or _mistral_v1() or train_tokenizer(
             texts[:4000], tmp / "tok.model", vocab_size=VOCAB_SIZE))
-        paths = _write_shards(tmp / "raw", texts, w)
+        paths = _write_shards(tmp / "raw", _split(texts, args.layout, w))
         _SHARDS[:] = [texts[i::w] for i in range(w)]
         out = Output(prefix=tmp / "ds" / "bench_text_document", inputs=tuple(paths))
         ctx = mp.get_context("fork")
@@ -124,7 +142,7 @@ def main() -> None:
                     prep.append(run_prepare())
                     base.append(_baseline(pool, w))
             small = Output(prefix=tmp / "small" / "bench_text_document",
-                           inputs=tuple(_write_shards(tmp / "raw_small", texts[:20], w)))
+                           inputs=tuple(_write_shards(tmp / "raw_small", _split(texts[:20], "equal", w))))
             fixed = min(_timed_prepare(small, tmp / "small", w) for _ in range(3))
         ratios = sorted(b[0] / p[0] for b, p in zip(base, prep))
         ratio = statistics.median(ratios)
@@ -134,13 +152,16 @@ def main() -> None:
         from llama31_405b.data.tokenizer import load_tokenizer
         vocab = load_tokenizer(_MODEL).vocab_size
         print(f"text: {len(texts)} documents, {ntok} tokens (prepare: {ptok}), {mb:.1f} MB "
-              f"json.gz in {w} shards; {w} worker processes; tokenizer {Path(_MODEL).name} "
+              f"json.gz in {len(paths)} shards (layout {args.layout}); {w} worker processes; tokenizer {Path(_MODEL).name} "
               f"({vocab} pieces)")
         print(f"bare tokenizer : {tb:7.3f} s  {ntok / tb / 1e6:6.3f} M tok/s  (best of {args.repeat})")
         print(f"data prepare   : {tp:7.3f} s  {ntok / tp / 1e6:6.3f} M tok/s  (best of {args.repeat})")
         print(f"fixed cost of a prepare run (20 documents): {fixed:.3f} s")
         print(f"ratio prepare / bare tokenizer throughput: {ratio:.3f} (goal >= 0.9; median of "
               f"{len(ratios)} back-to-back pairs, range {ratios[0]:.3f}-{ratios[-1]:.3f})")
+        print("pairs: " + " ".join(f"{r:.3f}" for r in ratios))
+        print("load average (1, 5, 15 min) at start: {:.2f} {:.2f} {:.2f}; at end: {:.2f} {:.2f} "
+              "{:.2f}; cores: {}".format(*load0, *os.getloadavg(), os.cpu_count()))
 
 
 if __name__ == "__main__":

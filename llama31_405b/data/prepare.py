@@ -6,10 +6,13 @@ and no EOD, as the MLPerf reference prepares its data (mlcommons/training,
 `large_language_model_pretraining/nemo/utils/preprocess.sh` runs NeMo's
 `preprocess_data_for_megatron.py` without `--append-eod`). `append_eod=True` (`data prepare
 --append-eod`) appends the tokenizer's eos id after every document instead; the manifest records
-which. Work units are one input shard each (an output with `max_docs`,
-the validation set, is one unit that reads its shards in order until it has that many documents).
-Units run in worker processes, largest first; each writes `PREFIX.parts/part-NNNNN.{bin,idx}`
-under temporary names and then a `part-NNNNN.json` marker, so an interrupted run resumes at the
+which. A unit is one input shard (an output with `max_docs`, the validation set, is one unit
+that reads its shards in order until it has that many documents) and one part,
+`PREFIX.parts/part-NNNNN.{bin,idx}`; but the work is spread finer than that: the main process
+reads the units' shards as blocks of lines (~512 KB) that a pool of worker processes parse and
+tokenize, and writes the results in reading order into each unit's part (unit.py), so every
+worker has work until the last block, however few and unequal the shards. A finished part is
+renamed from temporary names and marked by `part-NNNNN.json`, so an interrupted run resumes at the
 first unfinished shard. When every part of an output is done they are concatenated in order
 (megatron-core's `IndexedDatasetBuilder.add_index`) into `PREFIX.bin.tmp`/`PREFIX.idx.tmp`,
 checked, renamed to `PREFIX.bin`/`PREFIX.idx`, and recorded in the manifest with checksums. A
@@ -22,9 +25,9 @@ import gc
 import json
 import multiprocessing as mp
 import os
-import queue as queue_mod
 import shutil
 import sys
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,9 +38,10 @@ from .errors import DataError
 from .indexed import read_index, token_dtype
 from .parity import check_tokenizer_json, sample_texts
 from .progress import Progress
-from .reader import SkipCounts
+from .reader import BlockReader, SkipCounts
 from .tokenizer import TOKENIZATION, SentencePieceTokenizer
-from .unit import Unit, init_worker, inherit_tokenizer, run_unit
+from . import unit as unit_mod
+from .unit import PartWriter, Unit, inherit_tokenizer, tokenize_block
 
 @dataclass(frozen=True)
 class Output:
@@ -240,62 +244,120 @@ def prepare(outputs: list[Output], tokenizer: str | Path, *, data_dir: str | Pat
     return [results[i] for i in range(len(outputs))]
 
 
+class _Now:
+    """A result computed on the spot (no pool): AsyncResult's get()."""
+
+    def __init__(self, value) -> None:
+        self.value = value
+
+    def get(self):
+        return self.value
+
+
+def _blocks(todo: list[Unit], closed: set):
+    """Everything the units' inputs hold, in reading order: ("block", unit, path, first line,
+    data, input bytes read), ("end", unit, path, lines) after each shard, ("fail", unit,
+    DataError) at a damaged stream, ("done", unit). A unit in `closed` (failed, or max_docs
+    reached) is not read further."""
+    before = 0
+    for u in todo:
+        k = (u.out, u.part)
+        for path in u.inputs:
+            if k in closed:
+                break
+            reader = BlockReader(path, unit_mod.BLOCK_BYTES)
+            try:
+                for first, data in reader:
+                    yield "block", u, path, first, data, before + reader.position
+                    if k in closed:
+                        break
+            except DataError as e:
+                yield "fail", u, e
+                break
+            finally:
+                before += path.stat().st_size
+            yield "end", u, path, reader.lines
+        yield "done", u
+
+
 def _run(todo: list[Unit], recs: dict, workers: int, show: bool, tok) -> None:
+    """Tokenize the units: their blocks of lines go to `workers` processes as they are read, the
+    results are written in reading order (unit.PartWriter), at most a few blocks per worker
+    ahead of the writing."""
     total = sum(u.size() for u in todo)
     names = sorted({u.part_prefix.parent.name.removesuffix(".parts") for u in todo})
     label = names[0] if len(names) == 1 else f"{len(names)} datasets"
     bar = Progress(f"prepare {label}", total) if show else None
-    live: dict[tuple[int, int], tuple[int, int, int]] = {}
     errors: dict[tuple[int, int], DataError] = {}
-
-    def on_report(out, part, docs, tokens, nbytes) -> None:
-        live[(out, part)] = (docs, tokens, nbytes)
-        if bar:
-            bar.update(docs=sum(v[0] for v in live.values()),
-                       tokens=sum(v[1] for v in live.values()),
-                       done_bytes=sum(v[2] for v in live.values()))
-
+    writers: dict[tuple[int, int], PartWriter] = {}
+    closed: set[tuple[int, int]] = set()
+    docs = tokens = 0
     inherit_tokenizer(tok)  # the forked workers use the loaded model instead of loading it again
-    if workers == 1 or len(todo) == 1:
-        for u in todo:
+    # inputs of about one block gain nothing from a pool (json.gz: ~1/4 of the text's size)
+    pool = (mp.get_context("fork").Pool(workers)
+            if workers > 1 and total > unit_mod.BLOCK_BYTES // 4 else None)
+    path_tok = str(tok.path)
+
+    def submit(u: Unit, data: bytes):
+        args = (path_tok, data, u.skip_bad, u.append_eod)
+        return pool.apply_async(tokenize_block, args) if pool else _Now(tokenize_block(*args))
+
+    def close(k, w: PartWriter, error: DataError | None = None) -> None:
+        if error is None:
             try:
-                recs[(u.out, u.part)] = run_unit(u, on_report)
+                recs[k] = w.finish()
             except DataError as e:
-                errors[(u.out, u.part)] = e
-    else:
-        ctx = mp.get_context("fork")
-        q = ctx.Queue()
-        with ctx.Pool(min(workers, len(todo)), initializer=init_worker, initargs=(q,)) as pool:
-            def finished(key):  # wakes the loop below the moment a unit ends, with its key
-                return lambda _: q.put(("done", key))
-            jobs = {(u.out, u.part): pool.apply_async(run_unit, (u,),
-                                                      callback=finished((u.out, u.part)),
-                                                      error_callback=finished((u.out, u.part)))
-                    for u in todo}
-            while jobs:
-                done = []
-                try:
-                    msg = q.get(timeout=1.0)
-                    if msg[0] == "done":
-                        done.append(msg[1])  # its get() below waits the instant until ready
-                    else:
-                        on_report(*msg)
-                except queue_mod.Empty:
-                    pass
-                for k in done + [k for k, j in jobs.items() if j.ready() and k not in done]:
-                    if k not in jobs:
-                        continue
-                    try:
-                        recs[k] = jobs.pop(k).get()  # re-raises a worker's exception here
-                    except DataError as e:
-                        errors[k] = e
-            while True:
-                try:
-                    msg = q.get_nowait()
-                except queue_mod.Empty:
-                    break
-                if msg[0] != "done":
-                    on_report(*msg)
+                error = e
+        closed.add(k)
+        del writers[k]
+        if error is not None:
+            w.abort()
+            errors[k] = error
+
+    def handle(item) -> None:
+        nonlocal docs, tokens
+        kind, u = item[0], item[1]
+        k = (u.out, u.part)
+        if k in closed:
+            return
+        w = writers.get(k) or writers.setdefault(k, PartWriter(u, tok.vocab_size))
+        try:
+            if kind == "block":
+                _, _, path, first, _, pos, result = item
+                d0, t0 = w.docs, w.tokens
+                w.add(path, first, result.get())
+                docs, tokens = docs + w.docs - d0, tokens + w.tokens - t0
+                if bar:
+                    bar.update(docs=docs, tokens=tokens, done_bytes=pos)
+                if w.full:
+                    w.end_shard(path, 0)
+                    close(k, w)
+            elif kind == "end":
+                w.end_shard(item[2], item[3])
+            elif kind == "fail":
+                raise item[2]
+            else:
+                close(k, w)
+        except DataError as e:
+            close(k, w, e)
+
+    window = 3 * workers
+    pending: deque = deque()
+    try:
+        for item in _blocks(todo, closed):
+            if item[0] == "block":
+                item = (*item, submit(item[1], item[4]))
+            pending.append(item)
+            while len(pending) >= window:
+                handle(pending.popleft())
+        while pending:
+            handle(pending.popleft())
+    finally:
+        for w in writers.values():
+            w.abort()
+        if pool is not None:
+            pool.terminate()
+            pool.join()
     if bar:
         bar.close()
     if errors:  # every other shard is finished and kept: a rerun resumes after the fix

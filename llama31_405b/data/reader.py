@@ -9,6 +9,7 @@ silently. Blank lines are ignored; an empty "text" yields no document (counted a
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import zlib
 from dataclasses import dataclass
@@ -52,10 +53,6 @@ class ShardReader:
     def position(self) -> int:
         return self._raw.tell() if self._raw is not None and not self._raw.closed else 0
 
-    def _hint(self) -> str:
-        return ("; fix or remove the line, or pass --skip-bad to skip and count such lines"
-                if not self.skip_bad else "")
-
     def __iter__(self) -> Iterator[str]:
         gz = self.path.name.endswith(".gz")
         with open(self.path, "rb") as raw:
@@ -75,25 +72,99 @@ class ShardReader:
                         continue
                     yield text
             except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as e:
-                kind = ("truncated gzip stream" if isinstance(e, EOFError)
-                        else f"corrupt gzip data ({e})")
-                raise DataError(f"{self.path}:{lineno + 1}: {kind} after {lineno} complete lines; "
-                                "the shard is damaged: download or copy it again") from None
+                raise _gzip_error(self.path, e, lineno) from None
 
     def _text(self, line: bytes, lineno: int) -> str | None:
-        try:
-            obj = json.loads(line)
-        except (ValueError, UnicodeDecodeError) as e:
-            if self.skip_bad:
-                self.counts.malformed += 1
-                return None
-            raise DataError(f"{self.path}:{lineno}: malformed JSON line ({e}){self._hint()}") from None
-        text = obj.get("text") if isinstance(obj, dict) else None
-        if not isinstance(text, str):
-            if self.skip_bad:
-                self.counts.missing_text += 1
-                return None
-            what = "not a JSON object" if not isinstance(obj, dict) else (
-                'no "text" field' if "text" not in obj else '"text" is not a string')
-            raise DataError(f"{self.path}:{lineno}: {what}{self._hint()}")
-        return text
+        text = parse_line(line)
+        if isinstance(text, str):
+            return text
+        kind, what = text
+        if self.skip_bad:
+            setattr(self.counts, kind, getattr(self.counts, kind) + 1)
+            return None
+        raise DataError(f"{self.path}:{lineno}: {what}{hint(self.skip_bad)}")
+
+
+def hint(skip_bad: bool) -> str:
+    return ("; fix or remove the line, or pass --skip-bad to skip and count such lines"
+            if not skip_bad else "")
+
+
+def parse_line(line: bytes) -> str | tuple[str, str]:
+    """The "text" of one JSON line, or (kind, what is wrong): kind "malformed" (not JSON) or
+    "missing_text" (no string "text")."""
+    try:
+        obj = json.loads(line)
+    except (ValueError, UnicodeDecodeError) as e:
+        return "malformed", f"malformed JSON line ({e})"
+    text = obj.get("text") if isinstance(obj, dict) else None
+    if not isinstance(text, str):
+        return "missing_text", ("not a JSON object" if not isinstance(obj, dict) else
+                                'no "text" field' if "text" not in obj else '"text" is not a string')
+    return text
+
+
+def _gzip_error(path: Path, e: BaseException, lines: int) -> DataError:
+    kind = "truncated gzip stream" if isinstance(e, EOFError) else f"corrupt gzip data ({e})"
+    return DataError(f"{path}:{lines + 1}: {kind} after {lines} complete lines; "
+                     "the shard is damaged: download or copy it again")
+
+
+class BlockReader:
+    """Iterates a shard as blocks of whole lines: (number of the block's first line, bytes of
+    about `block_bytes` ending with a newline; the shard's last line may lack it). `lines`: the
+    lines read so far; `position`: compressed bytes read.
+
+    The stream is read as GzipFile's line iterator reads it (`read1` of io.DEFAULT_BUFFER_SIZE
+    through the same buffered reader), so a damaged stream stops after the same data and the
+    error names the same line (ShardReader's message). The lines before the damage come first,
+    as a block. A line longer than a block is one block (read in linear time)."""
+
+    def __init__(self, path: str | Path, block_bytes: int) -> None:
+        self.path = Path(path)
+        self.block_bytes = block_bytes
+        self.lines = 0
+        self._raw: BinaryIO | None = None
+
+    @property
+    def position(self) -> int:
+        return self._raw.tell() if self._raw is not None and not self._raw.closed else 0
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        gz = self.path.name.endswith(".gz")
+        with open(self.path, "rb") as raw:
+            self._raw = raw
+            stream = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
+            pieces: list[bytes] = []
+            size = 0
+            newline = False  # a newline in pieces
+            try:
+                while True:
+                    chunk = stream.read1(io.DEFAULT_BUFFER_SIZE)
+                    if not chunk:
+                        break
+                    pieces.append(chunk)
+                    size += len(chunk)
+                    newline = newline or b"\n" in chunk
+                    if size >= self.block_bytes and newline:
+                        first = self.lines + 1
+                        block, pieces = self._cut(pieces)
+                        size, newline = sum(map(len, pieces)), False
+                        yield first, block
+            except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as e:
+                if newline:
+                    first = self.lines + 1
+                    block, pieces = self._cut(pieces)
+                    yield first, block
+                raise _gzip_error(self.path, e, self.lines) from None
+            tail = b"".join(pieces)
+            if tail:
+                first = self.lines + 1
+                self.lines += tail.count(b"\n") + (not tail.endswith(b"\n"))
+                yield first, tail
+
+    def _cut(self, pieces: list[bytes]) -> tuple[bytes, list[bytes]]:
+        data = b"".join(pieces)
+        cut = data.rfind(b"\n") + 1
+        self.lines += data.count(b"\n", 0, cut)
+        return data[:cut], ([data[cut:]] if cut < len(data) else [])
