@@ -80,11 +80,13 @@ def test_gb200_config_rehearses_first_middle_and_last_stage(path):
     assert header["max_steps"] == cfg.derived.max_steps and rep["precheck"]["ok"]
 
 
+@pytest.mark.stress
 def test_planner_memory_matches_megatron_on_every_shipped_gb200_config(tmp_path):
     """Weights (without TE's NVFP4 copies), gradients and optimizer state from Megatron's own
     buffers, against the planner: within 5%. One stage per config, first, middle and last in turn
     (the configs share the layout and differ in DP, which shards the optimizer state the same way
-    on every stage; all three stages of the 128- and 2,048-rack configs are checked above)."""
+    on every stage; all three stages of the 128- and 2,048-rack configs are checked above, in
+    `make test`). A sweep over nine configs: `make test-stress` runs it."""
     from llama31_405b.rehearse.run import Options, rehearse as run_rehearsal
     others = [p for p in GB200 if p not in (C128, C2048)]
     for i, path in enumerate(others):

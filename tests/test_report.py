@@ -42,7 +42,7 @@ def test_mixed_batch_sizes_are_refused(tmp_path, capsys):
     from mlperf_logs import copy_logs, set_value
     logs = copy_logs(tmp_path)
     set_value(logs[1], "global_batch_size", 1152)
-    assert main(["report", *map(str, logs), "--out", str(tmp_path / "x.png")]) == 1
+    assert main(["report", *map(str, logs), "--out", str(tmp_path / "x.png")]) == 2   # bad input
     assert "mix benchmarks or batch sizes" in capsys.readouterr().err
 
 

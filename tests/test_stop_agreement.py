@@ -31,7 +31,8 @@ class CountingRun(Run):
         self.eval_value, self.event = evals, event or (lambda run, step: None)
 
     def _init(self):
-        self.info = SimpleNamespace(is_rank0=True, dp_rank=0, dp_size=1, tp_rank=0)
+        self.info = SimpleNamespace(is_rank0=True, dp_rank=0, dp_size=1, tp_rank=0,
+                                    dist_env=SimpleNamespace(rank=0))
         self.device = SimpleNamespace(gpu=False)
 
     def train_step(self):

@@ -1,8 +1,7 @@
 """`report LOG... [--out PNG] [--ruleset R]`: plots and a text summary of finished runs."""
 from __future__ import annotations
 
-import sys
-
+from ..failures import EXIT_INPUT, error
 from ..mlperf.checker import RULESET
 
 
@@ -20,12 +19,12 @@ def run(args) -> int:
     try:
         runs = [load_run(p) for p in args.logs]
     except LogError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        error(str(e))
+        return EXIT_INPUT
     if len({r.benchmark for r in runs}) != 1 or len({r.gbs for r in runs}) != 1:
-        print("error: the logs mix benchmarks or batch sizes: " + ", ".join(
-            f"{r.path} ({r.benchmark}, GBS {r.gbs})" for r in runs), file=sys.stderr)
-        return 1
+        error("the logs mix benchmarks or batch sizes: " + ", ".join(
+            f"{r.path} ({r.benchmark}, GBS {r.gbs})" for r in runs))
+        return EXIT_INPUT
     summary = draw(runs, args.out, ruleset=args.ruleset)
     print(summary.text())
     print(f"report: {args.out}")
@@ -52,8 +51,8 @@ def verdict_and_report(logs: list[str], out_png: str, ruleset: str = RULESET) ->
     try:
         runs = [load_run(p) for p in logs]
     except LogError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        error(str(e))
+        return EXIT_INPUT
     summary = draw(runs, out_png, ruleset=ruleset)
     print(summary.text())
     print(f"report: {out_png}")

@@ -251,7 +251,7 @@ def trace_calls(rep: Report, run) -> None:
             rep.log(f"{name} call {i}: {dt:.3f} s")
             return out
         setattr(run, name, traced)
-    for name in ("_forward_backward", "_evaluate", "_reload_weights"):
+    for name in ("_forward_backward", "_evaluate"):
         wrap(name)
 
 
@@ -272,8 +272,8 @@ def _run_loop(rep: Report, run, initial: dict) -> None:
     slice_checks = PHASES["slice"]
     with Timed(rep, "checkpoint_load"):
         run._init()     # load, DDP, optimizer, graphs, warm-up, restore: the real init
-        rep.passed("checkpoint_load", "loaded as the initial checkpoint (init, and again by "
-                                      "the warm-up restore); init (load, warm-up, restore) took "
+        rep.passed("checkpoint_load", "loaded as the initial checkpoint (once, in parallel; "
+                                      "the warm-up restore reads the master weights); init (load, warm-up, restore) took "
                                       "this check's seconds", **_memory(run.device.gpu))
     if not rep.ok("checkpoint_load"):
         rep.rest_not_run("needs the checkpoint_load check", slice_checks)
