@@ -407,9 +407,12 @@ def test_real_torch_trace_backward_roles(tmp_path):
     backward_mm = [e for e in raw if e.get("name") == "aten::mm"]
     assert backward_mm, "the backward ran no aten::mm"
     assert c["gemm_ffn_up"] > 0 and c["gemm_ffn_down"] > 0
+    # every GEMM got a role (none left as "other"); the split counts self time (children such
+    # as aten::t or aten::expand are not GEMM time), so it is at most the GEMMs' inclusive time:
+    # on a loaded machine the children's share grows, so no tighter bound is stable
     total_gemm = sum(e["dur"] for e in raw if e.get("name") in ("aten::mm", "aten::addmm"))
-    assert c["gemm_ffn_up"] + c["gemm_ffn_down"] == pytest.approx(total_gemm * 1e-6, rel=0.05)
     assert "gemm_other" not in c
+    assert c["gemm_ffn_up"] + c["gemm_ffn_down"] <= total_gemm * 1e-6 * (1 + 1e-6)
 
 
 def test_per_rank_step_delay_rules():
