@@ -69,6 +69,15 @@ def mismatches(cfg, path: str | Path) -> list[Mismatch]:
     return out
 
 
+def format_name(system: str, nodes: int, gpus: int, minibs: int,
+                layout: list[tuple[str, int]]) -> str:
+    """THE config file name: config_<SYSTEM>_<nodes>x<gpus>x<minibs>x<layout>.toml, where layout
+    is e.g. [("tp", 4), ("pp", 8), ("cp", 2)] -> tp4pp8cp2 (planner.writer writes these names;
+    check_name reads them back)."""
+    return (f"config_{system}_{nodes}x{gpus}x{minibs}x"
+            + "".join(f"{k}{v}" for k, v in layout) + ".toml")
+
+
 def expected_name(cfg, path: str | Path) -> str | None:
     """The conventional name of `cfg`'s content, in the style of `path`'s name."""
     m = NAME.match(Path(path).stem)
@@ -80,9 +89,8 @@ def expected_name(cfg, path: str | Path) -> str | None:
     except Exception:  # noqa: BLE001
         return None
     p = cfg.parallel
-    order = [k for k, _ in _LAYOUT.findall(m["layout"])]
-    layout = "".join(f"{k}{getattr(p, k)}" for k in order)
-    return f"config_{m['system']}_{nodes}x{gpus}x{cfg.batch.minibs}x{layout}.toml"
+    layout = [(k, getattr(p, k)) for k, _ in _LAYOUT.findall(m["layout"])]
+    return format_name(m["system"], nodes, gpus, cfg.batch.minibs, layout)
 
 
 def check_name(cfg, path: str | Path, overridden: set[str] | frozenset = frozenset()):

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
+from ..config.naming import format_name
 from ..config.rcp import MAX_STEPS_ROUNDING, RCP_MULTIPLE, max_steps_for, rcp_mean
 from ..systems import load_system
 from .step import Prediction
@@ -115,8 +116,8 @@ class ScalePlan:
     @property
     def filename(self) -> str:
         c, t = self.chosen, self.target
-        return (f"config_{t.prefix}_{c.nodes}x{t.spec.gpus_per_node}x{c.minibs}"
-                f"xtp{c.tp}pp{c.pp}cp{c.cp}.toml")
+        return format_name(t.prefix, c.nodes, t.spec.gpus_per_node, c.minibs,
+                           [("tp", c.tp), ("pp", c.pp), ("cp", c.cp)])
 
 
 def same(a: Prediction, b: Prediction) -> bool:
