@@ -31,6 +31,14 @@
 #                 process groups, meta-device model: groups, placement, memory, dataset index;
 #                 `python -m llama31_405b rehearse`, docs/rehearsal.md); off by default
 #   DRY_RUN=1     print the commands instead of running them
+#   PROFILE=1     profile instead of the timed runs: after the pre-flight and the data
+#                 verification, one step of the same ranks runs `python -m llama31_405b profile`
+#                 (a few steps after the warm-up under torch.profiler, their breakdown next to
+#                 the planner's; not an MLPerf run: no run_start, docs/profile.md) with the first
+#                 run's seed, writing into LOGDIR (default out/profile/<config>-<job id>; in the
+#                 container /logs); no cache dropping, no NEXP runs, no compliance check
+#   PROFILE_ARGS  more `profile` options, e.g. "--steps 2 --ranks 0,5,17" (default: the
+#                 command's: --skip 2 --baseline 3 --steps 3, replica 0 plus one rank per replica)
 #
 # Exit status (the summary at the end gives each run's outcome from its log: success, aborted
 # with the logged reason, or no run_stop; and what the launcher reported about the run's
@@ -46,6 +54,8 @@
 #   3  the pre-flight check failed (placement, environment or, on GB200, multi-node NVLink:
 #      retrying the same nodes is pointless)
 #   4  a run's log has no run_stop: the run was killed (SIGKILL, OOM, node failure) or wrote no log
+# With PROFILE=1: 0 the profile and its analysis were written, 1 the run or the analysis failed,
+# 2 bad config, variables or profile options, 3 the pre-flight check failed.
 #
 #SBATCH --job-name=llama31_405b
 #SBATCH --exclusive
@@ -75,7 +85,13 @@ fi
 # outside a container the checkout is the code; inside one the image's copy is (a host
 # PYTHONPATH reaching the container could import a different checkout)
 [ -n "$CONT" ] || export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
-LOGDIR=${LOGDIR:-$REPO/runs/$(basename "$CONFIG" .toml)-${SLURM_JOB_ID:-$(date -u +%Y%m%d-%H%M%S)}}
+PROFILE=${PROFILE:-0}
+case "$PROFILE" in 0|1) ;; *) die "PROFILE=$PROFILE: set PROFILE=1 to profile, or leave it unset" ;; esac
+read -r -a PROFILE_OPTS <<< "${PROFILE_ARGS:-}"
+[ "$PROFILE" = 1 ] || [ "${#PROFILE_OPTS[@]}" = 0 ] || die "PROFILE_ARGS is set but PROFILE is not 1"
+# a profile folder is not a runs folder (compliance check refuses it and anything above it)
+[ "$PROFILE" = 1 ] && logs_root=out/profile || logs_root=runs
+LOGDIR=${LOGDIR:-$REPO/$logs_root/$(basename "$CONFIG" .toml)-${SLURM_JOB_ID:-$(date -u +%Y%m%d-%H%M%S)}}
 mkdir -p "$LOGDIR"
 LOGDIR=$(cd "$LOGDIR" && pwd)
 
@@ -134,7 +150,8 @@ py() {           # py ARGS...: `python -m llama31_405b ARGS` where the training 
 
 # --- the launch plan: every number below comes from the config, via one Python helper -------
 plan_args=(launch env "$CONFIG" "${SETS[@]}")
-[ -z "${NEXP:-}" ] || plan_args+=(--runs "$NEXP")
+if [ "$PROFILE" = 1 ]; then plan_args+=(--runs 1)     # one profile, with the first run's seed
+elif [ -n "${NEXP:-}" ]; then plan_args+=(--runs "$NEXP"); fi
 [ -z "${SEED_BASE:-}" ] || plan_args+=(--seed-base "$SEED_BASE")
 plan=$(py "${plan_args[@]}") || die "launch plan failed for CONFIG=$CONFIG (message above)"
 eval "$plan"     # LAUNCH_* variables and `export` of the config's launch_env
@@ -205,18 +222,20 @@ clear_caches() {  # prints true or false
 ABORT=0
 trap 'ABORT=1; say "signal received: stopping after the current run"' TERM INT
 
-train_cmd=("$STEP_PY" -m llama31_405b train --config "$CONFIG" "${SETS[@]}")
+# every rank's interpreter (`train` and `profile` alike): srun starts one task per rank, torchrun
+# one process per rank on this machine, or one process
+rank_py=("$STEP_PY")
 if [ "$IN_SLURM" = 1 ]; then
   launcher=(srun --nodes="$LAUNCH_NODES" --ntasks="$LAUNCH_WORLD_SIZE"
             --ntasks-per-node="$LAUNCH_TASKS_PER_NODE" "${STEP_NODES[@]}" "${RANK_CPUS[@]}" --kill-on-bad-exit=1
             "${CONT_ARGS[@]}")
 elif [ "$LAUNCH_WORLD_SIZE" -gt 1 ]; then
-  train_cmd=("$STEP_PY" -m torch.distributed.run --standalone --nproc-per-node="$LAUNCH_WORLD_SIZE"
-             -m llama31_405b train --config "$CONFIG" "${SETS[@]}")
+  rank_py=("$STEP_PY" -m torch.distributed.run --standalone --nproc-per-node="$LAUNCH_WORLD_SIZE")
   launcher=()
 else
   launcher=()
 fi
+train_cmd=("${rank_py[@]}" -m llama31_405b train --config "$CONFIG" "${SETS[@]}")
 
 # --- pre-flight (Slurm): the checks of `train`'s start alone (placement; on GPU the launch_env;
 # on GB200 the NVLink fabric and IMEX channel of every node), before any run, so a bad allocation
@@ -259,6 +278,23 @@ if [ "${VERIFY_DATA:-1}" = 1 ]; then
         "(python -m llama31_405b data prepare / data verify CONFIG; see docs/data.md)"
     exit 1
   fi
+fi
+
+# --- PROFILE=1: the same ranks, launched as a run's, run `profile` once instead of the runs ----
+if [ "$PROFILE" = 1 ]; then
+  say "profile: $LAUNCH_WORLD_SIZE rank(s), seed ${LAUNCH_SEEDS[0]}, into $LOGDIR" \
+      "(not an MLPerf run: no run_start, no cache dropping, no compliance check)"
+  rc=0
+  run "${launcher[@]}" "${rank_py[@]}" -m llama31_405b profile "$CONFIG" "${SETS[@]}" \
+    --out "$STEP_LOGDIR" --seed "${LAUNCH_SEEDS[0]}" "${PROFILE_OPTS[@]}" || rc=$?
+  if [ "$DRY" = 1 ]; then say "dry run: nothing was executed"; exit 0; fi
+  if [ "$rc" = 0 ]; then
+    say "profile done: $LOGDIR/analysis.txt, analysis.json, breakdown.png; traces in $LOGDIR/traces"
+    exit 0
+  fi
+  say "FAILED: profile exited $rc (messages above)"
+  [ "$rc" = 2 ] && exit 2
+  exit 1
 fi
 
 failed=0; killed=0; summary=()
