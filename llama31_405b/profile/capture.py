@@ -188,12 +188,12 @@ class ProfileHook(Hook):
                          info.dp_rank == 0 or (info.tp_rank == 0 and info.pp_rank == 0
                                                and info.cp_rank == 0))
         self.parallel_groups = _parallel_groups()
-        self.t_prev = time.perf_counter()
         self._say(f"warm-up done; {p.skip} step(s) skipped, {p.baseline} timed without the "
                   f"profiler, {p.steps} profiled")
         if p.skip == 0 and p.baseline == 0:
             run.eager = self.graphs
             self._start(run)
+        self.t_prev = time.perf_counter()
 
     def _start(self, run):
         if not self.profiled:
@@ -210,13 +210,18 @@ class ProfileHook(Hook):
         self.main_tid = _gettid()
 
     def on_step_end(self, run, stats):
+        # a step's time runs from the end of the previous call of this hook (after the profiler
+        # started and the step's annotation opened) to here, before anything else: the same
+        # window the trace holds (starting the profiler took tens of ms under load)
         now = time.perf_counter()
-        dt, self.t_prev = now - self.t_prev, now
+        dt = now - self.t_prev
         p = self.plan
         k = stats.step
         eager_steps = p.baseline if self.graphs else 0
         timed = p.skip + p.baseline + eager_steps   # steps before the profiled ones
         last = timed + p.steps
+        if k > timed and self.prof is not None:
+            self.rf.__exit__(None, None, None)
         phase = ("skipped" if k <= p.skip else "timed, no profiler" if k <= p.skip + p.baseline
                  else "timed eager, no profiler" if k <= timed
                  else "profiled" if self.profiled or self.rank != 0 else "profiled elsewhere")
@@ -235,7 +240,6 @@ class ProfileHook(Hook):
             self._start(run)
         elif k > timed and self.prof is not None:
             from torch.autograd.profiler import record_function
-            self.rf.__exit__(None, None, None)
             if k < last:
                 self.rf = record_function(f"profile_step#{len(self.profiled_s)}")
                 self.rf.__enter__()
@@ -244,6 +248,7 @@ class ProfileHook(Hook):
         if k == last:
             self.done = True
             self._write(run)
+        self.t_prev = time.perf_counter()
 
     def _write(self, run):
         info = run.info
