@@ -10,6 +10,9 @@ in collection order). Applied by tests/conftest.py at collection:
 - order: the Slurm group first (the longest chain of the suite, mostly waits on jobs and
   KillWait: it overlaps with everything else), then the tiny runs and the runs that start from
   their seeds, then every other slow test, then the unit tests (short, they even out the end).
+  Inside the Slurm group, the tests that need no tiny data or checkpoint (`tiny_env`) go first:
+  the session's first minute builds them on one core while every test that needs them waits,
+  so the cluster's 16-rank jobs use the other core instead of waiting too.
 """
 from __future__ import annotations
 
@@ -67,6 +70,11 @@ def rank(item) -> int:
     return 3
 
 
+def needs_tiny_env(item) -> bool:
+    return "tiny_env" in getattr(item, "fixturenames", ())
+
+
 def order(items) -> None:
-    """Sort in place by rank, keeping collection order within a rank."""
-    items.sort(key=rank)
+    """Sort in place by rank (Slurm tests without tiny_env before those with it), keeping
+    collection order otherwise."""
+    items.sort(key=lambda it: (rank(it), rank(it) == 0 and needs_tiny_env(it)))

@@ -103,3 +103,35 @@ def test_make_tests_schedule_builds_module_fixtures_once_and_starts_with_slurm(t
     assert len(cluster_worker) == 1
     on_that_worker = [name for w, name in runs if w in cluster_worker]
     assert [n.startswith("test_cluster") for n in on_that_worker[:2]] == [True, True], runs
+
+
+class _Item:
+    """What conftest_schedule reads of a pytest item."""
+
+    def __init__(self, nodeid: str, fixtures=(), group: str | None = None, slow: bool = False):
+        import pytest as _pytest
+        self.nodeid, self.fixturenames = nodeid, list(fixtures)
+        self._marks = {}
+        if group:
+            self._marks["xdist_group"] = _pytest.mark.xdist_group(group).mark
+        if slow:
+            self._marks["slow"] = _pytest.mark.slow.mark
+
+    def get_closest_marker(self, name):
+        return self._marks.get(name)
+
+
+def test_slurm_tests_without_the_tiny_data_go_first():
+    """The session's first minute builds tiny_env on one core; the Slurm tests that do not wait
+    for it run then, in collection order, and the unit tests come last."""
+    from conftest_schedule import order
+    items = [_Item("a::unit"),
+             _Item("s::converge", ["slurm_cluster", "tiny_env"], "slurm", slow=True),
+             _Item("s::preflight", ["slurm_cluster"], "slurm", slow=True),
+             _Item("t::chain", ["tiny_runs"], "tiny_runs", slow=True),
+             _Item("s::scancel", ["slurm_cluster", "tiny_env"], "slurm", slow=True),
+             _Item("n::nodes", ["slurm_cluster"], "slurm", slow=True),
+             _Item("b::slow", ["tmp_path"], slow=True)]
+    order(items)
+    assert [it.nodeid for it in items] == ["s::preflight", "n::nodes", "s::converge",
+                                           "s::scancel", "t::chain", "b::slow", "a::unit"]
