@@ -47,8 +47,10 @@ What it stands for and what it does not:
   process at the zygote's start (plus OMP_NUM_THREADS=1): a module that reads an environment
   variable at import sees that value, not the rank's. None of PRELOAD does anything
   environment-dependent at import that the tests rely on (megatron-core 0.19.2 reads
-  CUDA_GRAPH_CAPTURE_FREEZE_GC and NO_VCS_VERSION at import; llama31_405b reads its variables
-  when called; llama31_405b.cpu_compat patches only when `apply` is called, in the rank).
+  CUDA_GRAPH_CAPTURE_FREEZE_GC and NO_VCS_VERSION at import; transformers and huggingface_hub
+  read their HF_* settings at import, and the ranks only load local files; llama31_405b reads
+  its variables when called; llama31_405b.cpu_compat patches only when `apply` is called, in
+  the rank).
   Warnings emitted at import appear once, on the zygote's stderr, not on every rank's;
 - a rank ends with os._exit after flushing stdout/stderr (multiprocessing's forkserver child):
   atexit handlers and interpreter finalisation do not run (a worker writes its results itself);
@@ -85,6 +87,8 @@ PRELOAD = [
     "llama31_405b.checkpoint.format", "llama31_405b.checkpoint.verify",
     "llama31_405b.checkpoint.read_plan", "llama31_405b.model.builder",
     "llama31_405b.precision.linear", "llama31_405b.precision.nvfp4",
+    # the Hugging Face reference of the checkpoint-conversion ranks (a dev dependency)
+    "transformers", "transformers.models.llama.modeling_llama",
 ]
 """Imported once in the zygote (import only: see the module docstring)."""
 GRACE_S = 20.0
