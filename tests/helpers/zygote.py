@@ -177,7 +177,6 @@ def _child(entry, args, pass_rank: bool, rank: int, env: dict, cwd: str, logs: s
         sys.modules["torch"].set_num_threads(1)
     if isinstance(entry, str):
         path, func = entry.rsplit(":", 1)
-        path = os.path.abspath(path)
         sys.argv = [path, *[str(a) for a in args]] if not pass_rank else [path]
         sys.path.insert(0, os.path.dirname(path))
         name = Path(path).stem
@@ -216,11 +215,15 @@ def spawn(entry, args=(), nprocs: int = 1, *, pass_rank: bool = True, launcher: 
         raise ValueError(f"launcher must be 'torchrun' or 'single', not {launcher!r}")
     if launcher == "single" and nprocs != 1:
         raise ValueError("launcher='single' runs one process")
+    if isinstance(entry, (str, os.PathLike)):       # the script's path, from the caller's cwd
+        path, func = str(entry).rsplit(":", 1)
+        entry = f"{os.path.abspath(path)}:{func}"
     ctx = _context()
     env = base_env(env)
     port = port or free_port()
     logs = tempfile.mkdtemp(prefix="zygote-")
     procs = []
+    first_fail, killed, timed_out = None, [], False
     try:
         for r in range(nprocs):
             renv = dict(env, **(torchrun_env(r, nprocs, port) if launcher == "torchrun" else {}))
@@ -229,7 +232,6 @@ def spawn(entry, args=(), nprocs: int = 1, *, pass_rank: bool = True, launcher: 
             p.start()
             procs.append(p)
         deadline = time.monotonic() + timeout
-        first_fail, killed, timed_out = None, [], False
         while any(p.exitcode is None for p in procs):
             alive = [p for p in procs if p.exitcode is None]
             multiprocessing.connection.wait([p.sentinel for p in alive], timeout=1.0)
