@@ -3,7 +3,6 @@ torchrun gives a rank, ranks forked from the preloaded zygote, one intra-op thre
 failing or hanging rank reported, never waited on forever."""
 import json
 import os
-import sys
 
 import pytest
 
@@ -23,6 +22,7 @@ def test_ranks_get_torchruns_environment_from_the_preloaded_zygote(tmp_path, mon
                             "MASTER_PORT": port, "OMP_NUM_THREADS": "1", "ZYGOTE_PROBE": "seen"}
         assert g["sum"] == 3.0 and g["cwd"] == str(tmp_path) and g["threads"] == 1
         assert g["ppid"] != os.getpid()                  # forked by the zygote, not by pytest
+        assert g["pristine"] == {"cpu_compat_applied": False, "process_group": False}
     assert [rk.missing_preload for rk in r.ranks] == [[]] * 3
     assert r.stdout == "".join(f"rank {i} says hello\n" for i in range(3))
 

@@ -14,6 +14,9 @@ def report(rank: int, out_dir: str) -> None:
 
     import torch
     import torch.distributed as dist
+    # what the zygote left: imports only (no CPU patches applied, no process group)
+    pristine = {"cpu_compat_applied": sys.modules["llama31_405b.cpu_compat"]._applied,
+                "process_group": dist.is_initialized()}
     dist.init_process_group("gloo", rank=int(os.environ["RANK"]),
                             world_size=int(os.environ["WORLD_SIZE"]))
     t = torch.tensor([float(rank)])
@@ -23,7 +26,7 @@ def report(rank: int, out_dir: str) -> None:
     Path(out_dir, f"{rank}.json").write_text(json.dumps({
         "env": {k: os.environ.get(k) for k in keys}, "sum": t.item(), "cwd": os.getcwd(),
         "threads": torch.get_num_threads(), "py_threads": threading.active_count(),
-        "pid": os.getpid(), "ppid": os.getppid()}))
+        "pid": os.getpid(), "ppid": os.getppid(), "pristine": pristine}))
     print(f"rank {rank} says hello", flush=True)
     dist.destroy_process_group()
 
