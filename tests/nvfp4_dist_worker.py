@@ -1,6 +1,7 @@
 """2-process gloo worker for the NVFP4 tests (one megatron import for all of them).
 
 usage: python tests/nvfp4_dist_worker.py TMPDIR     (spawns 2 ranks; exit code 0 on success)
+(tests/test_nvfp4_linear.py forks the two ranks of main(rank, TMPDIR) from tests/helpers/zygote.py)
 
 Part 1 shards the weight by hand (plain torch.distributed); part 2 runs megatron-core's
 ColumnParallelLinear -> RowParallelLinear (an MLP) with the emulation hook; both compare TP=2

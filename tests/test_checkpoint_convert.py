@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from checkpoint_helpers import SMALL, free_port, make_hf_llama, verify_rank, write_config
+from helpers import zygote
 
 from llama31_405b.checkpoint import mapping
 from llama31_405b.config.load import load_config
@@ -112,9 +113,9 @@ def _verify(config: Path, hf: Path, megatron: Path, world: int, tmp: Path) -> di
     if world == 1:
         verify_rank(0, 1, port, str(config), str(hf), str(megatron), str(result))
     else:
-        import torch.multiprocessing as mp
-        mp.start_processes(_spawn_entry, args=(world, port, str(config), str(hf), str(megatron),
-                                               str(result)), nprocs=world, start_method="spawn")
+        # the ranks fork from the preloaded zygote (tests/helpers/zygote.py)
+        zygote.spawn(_spawn_entry, (world, port, str(config), str(hf), str(megatron),
+                                    str(result)), world, check=True)
     return json.loads(result.read_text())
 
 

@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from helpers import zygote
 from llama31_405b.precision.linear import (AmaxGroups, NVFP4Recipe, nvfp4_linear,
                                            tp_amax_groups)
 from llama31_405b.precision.nvfp4 import fake_quantize
@@ -114,7 +113,9 @@ def test_tp1_equals_tp2_and_the_emulation_in_megatron_two_process_gloo(tmp_path)
     """Plain torch.distributed sharding and megatron's Column/RowParallelLinear, TP=2 vs TP=1;
     apply_nvfp4_emulation on a TP=2 megatron GPTModel under DDP (tests/nvfp4_dist_worker.py)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    r = subprocess.run([sys.executable, str(ROOT / "tests" / "nvfp4_dist_worker.py"), str(tmp_path)],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    # its two ranks (main(rank, tmp), as its __main__ spawns them) fork from the preloaded
+    # zygote (tests/helpers/zygote.py); the worker's module-level CPU patches stay in the ranks
+    r = zygote.spawn(f'{ROOT / "tests" / "nvfp4_dist_worker.py"}:main', (str(tmp_path),), 2,
+                     env=env, cwd=ROOT, timeout=240)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     assert "TP2 == TP1: ok" in r.stdout and "emulation: ok" in r.stdout

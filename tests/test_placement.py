@@ -2,11 +2,12 @@
 on 4 gloo processes."""
 from __future__ import annotations
 
-import os
 import socket
 from pathlib import Path
 
 import pytest
+
+from helpers import zygote
 
 from llama31_405b.config import load_config
 from llama31_405b.config.env import launch_env
@@ -199,11 +200,9 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-def test_check_placement_gloo_4_ranks(tmp_path, monkeypatch):
-    import torch.multiprocessing as mp
-    monkeypatch.setenv("PYTHONPATH", str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    mp.start_processes(_worker, args=(_free_port(), str(tmp_path)), nprocs=4, join=True,
-                       start_method="spawn")
+def test_check_placement_gloo_4_ranks(tmp_path):
+    # the ranks fork from the preloaded zygote (tests/helpers/zygote.py), not fresh interpreters
+    zygote.spawn(_worker, (_free_port(), str(tmp_path)), 4, check=True)
     texts = [(tmp_path / f"rank{r}.txt").read_text().split("\n---\n") for r in range(4)]
     # good placement: everyone passes; only rank 0 logs the rack -> DP mapping
     assert texts[0][0].startswith("block: ok 1\n")

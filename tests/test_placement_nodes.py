@@ -4,11 +4,12 @@ over nodes refused), the leaf-switch warning with its expected cost, and the col
 gloo processes as two fake 8-GPU nodes. The same on a real Slurm cluster: test_slurm_nodes.py."""
 from __future__ import annotations
 
-import os
 import socket
 from pathlib import Path
 
 import pytest
+
+from helpers import zygote
 
 from llama31_405b.config import load_config
 from llama31_405b.parallel.distributed import DistEnv
@@ -165,11 +166,9 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-def test_check_placement_gloo_two_8_gpu_nodes(tmp_path, monkeypatch):
-    import torch.multiprocessing as mp
-    monkeypatch.setenv("PYTHONPATH", str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    mp.start_processes(_worker, args=(_free_port(), str(tmp_path)), nprocs=16, join=True,
-                       start_method="spawn")
+def test_check_placement_gloo_two_8_gpu_nodes(tmp_path):
+    # the ranks fork from the preloaded zygote (tests/helpers/zygote.py), not fresh interpreters
+    zygote.spawn(_worker, (_free_port(), str(tmp_path)), 16, check=True)
     texts = [(tmp_path / f"rank{r}.txt").read_text().split("\n---\n") for r in range(16)]
     block, leaves, cyclic = texts[0]
     # TP pairs inside a node, the pipeline over both nodes: accepted; rank 0 logs the map

@@ -5,13 +5,12 @@ distributed optimizer and the overlapped parameter gather, warm-up steps that mo
 restore) on a checkpoint written by one process; every byte each rank reads from the
 checkpoint's data files is counted (tests/helpers/ckpt_load_worker.py)."""
 import json
-import subprocess
-import sys
 
 import pytest
 
-from checkpoint_helpers import free_port, write_config
-from conftest import REPO, py_env
+from checkpoint_helpers import write_config
+from conftest import REPO
+from helpers import zygote
 
 WORKER = REPO / "tests" / "helpers" / "ckpt_load_worker.py"
 SHORT = {"run": {"division": "open", "warmup_iters": 2, "max_steps": 4},
@@ -32,9 +31,10 @@ def _merge(a, b):
     return out
 
 
-def _run(cmd, timeout=300):
-    r = subprocess.run(cmd, cwd=REPO, env=py_env(), capture_output=True, text=True,
-                       timeout=timeout)
+def _run(argv, nproc=1, timeout=300):
+    # `python WORKER ...` (nproc 1) or `torchrun --nproc_per_node=nproc WORKER ...`, the ranks
+    # forked from the preloaded zygote (tests/helpers/zygote.py)
+    r = zygote.run_script(WORKER, argv, nproc, timeout=timeout)
     assert r.returncode == 0, r.stderr[-4000:]
 
 
@@ -47,12 +47,10 @@ def test_checkpoint_read_once_in_parallel_and_restored_bit_for_bit(tmp_path, lay
         "precision": {"params": "bf16"}, "optimizer": {"distributed": False}}
     common = _merge(SHORT, precision)
     ckpt, saved, got = tmp_path / "ckpt", tmp_path / "save.json", tmp_path / "init.json"
-    _run([sys.executable, str(WORKER), "save", str(config),
+    _run(["save", str(config),
           json.dumps(_merge(common, {"system": {"gpus_per_rack": 1}})), str(ckpt), str(saved)])
-    _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-          f"--master_port={free_port()}", "--master_addr=127.0.0.1", str(WORKER), "init",
-          str(config), json.dumps(_merge(common, {"system": {"gpus_per_rack": 2}})), str(ckpt),
-          str(got)])
+    _run(["init", str(config), json.dumps(_merge(common, {"system": {"gpus_per_rack": 2}})),
+          str(ckpt), str(got)], nproc=2)
     slice_bytes, largest = json.loads(saved.read_text()).values()
     ranks = json.loads(got.read_text())
     assert len(ranks) == 2

@@ -11,13 +11,11 @@ sync the evaluation graph, captured after a pass that had gathered, replays with
 scores this rank's shard at step k with the other shards at step k-1 (measured before the fix:
 8.15964 logged vs 8.12306 synchronised at step 2; docs/gpu_settings.md)."""
 import json
-import socket
-import subprocess
-import sys
 
 import pytest
 
-from conftest import REPO, py_env
+from conftest import REPO
+from helpers import zygote
 
 pytestmark = pytest.mark.slow
 WORKER = REPO / "tests" / "helpers" / "eval_sync_worker.py"
@@ -30,12 +28,6 @@ OVERRIDES = {"run": {"division": "open", "max_steps": 4},
              "optimizer": {"lr": 0.003, "warmup_steps": 1, "decay_steps": 100}}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def rec(tiny_env, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("evalsync")
@@ -44,10 +36,9 @@ def rec(tiny_env, tmp_path_factory):
                    f'[data]\ndata_dir = "{tiny_env["data_dir"]}"\n\n'
                    f'[checkpoint]\nckpt_dir = "{tmp}"\n')
     out = tmp / "out.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=4",
-           f"--master_port={_free_port()}", "--master_addr=127.0.0.1",
-           str(WORKER), str(cfg), json.dumps(OVERRIDES), str(out)]
-    r = subprocess.run(cmd, cwd=REPO, env=py_env(), capture_output=True, text=True, timeout=600)
+    # torchrun --nproc_per_node=4 WORKER ..., the ranks forked from the preloaded zygote
+    # (tests/helpers/zygote.py)
+    r = zygote.run_script(WORKER, [cfg, json.dumps(OVERRIDES), out], 4, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
     return json.loads(out.read_text())
 

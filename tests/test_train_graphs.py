@@ -2,12 +2,11 @@
 FullCudaGraphWrapper. A tiny CPU run with torch's graph capture API replaced by a recorder
 (tests/helpers/graph_probe.py; the wrapper itself is megatron-core 0.19.2's, unpatched)."""
 import json
-import subprocess
-import sys
 
 import pytest
 
-from conftest import REPO, py_env
+from conftest import REPO
+from helpers import zygote
 
 pytestmark = pytest.mark.slow
 PROBE = REPO / "tests" / "helpers" / "graph_probe.py"
@@ -19,9 +18,9 @@ OVER = {"run": {"division": "open", "max_steps": 3, "warmup_iters": 2},
 @pytest.fixture(scope="module")
 def rec(tiny_env, tmp_path_factory):
     out = tmp_path_factory.mktemp("graphs") / "graphs.json"
-    r = subprocess.run([sys.executable, str(PROBE), str(tiny_env["config"]), json.dumps(OVER),
-                        str(out)], cwd=REPO, env=py_env(), capture_output=True, text=True,
-                       timeout=600)
+    # `python PROBE ...` forked from the preloaded zygote (tests/helpers/zygote.py)
+    r = zygote.run_script(PROBE, [str(tiny_env["config"]), json.dumps(OVER),
+                                 str(out)], timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
     got = json.loads(out.read_text())
     assert got["reason"].startswith("target"), got["reason"]

@@ -3,14 +3,11 @@ loss curves and evaluations within 1e-4, DP replicas bitwise identical, evaluati
 sequences (not divisible by DP 2) equal to the single-process value, and the first evaluation of
 the initial checkpoint equal at TP1 and TP2."""
 import json
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, py_env
+from helpers import zygote
 
 # one xdist worker for the module (with --dist loadgroup): the reference run is made once
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("train_parallel")]
@@ -35,20 +32,11 @@ def _merge(a, b):
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_worker(config, overrides, out: Path, nproc: int) -> dict:
-    args = [str(WORKER), str(config), json.dumps(overrides), str(out)]
-    if nproc == 1:
-        cmd = [sys.executable, *args]
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-               f"--master_port={_free_port()}", "--master_addr=127.0.0.1", *args]
-    r = subprocess.run(cmd, cwd=REPO, env=py_env(), capture_output=True, text=True, timeout=600)
+    # `python WORKER ...` (nproc 1) or `torchrun --nproc_per_node=nproc WORKER ...`, its ranks
+    # forked from the preloaded zygote (tests/helpers/zygote.py: the ranks' environment as
+    # torchrun's; the launcher itself is tested by test_train_failure.py and test_launch.py)
+    r = zygote.run_script(WORKER, [config, json.dumps(overrides), out], nproc, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
     return json.loads(out.read_text())
 

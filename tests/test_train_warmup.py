@@ -2,12 +2,11 @@
 place, no dataset access before run_start, and manual GC in training and evaluation: two short
 tiny runs under observation (tests/helpers/run_probe.py), without and with warm-up."""
 import json
-import subprocess
-import sys
 
 import pytest
 
-from conftest import REPO, py_env
+from conftest import REPO
+from helpers import zygote
 
 pytestmark = pytest.mark.slow
 PROBE = REPO / "tests" / "helpers" / "run_probe.py"
@@ -21,9 +20,9 @@ def _probe(tiny_env, tmp_path, warmup: int) -> dict:
     over = json.loads(json.dumps(SHORT))
     over["run"]["warmup_iters"] = warmup
     out = tmp_path / f"probe_{warmup}.json"
-    r = subprocess.run([sys.executable, str(PROBE), str(tiny_env["config"]), json.dumps(over),
-                        str(out)], cwd=REPO, env=py_env(), capture_output=True, text=True,
-                       timeout=600)
+    # `python PROBE ...` forked from the preloaded zygote (tests/helpers/zygote.py)
+    r = zygote.run_script(PROBE, [str(tiny_env["config"]), json.dumps(over),
+                                 str(out)], timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
     rec = json.loads(out.read_text())
     assert rec["reason"].startswith("target"), rec["reason"]   # ran to max_steps

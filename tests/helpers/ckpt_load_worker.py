@@ -2,6 +2,7 @@
 
 usage: python tests/helpers/ckpt_load_worker.py save CONFIG OVERRIDES_JSON CKPT OUT_JSON
        torchrun ... tests/helpers/ckpt_load_worker.py init CONFIG OVERRIDES_JSON CKPT OUT_JSON
+(tests/test_train_ckpt_load.py starts both through tests/helpers/zygote.py)
 
 save: one process builds the model (seeded), writes it with checkpoint.format.save and keeps
       the values it wrote (OUT_JSON's sibling `reference.pt`).

@@ -5,6 +5,7 @@ of that step at the same layout. Rank 0 writes what the test compares, with ever
 settings and bucket counts.
 
 usage: torchrun ... tests/helpers/eval_sync_worker.py CONFIG OVERRIDES_JSON OUT_JSON
+(tests/test_train_eval_sync.py starts the ranks through tests/helpers/zygote.py)
 """
 from __future__ import annotations
 

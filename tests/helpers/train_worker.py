@@ -3,6 +3,7 @@ the parallel tests compare: per-step losses, evaluations (one before training) a
 the parameters of every DP replica.
 
 usage: python tests/helpers/train_worker.py CONFIG OVERRIDES_JSON OUT_JSON
+(tests/test_train_parallel.py runs it, and torchrun's ranks of it, through tests/helpers/zygote.py)
 """
 from __future__ import annotations
 
