@@ -68,11 +68,7 @@ division = "open"
     return path
 
 
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from helpers.ports import free_port  # noqa: E402,F401  (re-exported for the tests using it)
 
 
 def verify_rank(rank: int, world: int, port: int, config: str, hf: str, megatron: str,

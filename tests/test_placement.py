@@ -2,12 +2,12 @@
 on 4 gloo processes."""
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
 
 from helpers import zygote
+from helpers.ports import free_port
 
 from llama31_405b.config import load_config
 from llama31_405b.config.env import launch_env
@@ -193,16 +193,10 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     Path(out_dir, f"rank{rank}.txt").write_text("\n---\n".join(results))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_check_placement_gloo_4_ranks(tmp_path):
     # the ranks fork from the preloaded zygote (tests/helpers/zygote.py), not fresh interpreters
-    zygote.spawn(_worker, (_free_port(), str(tmp_path)), 4, check=True)
+    zygote.spawn(_worker, (free_port(), str(tmp_path)), 4, check=True)
     texts = [(tmp_path / f"rank{r}.txt").read_text().split("\n---\n") for r in range(4)]
     # good placement: everyone passes; only rank 0 logs the rack -> DP mapping
     assert texts[0][0].startswith("block: ok 1\n")

@@ -4,12 +4,12 @@ over nodes refused), the leaf-switch warning with its expected cost, and the col
 gloo processes as two fake 8-GPU nodes. The same on a real Slurm cluster: test_slurm_nodes.py."""
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
 
 from helpers import zygote
+from helpers.ports import free_port
 
 from llama31_405b.config import load_config
 from llama31_405b.parallel.distributed import DistEnv
@@ -159,16 +159,10 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     Path(out_dir, f"rank{rank}.txt").write_text("\n---\n".join(results))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_check_placement_gloo_two_8_gpu_nodes(tmp_path):
     # the ranks fork from the preloaded zygote (tests/helpers/zygote.py), not fresh interpreters
-    zygote.spawn(_worker, (_free_port(), str(tmp_path)), 16, check=True)
+    zygote.spawn(_worker, (free_port(), str(tmp_path)), 16, check=True)
     texts = [(tmp_path / f"rank{r}.txt").read_text().split("\n---\n") for r in range(16)]
     block, leaves, cyclic = texts[0]
     # TP pairs inside a node, the pipeline over both nodes: accepted; rank 0 logs the map

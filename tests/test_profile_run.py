@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, py_env
+from helpers.ports import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("profile_run")]
 
@@ -30,19 +31,13 @@ DELAYED_RANK, DELAY_S = 2, 3.0
 QUIET_THRESHOLD = 0.5
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_profile(tiny_env, tmp: Path, layout: str, extra: str = "", args=()) -> tuple[Path, str]:
     cfg = tmp / "profile.toml"
     cfg.write_text(f'base = "{tiny_env["config"]}"\n\n[system]\ngpus_per_rack = 4\n\n'
                    f"{LAYOUTS[layout]}{extra}")
     out = tmp / "out"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=4",
-           f"--master_port={_free_port()}", "--master_addr=127.0.0.1", "-m", "llama31_405b",
+           f"--master_port={free_port()}", "--master_addr=127.0.0.1", "-m", "llama31_405b",
            "profile", str(cfg), "--out", str(out), "--ranks", "all", "--skip", "1",
            "--baseline", "1", "--steps", "2", *args]
     r = subprocess.run(cmd, cwd=REPO, env=py_env(), capture_output=True, text=True, timeout=900)

@@ -4,7 +4,6 @@ even while the main thread is blocked in a collective, a stop reaches every rank
 step, and a log on a full filesystem stops the run with one error line."""
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, py_env
+from helpers.ports import free_port
 from llama31_405b.mlperf.log import log_events, parse_line
 
 pytestmark = pytest.mark.slow
@@ -108,12 +108,6 @@ def test_sigterm_aborts_within_60s(tiny_env, tmp_path):
     assert m.group(4) == f"{(stop.time_ms - start.time_ms) / 6e4:.3f}"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _rank_pids(parent_pid: int) -> dict[int, int]:
     import psutil
     out = {}
@@ -132,7 +126,7 @@ def test_killed_rank_aborts_within_60s(tiny_env, tmp_path):
     cfg = _long_config(tiny_env, tmp_path,
                        '\n[system]\ngpus_per_rack = 2\n\n[batch]\nminibs = 4\n')
     p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                          f"--master_port={_free_port()}", "--master_addr=127.0.0.1",
+                          f"--master_port={free_port()}", "--master_addr=127.0.0.1",
                           "-m", "llama31_405b", "train", "--config", str(cfg), "--seed", "4",
                           "--mlperf-log", str(log), "--timeout-s", "30"],
                          cwd=REPO, env=py_env(), stdout=subprocess.DEVNULL,
@@ -164,7 +158,7 @@ def _no_rank_failed(err: str) -> None:
 
 def _torchrun(cfg: Path, log: Path, seed: int) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                             f"--master_port={_free_port()}", "--master_addr=127.0.0.1",
+                             f"--master_port={free_port()}", "--master_addr=127.0.0.1",
                              "-m", "llama31_405b", "train", "--config", str(cfg), "--seed",
                              str(seed), "--mlperf-log", str(log), "--timeout-s", "300"],
                             cwd=REPO, env=py_env(), stdout=subprocess.DEVNULL,

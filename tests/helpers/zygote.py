@@ -69,11 +69,12 @@ import multiprocessing.connection
 import os
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from .ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 PRELOAD = [
@@ -113,12 +114,6 @@ class Result:
     stdout: str
     stderr: str
     ranks: list[Rank]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _context():
