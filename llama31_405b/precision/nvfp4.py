@@ -20,15 +20,15 @@ directly without packing (the fast path used by the NVFP4 linear layer; bit-iden
 """
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 import torch
 
+from .e2m1 import E2M1_MAX, round_e2m1, round_e2m1_, scratch, stochastic_round_e2m1
+
 FLT_MAX = torch.finfo(torch.float32).max
-E2M1_MAX = 6.0
 E4M3_MAX = 448.0
 BLOCK = 16
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -132,104 +132,6 @@ def global_encode_scale(amax: torch.Tensor) -> torch.Tensor:
     return torch.where((amax == 0) | (s == 0), torch.ones_like(s), s)
 
 
-# Per-thread scratch buffers for the full-size temporaries of a quantization (|x|, exponent bits,
-# stochastic-rounding sums). Fresh multi-MB CPU allocations are served by mmap and pay a page
-# fault per 4 KiB on first touch, which costs more than the arithmetic; the returned tensors are
-# always freshly allocated, only temporaries live here.
-_SCRATCH = threading.local()
-_SCRATCH_SLOTS = 12
-
-
-def _scratch(slot: str, like: torch.Tensor | tuple[int, ...], dtype: torch.dtype,
-             device: torch.device | None = None) -> torch.Tensor:
-    """A reusable buffer shaped like `like` (a tensor, or a shape with `device`); `slot` names
-    one temporary of one computation."""
-    shape = tuple(like.shape) if isinstance(like, torch.Tensor) else tuple(like)
-    device = like.device if isinstance(like, torch.Tensor) else device
-    numel = 1
-    for d in shape:
-        numel *= d
-    cache = getattr(_SCRATCH, "bufs", None)
-    if cache is None:
-        cache = _SCRATCH.bufs = {}
-    key = (slot, numel, dtype, device)
-    buf = cache.pop(key, None)
-    if buf is None:
-        buf = torch.empty(numel, dtype=dtype, device=device)
-        while len(cache) >= _SCRATCH_SLOTS:
-            cache.pop(next(iter(cache)))
-    cache[key] = buf                          # most recently used last
-    return buf.view(shape)
-
-
-# Exponent-field arithmetic on FP32 bit patterns (int32 views). The constants are 0-d int32
-# tensors: integer ops with Python-scalar operands take a slow, unvectorised path on CPU.
-_EXP_MASK, _EXP_OF_1, _EXP_OF_4, _ONE_EXP = 0x7F800000, 127 << 23, 129 << 23, 1 << 23
-# C = 1.5 * 2^23 * step, built from the clamped exponent of |y| (step = 2^(e-1) for e in 0..2)
-_MAGIC = (22 << 23) + 0x400000
-_CONSTS: dict[torch.device, tuple[torch.Tensor, ...]] = {}
-
-
-def _consts(device: torch.device) -> tuple[torch.Tensor, ...]:
-    c = _CONSTS.get(device)
-    if c is None:
-        c = _CONSTS.setdefault(device, tuple(
-            torch.tensor(v, dtype=torch.int32, device=device)
-            for v in (_EXP_MASK, _EXP_OF_1, _EXP_OF_4, _ONE_EXP, _MAGIC)))
-    return c
-
-
-def _clamped_exponent(a: torch.Tensor) -> torch.Tensor:
-    """Exponent field of |a| clamped to [exp(1.0), exp(4.0)], as int32 bits (a scratch buffer)."""
-    mask, lo, hi, _, _ = _consts(a.device)
-    e = torch.bitwise_and(a.view(torch.int32), mask, out=_scratch("exp", a, torch.int32))
-    return e.clamp_(lo, hi)
-
-
-def _e2m1_step(a: torch.Tensor) -> torch.Tensor:
-    """The E2M1 grid step at |a|: 0.5 below 2, 1 on [2, 4), 2 from 4 on (from the exponent bits)."""
-    return _clamped_exponent(a).sub_(_consts(a.device)[3]).view(torch.float32)
-
-
-def round_e2m1_(y: torch.Tensor) -> torch.Tensor:
-    """In place: round FP32 values in [-6, 6] to the nearest E2M1 value, ties to even.
-
-    The grid step s is 0.5 on [0, 2), 1 on [2, 4) and 2 on [4, 6]. Adding C = 1.5 * 2^23 * s
-    (whose FP32 ulp is exactly s, for every y in [-6, 6]) makes the FP32 addition itself round y
-    to a multiple of s with IEEE round-to-nearest-even, and subtracting C is exact. The even
-    multiple of s is the even mantissa: 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4.
-    """
-    c = _clamped_exponent(y).add_(_consts(y.device)[4]).view(torch.float32)
-    return y.add_(c).sub_(c)
-
-
-def round_e2m1(a: torch.Tensor) -> torch.Tensor:
-    """RNE to E2M1 of FP32 values in [-6, 6] (out of place)."""
-    return round_e2m1_(a.float().clone())
-
-
-def random_bytes(n: int, generator: torch.Generator | None, device) -> torch.Tensor:
-    """n uniform random bytes (uint8): full-range int32 draws viewed as bytes (4 per draw).
-    The result lives in a scratch buffer: consume it before the next call."""
-    words = _scratch("rand", ((n + 3) // 4,), torch.int32, device)
-    torch.randint(-2 ** 31, 2 ** 31, words.shape, generator=generator, out=words)
-    return words.view(torch.uint8)[:n]
-
-
-def stochastic_round_e2m1(y: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """Stochastic rounding of FP32 values in [-6, 6] with 8 random bits per element r:
-    u = r/256, t = |y| + u*step(|y|), q = min(floor(t/step(t))*step(t), 6), sign of y."""
-    r = random_bytes(y.numel(), generator, y.device).view(y.shape)
-    a = torch.abs(y, out=_scratch("abs", y, torch.float32))
-    # step(|y|)/256 from the exponent bits (power of two): u*step = r * (step/256), exact
-    _, _, _, one_exp, _ = _consts(y.device)
-    step_256 = _clamped_exponent(a).sub_(one_exp * 9).view(torch.float32)
-    t = torch.mul(r, step_256, out=_scratch("sr", y, torch.float32)).add_(a)
-    st = _e2m1_step(t)
-    q = t.div_(st).floor_().mul_(st).clamp_(max=E2M1_MAX)
-    return torch.copysign(q, y, out=y)
-
-
 def _magnitude_codes(v: torch.Tensor) -> torch.Tensor:
     """E2M1 magnitude code 0..7 of exactly representable magnitudes v."""
     # 0,0.5,1,1.5 -> 0..3 (v*2); 2,3 -> 4,5 (v+2); 4,6 -> 6,7 (v/2+4)
@@ -276,15 +178,15 @@ def _block_amax(x2d: torch.Tensor, block: str, axis: int):
     rows, cols = x2d.shape
     if block == "2d":
         xb = x2d.view(rows // BLOCK, BLOCK, cols // BLOCK, BLOCK)
-        a = torch.abs(x2d, out=_scratch("abs", x2d, torch.float32))
+        a = torch.abs(x2d, out=scratch("abs", x2d, torch.float32))
         col_max = a.view(rows // BLOCK, BLOCK, cols).amax(1)                  # (rb, cols)
         return xb, _inner_block_max(col_max)[:, None, :, None]                 # (rb,1,nb,1)
     if axis == 0:
         xb = x2d.view(rows // BLOCK, BLOCK, cols)
-        a = torch.abs(xb, out=_scratch("abs", xb, torch.float32))
+        a = torch.abs(xb, out=scratch("abs", xb, torch.float32))
         return xb, a.amax(1, keepdim=True)                                    # (rb, 1, cols)
     xb = x2d.view(rows, cols // BLOCK, BLOCK)
-    a = torch.abs(x2d, out=_scratch("abs", x2d, torch.float32))
+    a = torch.abs(x2d, out=scratch("abs", x2d, torch.float32))
     return xb, _inner_block_max(a).unsqueeze(-1)                              # (rows, nb, 1)
 
 
@@ -304,28 +206,55 @@ def encode_scales(amax: float) -> tuple[np.float32, np.float32]:
 
 
 def _quantize_core(x2d: torch.Tensor, *, axis: int, block: str, rht: bool, stochastic: bool,
-                   generator: torch.Generator | None, amax_group):
+                   generator: torch.Generator | None, amax_group, amax: float | None = None,
+                   out_slot: str | None = None):
     """Quantize a contiguous FP32 2D tensor with blocks along `axis`; everything in x2d's layout.
 
+    amax: the global amax when already known (after any group reduction): neither recomputed
+    nor reduced again. out_slot: compute the values in this scratch buffer (else a new tensor).
     Returns (x2d after RHT/padding, signed E2M1 values (blocked view), block scales as FP32
-    e4m3 values (broadcastable), amax (FP32 0-d tensor), S_enc, S_dec (numpy float32)). Scalars
-    multiply tensors as Python floats holding FP32 values: CPU kernels compute a float tensor
-    times a scalar in FP32, as with a 0-d FP32 tensor."""
+    e4m3 values (broadcastable), amax (float), S_enc, S_dec (numpy float32)). Scalars multiply
+    tensors as Python floats holding FP32 values: CPU kernels compute a float tensor times a
+    scalar in FP32, as with a 0-d FP32 tensor."""
     if rht:
         x2d = apply_rht(x2d, axis)
     rows = x2d.shape[0]
     if block == "2d" and rows % BLOCK:
         x2d = torch.nn.functional.pad(x2d, (0, 0, 0, -rows % BLOCK))
     xb, amax_b = _block_amax(x2d, block, axis)
-    amax = amax_b.amax() if amax_b.numel() else torch.zeros((), device=x2d.device)
-    amax = _reduce_amax(amax, amax_group)
-    s_enc, s_dec = encode_scales(amax.item())
+    if amax is None:
+        amax_t = amax_b.amax() if amax_b.numel() else torch.zeros((), device=x2d.device)
+        amax = _reduce_amax(amax_t, amax_group).item()
+    s_enc, s_dec = encode_scales(amax)
     s_b = torch.mul(amax_b, float(s_enc * _INV6_F32)).clamp_(max=E4M3_MAX)
     s_b = s_b.to(torch.float8_e4m3fn).float()
     enc_b = torch.mul(s_b, float(s_dec)).reciprocal_().clamp_(max=FLT_MAX)
-    y = torch.mul(xb, enc_b).clamp_(-E2M1_MAX, E2M1_MAX)
+    y = torch.mul(xb, enc_b, out=scratch(out_slot, xb, torch.float32) if out_slot else None)
+    y.clamp_(-E2M1_MAX, E2M1_MAX)
     v = stochastic_round_e2m1(y, generator) if stochastic else round_e2m1_(y)
     return x2d, v, s_b, amax, s_enc, s_dec
+
+
+def fake_quantize_amax(x: torch.Tensor, *, block: BlockKind = "1d", columnwise: bool = False,
+                       rht: bool = False, stochastic: bool = False,
+                       generator: torch.Generator | None = None, amax_group=None,
+                       amax: float | None = None,
+                       out_slot: str | None = None) -> tuple[torch.Tensor, float]:
+    """fake_quantize, and the global amax it used (a float, after any group reduction).
+
+    A tensor quantized twice (rowwise and columnwise, without RHT) has one global amax, max|x|:
+    pass the first one's as `amax` to the second to skip computing and reducing it again (with
+    RHT the amax is that of the transformed values: do not pass it). out_slot: the result lives
+    in that per-thread scratch buffer (precision.e2m1.scratch), valid until the next request
+    for the slot: for operands consumed at once (no allocation, no page faults)."""
+    x2d = _as_2d(x)
+    rows, cols = x2d.shape
+    _check_shape(rows, cols, block, rht, columnwise)
+    _, v, s_b, amax, _, s_dec = _quantize_core(
+        x2d, axis=0 if columnwise else 1, block=block, rht=rht, stochastic=stochastic,
+        generator=generator, amax_group=amax_group, amax=amax, out_slot=out_slot)
+    out = v.mul_(s_b).mul_(float(s_dec)).view(-1, cols)[:rows]  # (e2m1 * s_b) * S_dec; 1st exact
+    return (out.t() if columnwise else out), amax
 
 
 def fake_quantize(x: torch.Tensor, *, block: BlockKind = "1d", columnwise: bool = False,
@@ -334,14 +263,9 @@ def fake_quantize(x: torch.Tensor, *, block: BlockKind = "1d", columnwise: bool 
     """dequantize(quantize(x, ...)) in FP32, without packing; returned in the quantized layout
     (the 2D view of x, transposed (a view) when columnwise). Bit-identical to the packed round
     trip. Columnwise blocks are processed in place along the first dimension (no transpose)."""
-    x2d = _as_2d(x)
-    rows, cols = x2d.shape
-    _check_shape(rows, cols, block, rht, columnwise)
-    _, v, s_b, _, _, s_dec = _quantize_core(x2d, axis=0 if columnwise else 1, block=block,
-                                            rht=rht, stochastic=stochastic, generator=generator,
-                                            amax_group=amax_group)
-    out = v.mul_(s_b).mul_(float(s_dec)).view(-1, cols)[:rows]  # (e2m1 * s_b) * S_dec; 1st exact
-    return out.t() if columnwise else out
+    return fake_quantize_amax(x, block=block, columnwise=columnwise, rht=rht,
+                              stochastic=stochastic, generator=generator,
+                              amax_group=amax_group)[0]
 
 
 def quantize(x: torch.Tensor, *, block: BlockKind = "1d", rht: bool = False,
@@ -377,7 +301,7 @@ def quantize(x: torch.Tensor, *, block: BlockKind = "1d", rht: bool = False,
     codes = torch.where((xr < 0) & (v == 0), torch.full_like(codes, 8), codes).contiguous()
     packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
     return NVFP4Tensor(data=packed.contiguous(), scales=scales.contiguous().to(torch.float8_e4m3fn),
-                       amax=amax.float(),
+                       amax=torch.tensor(amax, dtype=torch.float32, device=x2d.device),
                        scale=torch.tensor(s_enc, dtype=torch.float32, device=x2d.device), shape=tuple(x.shape), dtype=x.dtype,
                        block=block, columnwise=columnwise, rht=rht)
 
