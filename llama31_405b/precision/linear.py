@@ -33,7 +33,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from .nvfp4 import BLOCK, fake_quantize
+from .nvfp4 import BLOCK, fake_quantize, fake_quantize_amax
 
 AmaxScope = Literal["te", "tensor"]
 
@@ -158,6 +158,16 @@ def _quantized_weight(weight: torch.Tensor, group, **kw) -> torch.Tensor:
                             lambda: fake_quantize(weight, **kw))
 
 
+def _quantized_weight_pair(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Fprop (rowwise) and Dgrad (columnwise, transposed back) 1x16 quantized weight, both
+    [N, K], from one cache look-up (one comparison of the weight's bits); they share the
+    weight's global amax."""
+    def make():
+        row, amax = fake_quantize_amax(weight)
+        return row, fake_quantize_amax(weight, columnwise=True, amax=amax)[0].t()
+    return WEIGHT_CACHE.get(weight, ("rowwise+columnwise",), make)
+
+
 class NVFP4LinearFunction(torch.autograd.Function):
     """Y = X W^T (+ b) with NVFP4-quantized Fprop, Dgrad and Wgrad operands (see module doc).
 
@@ -173,14 +183,18 @@ class NVFP4LinearFunction(torch.autograd.Function):
         if weight.shape[1] != k:
             raise ValueError(f"NVFP4 linear: input features {k} != weight {tuple(weight.shape)}")
         x2 = x.reshape(-1, k)
-        wblock = "2d" if recipe.weights_2d else "1d"
-        xq = fake_quantize(x2, amax_group=groups.x)
-        wq = _quantized_weight(weight, groups.w, block=wblock)
+        # the quantized X is consumed by the GEMM at once: a scratch buffer holds it
+        xq, ctx.x_amax = fake_quantize_amax(x2, amax_group=groups.x, out_slot="fprop_x")
+        if recipe.weights_2d:   # with 2D tiles the columnwise weight equals the rowwise one
+            wq = wdgrad = _quantized_weight(weight, groups.w, block="2d")
+        elif groups.w is None and ctx.needs_input_grad[0]:
+            wq, wdgrad = _quantized_weight_pair(weight)
+        else:           # no Dgrad, or a reduced amax: the columnwise weight in backward
+            wq, wdgrad = _quantized_weight(weight, groups.w, block="1d"), None
         y = torch.matmul(xq, wq.t())
         if bias is not None:
             y = y + bias.float()
-        # with 2D tiles the columnwise weight equals the rowwise one: keep it for Dgrad
-        ctx.save_for_backward(x2, weight, wq if recipe.weights_2d else None)
+        ctx.save_for_backward(x2, weight, wdgrad)
         ctx.recipe, ctx.groups, ctx.generator = recipe, groups, generator
         ctx.has_bias = bias is not None
         ctx.bias_dtype = bias.dtype if bias is not None else None
@@ -190,25 +204,29 @@ class NVFP4LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        x2, weight, wq2d = ctx.saved_tensors
+        x2, weight, wdgrad = ctx.saved_tensors
         recipe, groups, gen = ctx.recipe, ctx.groups, ctx.generator
         n = weight.shape[0]
         dy = grad_output.reshape(-1, n)
-        sr = recipe.stochastic_rounding
-        dx = dw = db = None
+        sr, rht = recipe.stochastic_rounding, recipe.rht
+        dx = dw = db = dy_amax = None
+        # the quantized operands are consumed by the GEMMs at once: scratch buffers hold them.
+        # A tensor's rowwise and columnwise quantizations share its global amax, except with
+        # RHT (the columnwise amax is then that of the transformed values).
         if ctx.needs_input_grad[0]:
-            dyq = fake_quantize(dy, stochastic=sr, generator=gen, amax_group=groups.dy)
-            if wq2d is not None:
-                dx = torch.matmul(dyq, wq2d)                                   # [T, K]
-            else:
-                wcol = _quantized_weight(weight, groups.w, columnwise=True)     # W^T [K, N]
-                dx = torch.matmul(dyq, wcol.t())
+            dyq, dy_amax = fake_quantize_amax(dy, stochastic=sr, generator=gen,
+                                              amax_group=groups.dy, out_slot="dgrad_dy")
+            if wdgrad is None:
+                wdgrad = _quantized_weight(weight, groups.w, columnwise=True).t()  # W [N, K]
+            dx = torch.matmul(dyq, wdgrad)                                     # [T, K]
             dx = dx.to(ctx.x_dtype).reshape(ctx.x_shape)
         if ctx.needs_input_grad[1]:
-            dyt = fake_quantize(_pad_rows(dy), columnwise=True, rht=recipe.rht, stochastic=sr,
-                                generator=gen, amax_group=groups.dy)           # [N, T]
-            xt = fake_quantize(_pad_rows(x2), columnwise=True, rht=recipe.rht,
-                               amax_group=groups.x)                            # [K, T]
+            dyt = fake_quantize_amax(_pad_rows(dy), columnwise=True, rht=rht, stochastic=sr,
+                                     generator=gen, amax_group=groups.dy,
+                                     amax=None if rht else dy_amax, out_slot="wgrad_dy")[0]
+            xt = fake_quantize_amax(_pad_rows(x2), columnwise=True, rht=rht,
+                                    amax_group=groups.x, amax=None if rht else ctx.x_amax,
+                                    out_slot="wgrad_x")[0]                     # [K, T]
             dw = torch.matmul(dyt, xt.t())                                     # [N, K]
             if ctx.accumulate_main_grad and hasattr(weight, "main_grad"):
                 weight.main_grad.add_(dw.to(weight.main_grad.dtype))
