@@ -33,7 +33,8 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from .nvfp4 import BLOCK, fake_quantize, fake_quantize_amax
+from .e2m1 import scratch
+from .nvfp4 import BLOCK, fake_quantize, fake_quantize_amax, fake_quantize_rowcol
 
 AmaxScope = Literal["te", "tensor"]
 
@@ -160,11 +161,11 @@ def _quantized_weight(weight: torch.Tensor, group, **kw) -> torch.Tensor:
 
 def _quantized_weight_pair(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The Fprop (rowwise) and Dgrad (columnwise, transposed back) 1x16 quantized weight, both
-    [N, K], from one cache look-up (one comparison of the weight's bits); they share the
-    weight's global amax."""
+    [N, K], quantized together and kept under one cache entry (one comparison of the weight's
+    bits per pass)."""
     def make():
-        row, amax = fake_quantize_amax(weight)
-        return row, fake_quantize_amax(weight, columnwise=True, amax=amax)[0].t()
+        row, col, _ = fake_quantize_rowcol(weight)
+        return row, col.t()
     return WEIGHT_CACHE.get(weight, ("rowwise+columnwise",), make)
 
 
@@ -177,24 +178,31 @@ class NVFP4LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, recipe: NVFP4Recipe, groups: AmaxGroups,
-                generator: torch.Generator | None, accumulate_main_grad: bool):
+                generator: torch.Generator | None, accumulate_main_grad: bool,
+                grad_enabled: bool):
         k = x.shape[-1]
         n = weight.shape[0]
         if weight.shape[1] != k:
             raise ValueError(f"NVFP4 linear: input features {k} != weight {tuple(weight.shape)}")
         x2 = x.reshape(-1, k)
-        # the quantized X is consumed by the GEMM at once: a scratch buffer holds it
-        xq, ctx.x_amax = fake_quantize_amax(x2, amax_group=groups.x, out_slot="fprop_x")
+        dgrad = grad_enabled and ctx.needs_input_grad[0]
+        wgrad = grad_enabled and ctx.needs_input_grad[1]
+        xt = None
+        if wgrad and not recipe.rht and x2.shape[0] % BLOCK == 0:
+            # X for Fprop (rowwise) and for Wgrad (columnwise, kept for backward) together
+            xq, xt, _ = fake_quantize_rowcol(x2, amax_group=groups.x)
+        else:   # the quantized X is consumed by the GEMM at once: a scratch buffer holds it
+            xq, ctx.x_amax = fake_quantize_amax(x2, amax_group=groups.x, out_slot="fprop_x")
         if recipe.weights_2d:   # with 2D tiles the columnwise weight equals the rowwise one
             wq = wdgrad = _quantized_weight(weight, groups.w, block="2d")
-        elif groups.w is None and ctx.needs_input_grad[0]:
+        elif dgrad and groups.w is None and n % BLOCK == 0:
             wq, wdgrad = _quantized_weight_pair(weight)
         else:           # no Dgrad, or a reduced amax: the columnwise weight in backward
             wq, wdgrad = _quantized_weight(weight, groups.w, block="1d"), None
         y = torch.matmul(xq, wq.t())
         if bias is not None:
             y = y + bias.float()
-        ctx.save_for_backward(x2, weight, wdgrad)
+        ctx.save_for_backward(None if xt is not None else x2, weight, wdgrad, xt)
         ctx.recipe, ctx.groups, ctx.generator = recipe, groups, generator
         ctx.has_bias = bias is not None
         ctx.bias_dtype = bias.dtype if bias is not None else None
@@ -204,29 +212,37 @@ class NVFP4LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        x2, weight, wdgrad = ctx.saved_tensors
+        x2, weight, wdgrad, xt = ctx.saved_tensors
         recipe, groups, gen = ctx.recipe, ctx.groups, ctx.generator
         n = weight.shape[0]
         dy = grad_output.reshape(-1, n)
         sr, rht = recipe.stochastic_rounding, recipe.rht
-        dx = dw = db = dy_amax = None
-        # the quantized operands are consumed by the GEMMs at once: scratch buffers hold them.
+        dgrad, wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        dx = dw = db = dyq = dyt = dy_amax = None
+        # The quantized operands are consumed by the GEMMs at once: scratch buffers hold them.
         # A tensor's rowwise and columnwise quantizations share its global amax, except with
         # RHT (the columnwise amax is then that of the transformed values).
-        if ctx.needs_input_grad[0]:
-            dyq, dy_amax = fake_quantize_amax(dy, stochastic=sr, generator=gen,
-                                              amax_group=groups.dy, out_slot="dgrad_dy")
+        if dgrad and wgrad and not rht and dy.shape[0] % BLOCK == 0:
+            dyq, dyt, _ = fake_quantize_rowcol(
+                dy, stochastic=sr, generator=gen, amax_group=groups.dy,
+                out=scratch("nvfp4_dy", (2, dy.numel()), torch.float32, dy.device))
+        if dgrad:
+            if dyq is None:
+                dyq, dy_amax = fake_quantize_amax(dy, stochastic=sr, generator=gen,
+                                                  amax_group=groups.dy, out_slot="dgrad_dy")
             if wdgrad is None:
                 wdgrad = _quantized_weight(weight, groups.w, columnwise=True).t()  # W [N, K]
             dx = torch.matmul(dyq, wdgrad)                                     # [T, K]
             dx = dx.to(ctx.x_dtype).reshape(ctx.x_shape)
-        if ctx.needs_input_grad[1]:
-            dyt = fake_quantize_amax(_pad_rows(dy), columnwise=True, rht=rht, stochastic=sr,
-                                     generator=gen, amax_group=groups.dy,
-                                     amax=None if rht else dy_amax, out_slot="wgrad_dy")[0]
-            xt = fake_quantize_amax(_pad_rows(x2), columnwise=True, rht=rht,
-                                    amax_group=groups.x, amax=None if rht else ctx.x_amax,
-                                    out_slot="wgrad_x")[0]                     # [K, T]
+        if wgrad:
+            if dyt is None:                                                    # [N, T]
+                dyt = fake_quantize_amax(_pad_rows(dy), columnwise=True, rht=rht, stochastic=sr,
+                                         generator=gen, amax_group=groups.dy,
+                                         amax=None if rht else dy_amax, out_slot="wgrad_dy")[0]
+            if xt is None:                                                     # [K, T]
+                xt = fake_quantize_amax(_pad_rows(x2), columnwise=True, rht=rht,
+                                        amax_group=groups.x, amax=None if rht else ctx.x_amax,
+                                        out_slot="wgrad_x")[0]
             dw = torch.matmul(dyt, xt.t())                                     # [N, K]
             if ctx.accumulate_main_grad and hasattr(weight, "main_grad"):
                 weight.main_grad.add_(dw.to(weight.main_grad.dtype))
@@ -240,7 +256,7 @@ class NVFP4LinearFunction(torch.autograd.Function):
                 dw = dw.to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy.float().sum(0).to(ctx.bias_dtype)
-        return dx, dw, db, None, None, None, None
+        return dx, dw, db, None, None, None, None, None
 
 
 def nvfp4_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -249,4 +265,4 @@ def nvfp4_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
                  accumulate_main_grad: bool = False) -> torch.Tensor:
     """F.linear(x, weight, bias) with NVFP4-quantized GEMM operands (autograd-aware)."""
     return NVFP4LinearFunction.apply(x, weight, bias, recipe, amax_groups, generator,
-                                     accumulate_main_grad)
+                                     accumulate_main_grad, torch.is_grad_enabled())

@@ -284,6 +284,41 @@ def fake_quantize(x: torch.Tensor, *, block: BlockKind = "1d", columnwise: bool 
                               amax_group=amax_group)[0]
 
 
+def fake_quantize_rowcol(x: torch.Tensor, *, stochastic: bool = False,
+                         generator: torch.Generator | None = None, amax_group=None,
+                         out: torch.Tensor | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(fake_quantize(x), fake_quantize(x, columnwise=True), amax), 1x16 blocks without RHT, as
+    the two calls in that order give them (stochastic rounding draws the rowwise bits first),
+    computed together: one |x| and one global amax, the block scales of both in one small
+    tensor, and the two results side by side in one buffer (`out`: 2 * x.numel() FP32
+    elements, else a new tensor), so every step after the block scaling runs once over both.
+    The 2D view of x must have a multiple of 16 rows and columns."""
+    x2d = _as_2d(x)
+    rows, cols = x2d.shape
+    _check_shape(rows, cols, "1d", False, False)
+    _check_shape(rows, cols, "1d", False, True)
+    n, rb, cb = rows * cols, rows // BLOCK, cols // BLOCK
+    a = torch.abs(x2d, out=scratch("abs", x2d, torch.float32)).view(torch.int32)
+    amax_b = torch.empty(2, n // BLOCK, dtype=torch.int32, device=x2d.device)
+    torch.amax(a.view(rows, cb, BLOCK), 2, out=amax_b[0].view(rows, cb))   # see _max_abs
+    torch.amax(a.view(rb, BLOCK, cols), 1, out=amax_b[1].view(rb, cols))
+    amax_b = amax_b.view(torch.float32)
+    amax = _reduce_amax(amax_b[0].amax() if n else torch.zeros((), device=x2d.device),
+                        amax_group).item()
+    s_enc, s_dec = encode_scales(amax)
+    s_b, enc_b = _block_scales(amax_b, s_enc, s_dec)
+    y = torch.empty(2, n, device=x2d.device) if out is None else out.view(2, n)
+    row, col = y[0].view(rows, cb, BLOCK), y[1].view(rb, BLOCK, cols)
+    torch.mul(x2d.view(rows, cb, BLOCK), enc_b[0].view(rows, cb, 1), out=row)
+    torch.mul(x2d.view(rb, BLOCK, cols), enc_b[1].view(rb, 1, cols), out=col)
+    _round_(y, stochastic, generator)
+    row.mul_(s_b[0].view(rows, cb, 1))
+    col.mul_(s_b[1].view(rb, 1, cols))
+    y.mul_(s_dec)                                   # (e2m1 * s_b) * S_dec; the first exact
+    return y[0].view(rows, cols), y[1].view(rows, cols).t(), amax
+
+
 def quantize(x: torch.Tensor, *, block: BlockKind = "1d", rht: bool = False,
              stochastic: bool = False, generator: torch.Generator | None = None,
              columnwise: bool = False, amax_group=None) -> NVFP4Tensor:
