@@ -8,6 +8,7 @@ import torch
 from llama31_405b.precision.nvfp4 import (
     FLT_MAX, NVFP4Tensor, apply_rht, dequantize, fake_quantize, global_encode_scale, quantize,
     rht_matrix, round_e2m1, undo_rht)
+from llama31_405b.precision.rounding import round_e4m3_
 
 VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 
@@ -84,6 +85,22 @@ def test_e4m3_cast_is_rne_and_saturating():
     got = torch.clamp(v, max=448.0).to(torch.float8_e4m3fn).float()
     want = torch.tensor([_e4m3_ref(np.float32(t)) for t in v.tolist()])
     assert torch.equal(got, want)
+
+
+def test_e4m3_rounding_kernel_is_the_cast():
+    """round_e4m3_ (the emulation's block-scale rounding, magic-constant addition) gives the
+    value of torch's float8_e4m3fn cast for every FP32 value in [0, 448]: every 61st bit pattern
+    (all binades, subnormal FP32 included), and every tie between two e4m3 values with its FP32
+    neighbours. (Checked for all 1.14e9 patterns when written.)"""
+    top = torch.tensor(448.0).view(torch.int32).item()
+    grid = torch.arange(0, 127, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float()
+    ties = (grid[1:] + grid[:-1]) / 2                        # exact in FP32
+    tb = ties.view(torch.int32)
+    bits = torch.cat([torch.arange(0, top + 1, 61, dtype=torch.int32),
+                      grid.view(torch.int32), tb, tb - 1, tb + 1, torch.tensor([top])])
+    v = bits.view(torch.float32)
+    got = round_e4m3_(v.clone())
+    assert torch.equal(got.view(torch.int32), v.to(torch.float8_e4m3fn).float().view(torch.int32))
 
 
 # ---- ties, saturation, zeros, underflow, rounding of the block scale --------------------------

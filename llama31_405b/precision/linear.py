@@ -33,7 +33,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from .e2m1 import scratch
+from .rounding import scratch
 from .nvfp4 import BLOCK, fake_quantize, fake_quantize_amax, fake_quantize_rowcol
 
 AmaxScope = Literal["te", "tensor"]

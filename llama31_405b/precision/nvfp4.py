@@ -27,7 +27,8 @@ from typing import Literal
 import numpy as np
 import torch
 
-from .e2m1 import E2M1_MAX, round_e2m1, round_e2m1_, scratch, stochastic_round_e2m1
+from .rounding import (E2M1_MAX, round_e2m1, round_e2m1_, round_e4m3_, scratch,
+                       stochastic_round_e2m1)
 
 FLT_MAX = torch.finfo(torch.float32).max
 E4M3_MAX = 448.0
@@ -214,8 +215,7 @@ def encode_scales(amax: float) -> tuple[float, float]:
 def _block_scales(amax_b: torch.Tensor, s_enc: float, s_dec: float):
     """(s_b, enc_b) of block amaxes: the e4m3 block scales as FP32 values and the encode factors
     min(1 / (s_b * S_dec), FLT_MAX)."""
-    s_b = torch.mul(amax_b, _fl32(s_enc * _INV6_F32)).clamp_(max=E4M3_MAX)
-    s_b = s_b.to(torch.float8_e4m3fn).float()
+    s_b = round_e4m3_(torch.mul(amax_b, _fl32(s_enc * _INV6_F32)).clamp_(max=E4M3_MAX))
     return s_b, torch.mul(s_b, s_dec).reciprocal_().clamp_(max=FLT_MAX)
 
 
@@ -261,7 +261,7 @@ def fake_quantize_amax(x: torch.Tensor, *, block: BlockKind = "1d", columnwise: 
     A tensor quantized twice (rowwise and columnwise, without RHT) has one global amax, max|x|:
     pass the first one's as `amax` to the second to skip computing and reducing it again (with
     RHT the amax is that of the transformed values: do not pass it). out_slot: the result lives
-    in that per-thread scratch buffer (precision.e2m1.scratch), valid until the next request
+    in that per-thread scratch buffer (precision.rounding.scratch), valid until the next request
     for the slot: for operands consumed at once (no allocation, no page faults)."""
     x2d = _as_2d(x)
     rows, cols = x2d.shape

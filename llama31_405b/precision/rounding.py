@@ -1,9 +1,12 @@
-"""E2M1 rounding kernels of the NVFP4 emulation (precision.nvfp4), as few passes over memory as
+"""Rounding kernels of the NVFP4 emulation (precision.nvfp4), as few passes over memory as
 exactness allows, and the per-thread scratch buffers their temporaries live in.
 
-Both roundings take FP32 values already scaled into E2M1's range and work in place:
-    RNE: round to the nearest E2M1 value, ties to even (round-to-nearest quantization);
-    SR:  stochastic rounding with 8 random bits per element (TE's gradient rounding).
+All take non-negative or signed FP32 values already in the target format's range and work in
+place:
+    E2M1 RNE: round to the nearest E2M1 value, ties to even (round-to-nearest quantization);
+    E2M1 SR:  stochastic rounding with 8 random bits per element (TE's gradient rounding);
+    E4M3 RNE: round to the nearest float8_e4m3fn value (block scales), the value torch's
+              float8_e4m3fn cast gives (round to nearest even, subnormals in steps of 2^-9).
 The exponent field of an FP32 value is read through an int32 view of its bits; every trick here
 is exact (powers of two, IEEE additions whose rounding is the rounding wanted).
 """
@@ -48,8 +51,12 @@ def scratch(slot: str, like: torch.Tensor | tuple[int, ...], dtype: torch.dtype,
 # Exponent-field arithmetic on FP32 bit patterns (int32 views). The int32 constants are 0-d
 # tensors: integer ops with Python-scalar operands take a slow, unvectorised path on CPU.
 _EXP_MASK, _ONE_EXP = 0x7F800000, 1 << 23
-# C = 1.5 * 2^23 * step, built from the clamped exponent of |y| (step = 2^(e-1) for e in 0..2)
-_MAGIC = (22 << 23) + 0x400000
+# Rounding to a grid of step s by adding and subtracting C = 1.5 * 2^23 * s: for a format with
+# m mantissa bits, s = 2^(e - m) at exponent e, so C's bits are e's plus (23 - m) << 23 plus a
+# mantissa of one half (0x400000).
+_MAGIC_E2M1 = (22 << 23) + 0x400000
+_MAGIC_E4M3 = (20 << 23) + 0x400000
+_E4M3_MIN_NORMAL = 2.0 ** -6
 _CONSTS: dict[torch.device, tuple[torch.Tensor, ...]] = {}
 
 
@@ -58,21 +65,26 @@ def _consts(device: torch.device) -> tuple[torch.Tensor, ...]:
     if c is None:
         c = _CONSTS.setdefault(device, tuple(
             torch.tensor(v, dtype=torch.int32, device=device)
-            for v in (_EXP_MASK, _ONE_EXP, _MAGIC, 9 * _ONE_EXP)))
+            for v in (_EXP_MASK, _ONE_EXP, _MAGIC_E2M1, 9 * _ONE_EXP, _MAGIC_E4M3)))
     return c
 
 
-def _clamped_exponent(a: torch.Tensor) -> torch.Tensor:
-    """Exponent field of |a| clamped to [exp(1.0), exp(4.0)], as int32 bits (a scratch buffer).
+def _pow2_floor(a: torch.Tensor, lo: float, hi: float | None) -> torch.Tensor:
+    """2^floor(log2 |a|) clamped to [lo, hi] (powers of two), as int32 bits (a scratch buffer).
 
     The masked bits (sign and mantissa cleared) are those of a power of two, +0 or +inf, so
-    they are clamped as FP32 values to [1, 4]: for non-negative floats the order of the values is
-    the order of the bit patterns, and a float clamp is vectorised (an int32 clamp with tensor
+    they are clamped as FP32 values: for non-negative floats the order of the values is the
+    order of the bit patterns, and a float clamp is vectorised (an int32 clamp with tensor
     bounds is not)."""
     e = torch.bitwise_and(a.view(torch.int32), _consts(a.device)[0],
                           out=scratch("exp", a, torch.int32))
-    e.view(torch.float32).clamp_(1.0, 4.0)
+    e.view(torch.float32).clamp_(lo, hi)
     return e
+
+
+def _clamped_exponent(a: torch.Tensor) -> torch.Tensor:
+    """Exponent field of |a| clamped to [exp(1.0), exp(4.0)], as int32 bits (a scratch buffer)."""
+    return _pow2_floor(a, 1.0, 4.0)
 
 
 def _e2m1_step(a: torch.Tensor) -> torch.Tensor:
@@ -90,6 +102,20 @@ def round_e2m1_(y: torch.Tensor) -> torch.Tensor:
     """
     c = _clamped_exponent(y).add_(_consts(y.device)[2]).view(torch.float32)
     return y.add_(c).sub_(c)
+
+
+def round_e4m3_(v: torch.Tensor) -> torch.Tensor:
+    """In place: round FP32 values in [0, 448] to the nearest float8_e4m3fn value, ties to even:
+    the FP32 value of v.to(torch.float8_e4m3fn) (torch's cast, c10 fp8e4m3fn_from_fp32_value,
+    rounds to nearest even, also in the subnormal range), without the cast's two passes.
+
+    The step is 2^(e - 3) at exponent e >= -6 (3 mantissa bits) and 2^-9 below 2^-6
+    (subnormals): the magic-constant addition of round_e2m1_ with e clamped below at -6. The
+    even multiple of the step is the even mantissa, as in the cast; 448 (the largest finite
+    value) rounds to itself, so values must be clamped to 448 first (the cast maps what rounds
+    above 448 to NaN)."""
+    c = _pow2_floor(v, _E4M3_MIN_NORMAL, None).add_(_consts(v.device)[4]).view(torch.float32)
+    return v.add_(c).sub_(c)
 
 
 def round_e2m1(a: torch.Tensor) -> torch.Tensor:
