@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from llama31_405b.precision.nvfp4 import (
-    FLT_MAX, NVFP4Tensor, apply_rht, dequantize, fake_quantize, global_encode_scale, quantize,
-    rht_matrix, round_e2m1, undo_rht)
+    FLT_MAX, NVFP4Tensor, apply_rht, dequantize, fake_quantize, fake_quantize_rowcol,
+    global_encode_scale, quantize, rht_matrix, round_e2m1, undo_rht)
 from llama31_405b.precision.rounding import round_e4m3_
 
 VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
@@ -101,6 +101,26 @@ def test_e4m3_rounding_kernel_is_the_cast():
     v = bits.view(torch.float32)
     got = round_e4m3_(v.clone())
     assert torch.equal(got.view(torch.int32), v.to(torch.float8_e4m3fn).float().view(torch.int32))
+
+
+@pytest.mark.parametrize("stochastic", [False, True])
+def test_rowcol_pair_equals_the_two_quantizations(stochastic):
+    """fake_quantize_rowcol (the linear layer's fast path) gives bitwise the rowwise and the
+    columnwise fake_quantize of the same tensor, drawing the random bits in that order."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(48, 80, generator=g) * torch.exp(torch.randn(48, 80, generator=g) * 6)
+    x[:16, :16] = 0.0                                        # an all-zero block in both layouts
+    x[20, 3] = -0.0
+    row, col, amax = fake_quantize_rowcol(x, stochastic=stochastic,
+                                          generator=torch.Generator().manual_seed(9))
+    g2 = torch.Generator().manual_seed(9)
+    want_row = fake_quantize(x, stochastic=stochastic, generator=g2)
+    want_col = fake_quantize(x, columnwise=True, stochastic=stochastic, generator=g2)
+    assert torch.equal(row.view(torch.int32), want_row.view(torch.int32))
+    assert torch.equal(col.contiguous().view(torch.int32), want_col.contiguous().view(torch.int32))
+    assert col.shape == (80, 48) and amax == x.abs().max().item()
+    with pytest.raises(ValueError, match="multiple of 16"):
+        fake_quantize_rowcol(x[:40])
 
 
 # ---- ties, saturation, zeros, underflow, rounding of the block scale --------------------------

@@ -33,8 +33,8 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from .rounding import scratch
 from .nvfp4 import BLOCK, fake_quantize, fake_quantize_amax, fake_quantize_rowcol
+from .rounding import scratch
 
 AmaxScope = Literal["te", "tensor"]
 
@@ -173,7 +173,10 @@ class NVFP4LinearFunction(torch.autograd.Function):
     """Y = X W^T (+ b) with NVFP4-quantized Fprop, Dgrad and Wgrad operands (see module doc).
 
     accumulate_main_grad: add dW into weight.main_grad (Megatron's gradient accumulation fusion)
-    instead of returning it.
+    instead of returning it. grad_enabled: autograd records this call (torch.is_grad_enabled()
+    outside forward): only then is X's Wgrad operand quantized in forward (with its Fprop
+    operand, and saved for backward instead of X), and the weight's Dgrad operand with its Fprop
+    one. Every operand has the values of a separate fake_quantize of the same tensor.
     """
 
     @staticmethod

@@ -16,7 +16,8 @@ blocks run along the first dimension (what the Dgrad/Wgrad GEMMs consume). With 
 to BF16, as TE does for the Wgrad operands.
 
 `quantize` returns the packed representation; `fake_quantize` returns `dequantize(quantize(x))`
-directly without packing (the fast path used by the NVFP4 linear layer; bit-identical).
+directly without packing (bit-identical), and `fake_quantize_rowcol` both layouts of one tensor
+at once (the fast path of the NVFP4 linear layer).
 """
 from __future__ import annotations
 
