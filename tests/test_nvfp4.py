@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from llama31_405b.precision.nvfp4 import (
-    FLT_MAX, NVFP4Tensor, apply_rht, dequantize, fake_quantize, global_encode_scale, quantize,
-    rht_matrix, round_e2m1, undo_rht)
+    FLT_MAX, NVFP4Tensor, apply_rht, dequantize, fake_quantize, fake_quantize_rowcol,
+    global_encode_scale, quantize, rht_matrix, round_e2m1, undo_rht)
+from llama31_405b.precision.rounding import round_e4m3_
 
 VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 
@@ -84,6 +85,42 @@ def test_e4m3_cast_is_rne_and_saturating():
     got = torch.clamp(v, max=448.0).to(torch.float8_e4m3fn).float()
     want = torch.tensor([_e4m3_ref(np.float32(t)) for t in v.tolist()])
     assert torch.equal(got, want)
+
+
+def test_e4m3_rounding_kernel_is_the_cast():
+    """round_e4m3_ (the emulation's block-scale rounding, magic-constant addition) gives the
+    value of torch's float8_e4m3fn cast for every FP32 value in [0, 448]: every 61st bit pattern
+    (all binades, subnormal FP32 included), and every tie between two e4m3 values with its FP32
+    neighbours. (Checked for all 1.14e9 patterns when written.)"""
+    top = torch.tensor(448.0).view(torch.int32).item()
+    grid = torch.arange(0, 127, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float()
+    ties = (grid[1:] + grid[:-1]) / 2                        # exact in FP32
+    tb = ties.view(torch.int32)
+    bits = torch.cat([torch.arange(0, top + 1, 61, dtype=torch.int32),
+                      grid.view(torch.int32), tb, tb - 1, tb + 1, torch.tensor([top])])
+    v = bits.view(torch.float32)
+    got = round_e4m3_(v.clone())
+    assert torch.equal(got.view(torch.int32), v.to(torch.float8_e4m3fn).float().view(torch.int32))
+
+
+@pytest.mark.parametrize("stochastic", [False, True])
+def test_rowcol_pair_equals_the_two_quantizations(stochastic):
+    """fake_quantize_rowcol (the linear layer's fast path) gives bitwise the rowwise and the
+    columnwise fake_quantize of the same tensor, drawing the random bits in that order."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(48, 80, generator=g) * torch.exp(torch.randn(48, 80, generator=g) * 6)
+    x[:16, :16] = 0.0                                        # an all-zero block in both layouts
+    x[20, 3] = -0.0
+    row, col, amax = fake_quantize_rowcol(x, stochastic=stochastic,
+                                          generator=torch.Generator().manual_seed(9))
+    g2 = torch.Generator().manual_seed(9)
+    want_row = fake_quantize(x, stochastic=stochastic, generator=g2)
+    want_col = fake_quantize(x, columnwise=True, stochastic=stochastic, generator=g2)
+    assert torch.equal(row.view(torch.int32), want_row.view(torch.int32))
+    assert torch.equal(col.contiguous().view(torch.int32), want_col.contiguous().view(torch.int32))
+    assert col.shape == (80, 48) and amax == x.abs().max().item()
+    with pytest.raises(ValueError, match="multiple of 16"):
+        fake_quantize_rowcol(x[:40])
 
 
 # ---- ties, saturation, zeros, underflow, rounding of the block scale --------------------------

@@ -58,6 +58,15 @@ def test_three_gemms_quantize_what_the_recipe_table_says(recipe):
         assert ((got - ref).norm() / ref.norm()).item() < 0.25
 
 
+@pytest.mark.parametrize("recipe", [NVFP4Recipe(), ALL_ON], ids=str)
+def test_forward_without_autograd_gives_the_same_output(recipe):
+    """Under no_grad the layer quantizes only the Fprop operands; the output is the same."""
+    x, w, dy = _operands()
+    with torch.no_grad():
+        y0 = nvfp4_linear(x, w.clone(), recipe=recipe)
+    assert torch.equal(y0, _run(x, w, dy, recipe)[0])
+
+
 def test_knobs_change_the_operands():
     x, w, dy = _operands()
     base = _run(x, w, dy, NVFP4Recipe())

@@ -33,7 +33,8 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from .nvfp4 import BLOCK, fake_quantize
+from .nvfp4 import BLOCK, fake_quantize, fake_quantize_amax, fake_quantize_rowcol
+from .rounding import scratch
 
 AmaxScope = Literal["te", "tensor"]
 
@@ -158,29 +159,53 @@ def _quantized_weight(weight: torch.Tensor, group, **kw) -> torch.Tensor:
                             lambda: fake_quantize(weight, **kw))
 
 
+def _quantized_weight_pair(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Fprop (rowwise) and Dgrad (columnwise, transposed back) 1x16 quantized weight, both
+    [N, K], quantized together and kept under one cache entry (one comparison of the weight's
+    bits per pass)."""
+    def make():
+        row, col, _ = fake_quantize_rowcol(weight)
+        return row, col.t()
+    return WEIGHT_CACHE.get(weight, ("rowwise+columnwise",), make)
+
+
 class NVFP4LinearFunction(torch.autograd.Function):
     """Y = X W^T (+ b) with NVFP4-quantized Fprop, Dgrad and Wgrad operands (see module doc).
 
     accumulate_main_grad: add dW into weight.main_grad (Megatron's gradient accumulation fusion)
-    instead of returning it.
+    instead of returning it. grad_enabled: autograd records this call (torch.is_grad_enabled()
+    outside forward): only then is X's Wgrad operand quantized in forward (with its Fprop
+    operand, and saved for backward instead of X), and the weight's Dgrad operand with its Fprop
+    one. Every operand has the values of a separate fake_quantize of the same tensor.
     """
 
     @staticmethod
     def forward(ctx, x, weight, bias, recipe: NVFP4Recipe, groups: AmaxGroups,
-                generator: torch.Generator | None, accumulate_main_grad: bool):
+                generator: torch.Generator | None, accumulate_main_grad: bool,
+                grad_enabled: bool):
         k = x.shape[-1]
         n = weight.shape[0]
         if weight.shape[1] != k:
             raise ValueError(f"NVFP4 linear: input features {k} != weight {tuple(weight.shape)}")
         x2 = x.reshape(-1, k)
-        wblock = "2d" if recipe.weights_2d else "1d"
-        xq = fake_quantize(x2, amax_group=groups.x)
-        wq = _quantized_weight(weight, groups.w, block=wblock)
+        dgrad = grad_enabled and ctx.needs_input_grad[0]
+        wgrad = grad_enabled and ctx.needs_input_grad[1]
+        xt = None
+        if wgrad and not recipe.rht and x2.shape[0] % BLOCK == 0:
+            # X for Fprop (rowwise) and for Wgrad (columnwise, kept for backward) together
+            xq, xt, _ = fake_quantize_rowcol(x2, amax_group=groups.x)
+        else:   # the quantized X is consumed by the GEMM at once: a scratch buffer holds it
+            xq, ctx.x_amax = fake_quantize_amax(x2, amax_group=groups.x, out_slot="fprop_x")
+        if recipe.weights_2d:   # with 2D tiles the columnwise weight equals the rowwise one
+            wq = wdgrad = _quantized_weight(weight, groups.w, block="2d")
+        elif dgrad and groups.w is None and n % BLOCK == 0:
+            wq, wdgrad = _quantized_weight_pair(weight)
+        else:           # no Dgrad, or a reduced amax: the columnwise weight in backward
+            wq, wdgrad = _quantized_weight(weight, groups.w, block="1d"), None
         y = torch.matmul(xq, wq.t())
         if bias is not None:
             y = y + bias.float()
-        # with 2D tiles the columnwise weight equals the rowwise one: keep it for Dgrad
-        ctx.save_for_backward(x2, weight, wq if recipe.weights_2d else None)
+        ctx.save_for_backward(None if xt is not None else x2, weight, wdgrad, xt)
         ctx.recipe, ctx.groups, ctx.generator = recipe, groups, generator
         ctx.has_bias = bias is not None
         ctx.bias_dtype = bias.dtype if bias is not None else None
@@ -190,25 +215,37 @@ class NVFP4LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        x2, weight, wq2d = ctx.saved_tensors
+        x2, weight, wdgrad, xt = ctx.saved_tensors
         recipe, groups, gen = ctx.recipe, ctx.groups, ctx.generator
         n = weight.shape[0]
         dy = grad_output.reshape(-1, n)
-        sr = recipe.stochastic_rounding
-        dx = dw = db = None
-        if ctx.needs_input_grad[0]:
-            dyq = fake_quantize(dy, stochastic=sr, generator=gen, amax_group=groups.dy)
-            if wq2d is not None:
-                dx = torch.matmul(dyq, wq2d)                                   # [T, K]
-            else:
-                wcol = _quantized_weight(weight, groups.w, columnwise=True)     # W^T [K, N]
-                dx = torch.matmul(dyq, wcol.t())
+        sr, rht = recipe.stochastic_rounding, recipe.rht
+        dgrad, wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        dx = dw = db = dyq = dyt = dy_amax = None
+        # The quantized operands are consumed by the GEMMs at once: scratch buffers hold them.
+        # A tensor's rowwise and columnwise quantizations share its global amax, except with
+        # RHT (the columnwise amax is then that of the transformed values).
+        if dgrad and wgrad and not rht and dy.shape[0] % BLOCK == 0:
+            dyq, dyt, _ = fake_quantize_rowcol(
+                dy, stochastic=sr, generator=gen, amax_group=groups.dy,
+                out=scratch("nvfp4_dy", (2, dy.numel()), torch.float32, dy.device))
+        if dgrad:
+            if dyq is None:
+                dyq, dy_amax = fake_quantize_amax(dy, stochastic=sr, generator=gen,
+                                                  amax_group=groups.dy, out_slot="dgrad_dy")
+            if wdgrad is None:
+                wdgrad = _quantized_weight(weight, groups.w, columnwise=True).t()  # W [N, K]
+            dx = torch.matmul(dyq, wdgrad)                                     # [T, K]
             dx = dx.to(ctx.x_dtype).reshape(ctx.x_shape)
-        if ctx.needs_input_grad[1]:
-            dyt = fake_quantize(_pad_rows(dy), columnwise=True, rht=recipe.rht, stochastic=sr,
-                                generator=gen, amax_group=groups.dy)           # [N, T]
-            xt = fake_quantize(_pad_rows(x2), columnwise=True, rht=recipe.rht,
-                               amax_group=groups.x)                            # [K, T]
+        if wgrad:
+            if dyt is None:                                                    # [N, T]
+                dyt = fake_quantize_amax(_pad_rows(dy), columnwise=True, rht=rht, stochastic=sr,
+                                         generator=gen, amax_group=groups.dy,
+                                         amax=None if rht else dy_amax, out_slot="wgrad_dy")[0]
+            if xt is None:                                                     # [K, T]
+                xt = fake_quantize_amax(_pad_rows(x2), columnwise=True, rht=rht,
+                                        amax_group=groups.x, amax=None if rht else ctx.x_amax,
+                                        out_slot="wgrad_x")[0]
             dw = torch.matmul(dyt, xt.t())                                     # [N, K]
             if ctx.accumulate_main_grad and hasattr(weight, "main_grad"):
                 weight.main_grad.add_(dw.to(weight.main_grad.dtype))
@@ -222,7 +259,7 @@ class NVFP4LinearFunction(torch.autograd.Function):
                 dw = dw.to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy.float().sum(0).to(ctx.bias_dtype)
-        return dx, dw, db, None, None, None, None
+        return dx, dw, db, None, None, None, None, None
 
 
 def nvfp4_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -231,4 +268,4 @@ def nvfp4_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
                  accumulate_main_grad: bool = False) -> torch.Tensor:
     """F.linear(x, weight, bias) with NVFP4-quantized GEMM operands (autograd-aware)."""
     return NVFP4LinearFunction.apply(x, weight, bias, recipe, amax_groups, generator,
-                                     accumulate_main_grad)
+                                     accumulate_main_grad, torch.is_grad_enabled())

@@ -16,25 +16,27 @@ blocks run along the first dimension (what the Dgrad/Wgrad GEMMs consume). With 
 to BF16, as TE does for the Wgrad operands.
 
 `quantize` returns the packed representation; `fake_quantize` returns `dequantize(quantize(x))`
-directly without packing (the fast path used by the NVFP4 linear layer; bit-identical).
+directly without packing (bit-identical), and `fake_quantize_rowcol` both layouts of one tensor
+at once (the fast path of the NVFP4 linear layer).
 """
 from __future__ import annotations
 
-import threading
+import struct
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 import torch
 
+from .rounding import (E2M1_MAX, round_e2m1, round_e2m1_, round_e4m3_, scratch,
+                       stochastic_round_e2m1)
+
 FLT_MAX = torch.finfo(torch.float32).max
-E2M1_MAX = 6.0
 E4M3_MAX = 448.0
 BLOCK = 16
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 # the fixed sign vector of TE's random Hadamard transform (shared by every layer and step)
 RHT_SIGNS = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
-_INV6 = torch.tensor(1.0 / 6.0, dtype=torch.float32)  # fl32(1/6)
 
 BlockKind = Literal["1d", "2d"]
 
@@ -132,104 +134,6 @@ def global_encode_scale(amax: torch.Tensor) -> torch.Tensor:
     return torch.where((amax == 0) | (s == 0), torch.ones_like(s), s)
 
 
-# Per-thread scratch buffers for the full-size temporaries of a quantization (|x|, exponent bits,
-# stochastic-rounding sums). Fresh multi-MB CPU allocations are served by mmap and pay a page
-# fault per 4 KiB on first touch, which costs more than the arithmetic; the returned tensors are
-# always freshly allocated, only temporaries live here.
-_SCRATCH = threading.local()
-_SCRATCH_SLOTS = 12
-
-
-def _scratch(slot: str, like: torch.Tensor | tuple[int, ...], dtype: torch.dtype,
-             device: torch.device | None = None) -> torch.Tensor:
-    """A reusable buffer shaped like `like` (a tensor, or a shape with `device`); `slot` names
-    one temporary of one computation."""
-    shape = tuple(like.shape) if isinstance(like, torch.Tensor) else tuple(like)
-    device = like.device if isinstance(like, torch.Tensor) else device
-    numel = 1
-    for d in shape:
-        numel *= d
-    cache = getattr(_SCRATCH, "bufs", None)
-    if cache is None:
-        cache = _SCRATCH.bufs = {}
-    key = (slot, numel, dtype, device)
-    buf = cache.pop(key, None)
-    if buf is None:
-        buf = torch.empty(numel, dtype=dtype, device=device)
-        while len(cache) >= _SCRATCH_SLOTS:
-            cache.pop(next(iter(cache)))
-    cache[key] = buf                          # most recently used last
-    return buf.view(shape)
-
-
-# Exponent-field arithmetic on FP32 bit patterns (int32 views). The constants are 0-d int32
-# tensors: integer ops with Python-scalar operands take a slow, unvectorised path on CPU.
-_EXP_MASK, _EXP_OF_1, _EXP_OF_4, _ONE_EXP = 0x7F800000, 127 << 23, 129 << 23, 1 << 23
-# C = 1.5 * 2^23 * step, built from the clamped exponent of |y| (step = 2^(e-1) for e in 0..2)
-_MAGIC = (22 << 23) + 0x400000
-_CONSTS: dict[torch.device, tuple[torch.Tensor, ...]] = {}
-
-
-def _consts(device: torch.device) -> tuple[torch.Tensor, ...]:
-    c = _CONSTS.get(device)
-    if c is None:
-        c = _CONSTS.setdefault(device, tuple(
-            torch.tensor(v, dtype=torch.int32, device=device)
-            for v in (_EXP_MASK, _EXP_OF_1, _EXP_OF_4, _ONE_EXP, _MAGIC)))
-    return c
-
-
-def _clamped_exponent(a: torch.Tensor) -> torch.Tensor:
-    """Exponent field of |a| clamped to [exp(1.0), exp(4.0)], as int32 bits (a scratch buffer)."""
-    mask, lo, hi, _, _ = _consts(a.device)
-    e = torch.bitwise_and(a.view(torch.int32), mask, out=_scratch("exp", a, torch.int32))
-    return e.clamp_(lo, hi)
-
-
-def _e2m1_step(a: torch.Tensor) -> torch.Tensor:
-    """The E2M1 grid step at |a|: 0.5 below 2, 1 on [2, 4), 2 from 4 on (from the exponent bits)."""
-    return _clamped_exponent(a).sub_(_consts(a.device)[3]).view(torch.float32)
-
-
-def round_e2m1_(y: torch.Tensor) -> torch.Tensor:
-    """In place: round FP32 values in [-6, 6] to the nearest E2M1 value, ties to even.
-
-    The grid step s is 0.5 on [0, 2), 1 on [2, 4) and 2 on [4, 6]. Adding C = 1.5 * 2^23 * s
-    (whose FP32 ulp is exactly s, for every y in [-6, 6]) makes the FP32 addition itself round y
-    to a multiple of s with IEEE round-to-nearest-even, and subtracting C is exact. The even
-    multiple of s is the even mantissa: 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4.
-    """
-    c = _clamped_exponent(y).add_(_consts(y.device)[4]).view(torch.float32)
-    return y.add_(c).sub_(c)
-
-
-def round_e2m1(a: torch.Tensor) -> torch.Tensor:
-    """RNE to E2M1 of FP32 values in [-6, 6] (out of place)."""
-    return round_e2m1_(a.float().clone())
-
-
-def random_bytes(n: int, generator: torch.Generator | None, device) -> torch.Tensor:
-    """n uniform random bytes (uint8): full-range int32 draws viewed as bytes (4 per draw).
-    The result lives in a scratch buffer: consume it before the next call."""
-    words = _scratch("rand", ((n + 3) // 4,), torch.int32, device)
-    torch.randint(-2 ** 31, 2 ** 31, words.shape, generator=generator, out=words)
-    return words.view(torch.uint8)[:n]
-
-
-def stochastic_round_e2m1(y: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """Stochastic rounding of FP32 values in [-6, 6] with 8 random bits per element r:
-    u = r/256, t = |y| + u*step(|y|), q = min(floor(t/step(t))*step(t), 6), sign of y."""
-    r = random_bytes(y.numel(), generator, y.device).view(y.shape)
-    a = torch.abs(y, out=_scratch("abs", y, torch.float32))
-    # step(|y|)/256 from the exponent bits (power of two): u*step = r * (step/256), exact
-    _, _, _, one_exp, _ = _consts(y.device)
-    step_256 = _clamped_exponent(a).sub_(one_exp * 9).view(torch.float32)
-    t = torch.mul(r, step_256, out=_scratch("sr", y, torch.float32)).add_(a)
-    st = _e2m1_step(t)
-    q = t.div_(st).floor_().mul_(st).clamp_(max=E2M1_MAX)
-    return torch.copysign(q, y, out=y)
-
-
 def _magnitude_codes(v: torch.Tensor) -> torch.Tensor:
     """E2M1 magnitude code 0..7 of exactly representable magnitudes v."""
     # 0,0.5,1,1.5 -> 0..3 (v*2); 2,3 -> 4,5 (v+2); 4,6 -> 6,7 (v/2+4)
@@ -262,70 +166,112 @@ def _reduce_amax(amax: torch.Tensor, group) -> torch.Tensor:
     return amax
 
 
-def _inner_block_max(a: torch.Tensor) -> torch.Tensor:
-    """Max of every 16 consecutive elements of the last dim of a 2D non-negative tensor
-    (max_pool1d: much faster on CPU than amax over a contiguous dimension of 16)."""
-    return torch.nn.functional.max_pool1d(a.unsqueeze(0), BLOCK, BLOCK).squeeze(0)
+def _max_abs(a: torch.Tensor, dim: int, keepdim: bool = False) -> torch.Tensor:
+    """Max over `dim` of a non-negative FP32 tensor (|x|), taken on the int32 bit patterns, which
+    order as the values do (and a NaN's above +inf): a vectorised integer reduction, several
+    times faster on CPU than the float one over a contiguous dimension of 16 (or max_pool1d)."""
+    return a.view(torch.int32).amax(dim, keepdim=keepdim).view(torch.float32)
 
 
 def _block_amax(x2d: torch.Tensor, block: str, axis: int):
     """Blocked view of x2d and the per-block amax shaped to broadcast over it.
 
-    axis 1: blocks of 16 along the last dim; axis 0: along the first dim; 2d: 16x16 tiles.
-    Reductions over the first dim run across a non-innermost dimension (vectorised)."""
+    axis 1: blocks of 16 along the last dim; axis 0: along the first dim; 2d: 16x16 tiles."""
     rows, cols = x2d.shape
+    a = torch.abs(x2d, out=scratch("abs", x2d, torch.float32))
     if block == "2d":
         xb = x2d.view(rows // BLOCK, BLOCK, cols // BLOCK, BLOCK)
-        a = torch.abs(x2d, out=_scratch("abs", x2d, torch.float32))
-        col_max = a.view(rows // BLOCK, BLOCK, cols).amax(1)                  # (rb, cols)
-        return xb, _inner_block_max(col_max)[:, None, :, None]                 # (rb,1,nb,1)
+        col_max = _max_abs(a.view(rows // BLOCK, BLOCK, cols), 1)            # (rb, cols)
+        return xb, _max_abs(col_max.view(rows // BLOCK, cols // BLOCK, BLOCK), 2)[:, None, :, None]
     if axis == 0:
-        xb = x2d.view(rows // BLOCK, BLOCK, cols)
-        a = torch.abs(xb, out=_scratch("abs", xb, torch.float32))
-        return xb, a.amax(1, keepdim=True)                                    # (rb, 1, cols)
-    xb = x2d.view(rows, cols // BLOCK, BLOCK)
-    a = torch.abs(x2d, out=_scratch("abs", x2d, torch.float32))
-    return xb, _inner_block_max(a).unsqueeze(-1)                              # (rows, nb, 1)
+        return (x2d.view(rows // BLOCK, BLOCK, cols),
+                _max_abs(a.view(rows // BLOCK, BLOCK, cols), 1, keepdim=True))  # (rb, 1, cols)
+    return (x2d.view(rows, cols // BLOCK, BLOCK),
+            _max_abs(a.view(rows, cols // BLOCK, BLOCK), 2, keepdim=True))      # (rows, nb, 1)
 
 
-_INV6_F32 = np.float32(1.0 / 6.0)   # fl32(1/6), the same value as _INV6
+_INV6_F32 = float(np.float32(1.0 / 6.0))   # fl32(1/6)
+_F32 = struct.Struct("f")
 
 
-def encode_scales(amax: float) -> tuple[np.float32, np.float32]:
-    """(S_enc, S_dec) of a global amax, computed on the host in FP32: numpy float32 arithmetic is
-    IEEE single precision, so these are the values global_encode_scale and its reciprocal give,
-    without a dozen 0-d tensor operations per quantization."""
-    a = np.float32(amax)
-    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        s = np.minimum(np.float32(E4M3_MAX * E2M1_MAX) / a, np.float32(FLT_MAX))
-    if a == 0 or s == 0:
-        s = np.float32(1.0)
-    return s, np.float32(1.0) / s
+def _fl32(v: float) -> float:
+    """v rounded to FP32 (round to nearest even), as a Python float; |v| <= FLT_MAX."""
+    return _F32.unpack(_F32.pack(v))[0]
+
+
+def encode_scales(amax: float) -> tuple[float, float]:
+    """(S_enc, S_dec) of a global amax, computed on the host in FP32, as Python floats holding
+    FP32 values: the values global_encode_scale and its reciprocal give, without a dozen 0-d
+    tensor operations per quantization. A quotient of FP32 values computed in double and rounded
+    once to FP32 is the correctly rounded FP32 quotient (53 >= 2 * 24 + 2 bits)."""
+    if amax == 0:
+        return 1.0, 1.0
+    q = (E4M3_MAX * E2M1_MAX) / amax           # a NaN amax gives NaN scales
+    s = FLT_MAX if q > FLT_MAX else _fl32(q)   # min(2688 / amax, FLT_MAX)
+    if s == 0:
+        s = 1.0
+    return s, _fl32(1.0 / s)
+
+
+def _block_scales(amax_b: torch.Tensor, s_enc: float, s_dec: float):
+    """(s_b, enc_b) of block amaxes: the e4m3 block scales as FP32 values and the encode factors
+    min(1 / (s_b * S_dec), FLT_MAX)."""
+    s_b = round_e4m3_(torch.mul(amax_b, _fl32(s_enc * _INV6_F32)).clamp_(max=E4M3_MAX))
+    return s_b, torch.mul(s_b, s_dec).reciprocal_().clamp_(max=FLT_MAX)
+
+
+def _round_(y: torch.Tensor, stochastic: bool, generator) -> torch.Tensor:
+    """In place: clamp scaled values to [-6, 6] and round them to E2M1 (RNE or stochastic)."""
+    y.clamp_(-E2M1_MAX, E2M1_MAX)
+    return stochastic_round_e2m1(y, generator) if stochastic else round_e2m1_(y)
 
 
 def _quantize_core(x2d: torch.Tensor, *, axis: int, block: str, rht: bool, stochastic: bool,
-                   generator: torch.Generator | None, amax_group):
+                   generator: torch.Generator | None, amax_group, amax: float | None = None,
+                   out_slot: str | None = None):
     """Quantize a contiguous FP32 2D tensor with blocks along `axis`; everything in x2d's layout.
 
+    amax: the global amax when already known (after any group reduction): neither recomputed
+    nor reduced again. out_slot: compute the values in this scratch buffer (else a new tensor).
     Returns (x2d after RHT/padding, signed E2M1 values (blocked view), block scales as FP32
-    e4m3 values (broadcastable), amax (FP32 0-d tensor), S_enc, S_dec (numpy float32)). Scalars
-    multiply tensors as Python floats holding FP32 values: CPU kernels compute a float tensor
-    times a scalar in FP32, as with a 0-d FP32 tensor."""
+    e4m3 values (broadcastable), amax (float), S_enc, S_dec (floats holding FP32 values)).
+    Scalars multiply tensors as Python floats holding FP32 values: CPU kernels compute a float
+    tensor times a scalar in FP32, as with a 0-d FP32 tensor."""
     if rht:
         x2d = apply_rht(x2d, axis)
     rows = x2d.shape[0]
     if block == "2d" and rows % BLOCK:
         x2d = torch.nn.functional.pad(x2d, (0, 0, 0, -rows % BLOCK))
     xb, amax_b = _block_amax(x2d, block, axis)
-    amax = amax_b.amax() if amax_b.numel() else torch.zeros((), device=x2d.device)
-    amax = _reduce_amax(amax, amax_group)
-    s_enc, s_dec = encode_scales(amax.item())
-    s_b = torch.mul(amax_b, float(s_enc * _INV6_F32)).clamp_(max=E4M3_MAX)
-    s_b = s_b.to(torch.float8_e4m3fn).float()
-    enc_b = torch.mul(s_b, float(s_dec)).reciprocal_().clamp_(max=FLT_MAX)
-    y = torch.mul(xb, enc_b).clamp_(-E2M1_MAX, E2M1_MAX)
-    v = stochastic_round_e2m1(y, generator) if stochastic else round_e2m1_(y)
-    return x2d, v, s_b, amax, s_enc, s_dec
+    if amax is None:
+        amax_t = amax_b.amax() if amax_b.numel() else torch.zeros((), device=x2d.device)
+        amax = _reduce_amax(amax_t, amax_group).item()
+    s_enc, s_dec = encode_scales(amax)
+    s_b, enc_b = _block_scales(amax_b, s_enc, s_dec)
+    y = torch.mul(xb, enc_b, out=scratch(out_slot, xb, torch.float32) if out_slot else None)
+    return x2d, _round_(y, stochastic, generator), s_b, amax, s_enc, s_dec
+
+
+def fake_quantize_amax(x: torch.Tensor, *, block: BlockKind = "1d", columnwise: bool = False,
+                       rht: bool = False, stochastic: bool = False,
+                       generator: torch.Generator | None = None, amax_group=None,
+                       amax: float | None = None,
+                       out_slot: str | None = None) -> tuple[torch.Tensor, float]:
+    """fake_quantize, and the global amax it used (a float, after any group reduction).
+
+    A tensor quantized twice (rowwise and columnwise, without RHT) has one global amax, max|x|:
+    pass the first one's as `amax` to the second to skip computing and reducing it again (with
+    RHT the amax is that of the transformed values: do not pass it). out_slot: the result lives
+    in that per-thread scratch buffer (precision.rounding.scratch), valid until the next request
+    for the slot: for operands consumed at once (no allocation, no page faults)."""
+    x2d = _as_2d(x)
+    rows, cols = x2d.shape
+    _check_shape(rows, cols, block, rht, columnwise)
+    _, v, s_b, amax, _, s_dec = _quantize_core(
+        x2d, axis=0 if columnwise else 1, block=block, rht=rht, stochastic=stochastic,
+        generator=generator, amax_group=amax_group, amax=amax, out_slot=out_slot)
+    out = v.mul_(s_b).mul_(s_dec).view(-1, cols)[:rows]  # (e2m1 * s_b) * S_dec; 1st exact
+    return (out.t() if columnwise else out), amax
 
 
 def fake_quantize(x: torch.Tensor, *, block: BlockKind = "1d", columnwise: bool = False,
@@ -334,14 +280,44 @@ def fake_quantize(x: torch.Tensor, *, block: BlockKind = "1d", columnwise: bool 
     """dequantize(quantize(x, ...)) in FP32, without packing; returned in the quantized layout
     (the 2D view of x, transposed (a view) when columnwise). Bit-identical to the packed round
     trip. Columnwise blocks are processed in place along the first dimension (no transpose)."""
+    return fake_quantize_amax(x, block=block, columnwise=columnwise, rht=rht,
+                              stochastic=stochastic, generator=generator,
+                              amax_group=amax_group)[0]
+
+
+def fake_quantize_rowcol(x: torch.Tensor, *, stochastic: bool = False,
+                         generator: torch.Generator | None = None, amax_group=None,
+                         out: torch.Tensor | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(fake_quantize(x), fake_quantize(x, columnwise=True), amax), 1x16 blocks without RHT, as
+    the two calls in that order give them (stochastic rounding draws the rowwise bits first),
+    computed together: one |x| and one global amax, the block scales of both in one small
+    tensor, and the two results side by side in one buffer (`out`: 2 * x.numel() FP32
+    elements, else a new tensor), so every step after the block scaling runs once over both.
+    The 2D view of x must have a multiple of 16 rows and columns."""
     x2d = _as_2d(x)
     rows, cols = x2d.shape
-    _check_shape(rows, cols, block, rht, columnwise)
-    _, v, s_b, _, _, s_dec = _quantize_core(x2d, axis=0 if columnwise else 1, block=block,
-                                            rht=rht, stochastic=stochastic, generator=generator,
-                                            amax_group=amax_group)
-    out = v.mul_(s_b).mul_(float(s_dec)).view(-1, cols)[:rows]  # (e2m1 * s_b) * S_dec; 1st exact
-    return out.t() if columnwise else out
+    _check_shape(rows, cols, "1d", False, False)
+    _check_shape(rows, cols, "1d", False, True)
+    n, rb, cb = rows * cols, rows // BLOCK, cols // BLOCK
+    a = torch.abs(x2d, out=scratch("abs", x2d, torch.float32)).view(torch.int32)
+    amax_b = torch.empty(2, n // BLOCK, dtype=torch.int32, device=x2d.device)
+    torch.amax(a.view(rows, cb, BLOCK), 2, out=amax_b[0].view(rows, cb))   # see _max_abs
+    torch.amax(a.view(rb, BLOCK, cols), 1, out=amax_b[1].view(rb, cols))
+    amax_b = amax_b.view(torch.float32)
+    amax = _reduce_amax(amax_b[0].amax() if n else torch.zeros((), device=x2d.device),
+                        amax_group).item()
+    s_enc, s_dec = encode_scales(amax)
+    s_b, enc_b = _block_scales(amax_b, s_enc, s_dec)
+    y = torch.empty(2, n, device=x2d.device) if out is None else out.view(2, n)
+    row, col = y[0].view(rows, cb, BLOCK), y[1].view(rb, BLOCK, cols)
+    torch.mul(x2d.view(rows, cb, BLOCK), enc_b[0].view(rows, cb, 1), out=row)
+    torch.mul(x2d.view(rb, BLOCK, cols), enc_b[1].view(rb, 1, cols), out=col)
+    _round_(y, stochastic, generator)
+    row.mul_(s_b[0].view(rows, cb, 1))
+    col.mul_(s_b[1].view(rb, 1, cols))
+    y.mul_(s_dec)                                   # (e2m1 * s_b) * S_dec; the first exact
+    return y[0].view(rows, cols), y[1].view(rows, cols).t(), amax
 
 
 def quantize(x: torch.Tensor, *, block: BlockKind = "1d", rht: bool = False,
@@ -377,7 +353,7 @@ def quantize(x: torch.Tensor, *, block: BlockKind = "1d", rht: bool = False,
     codes = torch.where((xr < 0) & (v == 0), torch.full_like(codes, 8), codes).contiguous()
     packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
     return NVFP4Tensor(data=packed.contiguous(), scales=scales.contiguous().to(torch.float8_e4m3fn),
-                       amax=amax.float(),
+                       amax=torch.tensor(amax, dtype=torch.float32, device=x2d.device),
                        scale=torch.tensor(s_enc, dtype=torch.float32, device=x2d.device), shape=tuple(x.shape), dtype=x.dtype,
                        block=block, columnwise=columnwise, rht=rht)
 
