@@ -4,10 +4,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # pytest workers for `make test`: CI has 2 cores; one worker owns the Slurm tests, which mostly
-# wait on jobs and KillWait, and others wait on shared fixtures (the tiny data and checkpoint) or
-# on test-only delays, so four keep both cores busy meanwhile (with three, a fresh-clone run used
-# about two thirds of the CPU). Override: `make test JOBS=3`
-JOBS ?= 4
+# wait on jobs and KillWait, so a third keeps both cores busy meanwhile. Override: `make test JOBS=2`
+JOBS ?= 3
 FAST_JOBS ?= 2
 
 .PHONY: setup demo test test-fast test-stress check-configs clean-venv
