@@ -68,9 +68,6 @@ division = "open"
     return path
 
 
-from helpers.ports import free_port  # noqa: E402,F401  (re-exported for the tests using it)
-
-
 def verify_rank(rank: int, world: int, port: int, config: str, hf: str, megatron: str,
                 result: str) -> None:
     """One rank of a gloo job: load the Megatron checkpoint at the config's layout, compare with

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from checkpoint_helpers import SMALL, free_port, make_hf_llama, verify_rank, write_config
+from checkpoint_helpers import SMALL, make_hf_llama, verify_rank, write_config
+from helpers.ports import free_port
 from helpers import zygote
 
 from llama31_405b.checkpoint import mapping

@@ -148,7 +148,8 @@ def test_train_refuses_a_checkpoint_whose_tensors_contradict_its_record(tmp_path
 
 @pytest.mark.slow       # two gloo ranks under torchrun (~30 s)
 def test_checkpoint_verify_under_torchrun_prints_no_traceback(tmp_path):
-    from checkpoint_helpers import free_port, write_config
+    from checkpoint_helpers import write_config
+    from helpers.ports import free_port
     cfg_path = write_config(tmp_path / "tp2.toml", tp=2)
     ck = _lying_checkpoint(tmp_path / "ck", load_config(cfg_path))
     env = {k: v for k, v in py_env().items() if k != failures.DEBUG_ENV}
