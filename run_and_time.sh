@@ -251,12 +251,11 @@ fi
 if [ "$IN_SLURM" = 1 ] && [ "${PREFLIGHT:-1}" = 1 ]; then
   rc=0
   # 600 s for all ranks to join: on hundreds of nodes the container starts are minutes apart.
-  # The pre-flight's process group is gloo, which by default connects every pair of ranks at
-  # init (8192 ranks: 33 M connections, every rank reading every other's address list from the
-  # one store); lazy init connects only the pairs its ring all-gather uses.
+  # The ranks send their placement to rank 0 over plain TCP (parallel/gather.py): no torch
+  # import and no process group on any rank.
   run srun --nodes="$LAUNCH_NODES" --ntasks="$LAUNCH_WORLD_SIZE" \
     --ntasks-per-node="$LAUNCH_TASKS_PER_NODE" "${STEP_NODES[@]}" "${RANK_CPUS[@]}" \
-    --export=ALL,TORCH_GLOO_LAZY_INIT=1 "${CONT_ARGS[@]}" \
+    "${CONT_ARGS[@]}" \
     "$STEP_PY" -m llama31_405b launch preflight --config "$CONFIG" --timeout 600 "${SETS[@]}" || rc=$?
   if [ "$rc" != 0 ]; then
     say "FAILED: pre-flight check exited $rc; no run was started"

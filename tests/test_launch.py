@@ -118,7 +118,7 @@ def test_script_on_slurm_with_container_dry_run(tmp_path, hide_scontrol, path_wi
     assert "NCCL_MIN_NCHANNELS" in names and "TRITON_CACHE_DIR" in names
     # one task per GPU, each with a quarter of the node's cores (not Slurm's default of 1 CPU)
     assert ("--nodes=2048 --ntasks=8192 --ntasks-per-node=4 --cpus-per-task=36 "
-            "--export=ALL,TORCH_GLOO_LAZY_INIT=1 " + cont) in preflight
+            + cont) in preflight
     assert "launch preflight --config " + GB200 + " --timeout 600" in preflight
     assert "--cpus-per-task=36 --kill-on-bad-exit=1 " + cont in run0
     assert "--nodelist" not in run0                      # the job has exactly the nodes it needs

@@ -31,8 +31,9 @@ def register(sub) -> None:
     e.set_defaults(func=env)
 
     f = s.add_parser("preflight", help="refuse a config predicted not to fit GPU memory (exit 2), "
-                                       "init the process group from the launcher's environment "
-                                       "and run the placement check (exit 0 ok, 3 misplaced)")
+                                       "gather every rank's placement at rank 0 (plain TCP, the "
+                                       "launcher's MASTER_ADDR/port) and check it (exit 0 ok, "
+                                       "3 misplaced, 1 a rank did not join in time)")
     f.add_argument("--config", required=True, metavar="CONFIG")
     f.add_argument("--timeout", type=float, default=120.0,
                    help="seconds to wait for all ranks to join (default 120)")
@@ -97,7 +98,8 @@ def hostlist(args) -> int:
 
 
 def preflight(args) -> int:
-    from ..parallel.distributed import dist_env_from_environ, init_process_group
+    from ..parallel.distributed import dist_env_from_environ
+    from ..parallel.gather import GatherError, all_gather
     from ..parallel.placement import PlacementError, check_placement
     from ..planner.capacity import memory_note, memory_problems
     cfg = load_or_report(args.config, args.set)
@@ -111,19 +113,22 @@ def preflight(args) -> int:
                   file=sys.stderr if memory else sys.stdout, flush=True)
         if memory:
             return EXIT_CONFIG
-    if de.world_size > 1:
-        init_process_group(de, backend="gloo", timeout_s=args.timeout)
+    # the ranks' placements meet at rank 0 over plain TCP (parallel/gather.py): no torch import,
+    # no process group, on thousands of ranks
+    def gather(mine):
+        return all_gather(mine, rank=de.rank, world_size=de.world_size, addr=de.master_addr,
+                          port=de.master_port, timeout_s=args.timeout)
     try:
-        check_placement(cfg, de)
+        check_placement(cfg, de, gather=gather)
     except PlacementError as e:
         # every rank holds the same message: one copy (rank 0) is enough for thousands of ranks
         if de.rank == 0:
             print(f"error: {e}", file=sys.stderr, flush=True)
         return EXIT_PLACEMENT
-    finally:
-        if de.world_size > 1:
-            import torch.distributed as dist
-            dist.destroy_process_group()
+    except GatherError as e:
+        if de.rank == 0 or not e.from_rank0:
+            print(f"error: pre-flight: {e}", file=sys.stderr, flush=True)
+        return EXIT_FAIL
     if de.rank == 0:
         print(f"preflight ok: {de.world_size} rank(s) via {de.launcher}, placement good",
               flush=True)

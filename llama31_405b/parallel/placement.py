@@ -341,9 +341,12 @@ def evaluate(layout: Layout, gathered: list, kinds: tuple[str, ...] = ALL_KINDS,
 
 def check_placement(cfg, dist_env, group=None, *, environ: Mapping[str, str] | None = None,
                     log: Callable[[str], None] | None = None,
-                    probe: Callable[[], NodeFabric] = probe_node) -> list[Placement]:
+                    probe: Callable[[], NodeFabric] = probe_node,
+                    gather: Callable[[object], list] | None = None) -> list[Placement]:
     """Collective over `group` (default: the world): every rank calls it after
-    init_process_group and before building the model. Returns all placements when good; raises
+    init_process_group and before building the model; or, with `gather` (every rank's object
+    from this rank's, e.g. parallel.gather.all_gather), without any process group: the
+    pre-flight's way. Returns all placements when good; raises
     PlacementError with the same message on every rank otherwise. Rank 0 logs the rack ->
     DP-rank mapping once (to stderr unless `log` is given). On multi-node NVLink systems each rank
     also checks its node's fabric state and IMEX channel (`fabric.mnnvl_problems`), and every
@@ -363,7 +366,9 @@ def check_placement(cfg, dist_env, group=None, *, environ: Mapping[str, str] | N
     except PlacementError as e:          # still take part in the collective, then fail together
         mine = (dist_env.rank, dist_env.hostname, str(e))
     gathered: list = [None] * dist_env.world_size
-    if dist_env.world_size > 1:
+    if gather is not None:
+        gathered = gather(mine)
+    elif dist_env.world_size > 1:
         import torch.distributed as dist
         dist.all_gather_object(gathered, mine, group=group)
     else:
