@@ -1,5 +1,6 @@
-"""The rehearsal of one config: every chosen rank in a fresh process (rehearse/rank.py), the
-dataset index in one more (rehearse/dataset.py), the MLPerf header and the compliance precheck
+"""The rehearsal of one config: every chosen rank in a process of its own (rehearse/rank.py; a
+fork of a server that imported torch and megatron-core once, rehearse/forks.py), the dataset
+index in one more (rehearse/dataset.py), the MLPerf header and the compliance precheck
 here, the planner's prediction beside each rank, then the verdict (rehearse/report.py).
 
 Child processes see no CUDA (CUDA_VISIBLE_DEVICES=""), one OpenMP thread, and import the same
@@ -41,12 +42,35 @@ class Options:
 @dataclass
 class _Job:
     name: str
-    argv: list[str]
+    module: str
+    """Run as `module.main(args)`: a fork of the preloaded server (rehearse/forks.py), else
+    `python -m module args`."""
+    args: list[str]
     out: Path
     log: Path
-    proc: subprocess.Popen | None = None
+    proc: object = None
     started: float = 0.0
     result: dict | None = None
+
+
+class _Fork:
+    """A fork (multiprocessing.Process) behind subprocess.Popen's poll/kill/wait/returncode."""
+
+    def __init__(self, p):
+        self.p = p
+
+    def poll(self):
+        return None if self.p.is_alive() else self.p.exitcode
+
+    def kill(self):
+        self.p.kill()
+
+    def wait(self):
+        self.p.join()
+
+    @property
+    def returncode(self):
+        return self.p.exitcode
 
 
 def _env() -> dict:
@@ -72,14 +96,21 @@ def _collect(job: _Job, timed_out: bool) -> dict:
 
 def run_jobs(jobs: list[_Job], parallel: int, timeout_s: float) -> None:
     """Run the jobs, `parallel` at a time; each gets its result dict (or a failure)."""
+    from .forks import Forks
     waiting, running = list(jobs), []
     env = _env()
+    forks = Forks(env) if jobs else None
     while waiting or running:
         while waiting and len(running) < max(1, parallel):
             job = waiting.pop(0)
-            with open(job.log, "w") as log:
-                job.proc = subprocess.Popen(job.argv, cwd=os.getcwd(), env=env, stdout=log,
-                                            stderr=subprocess.STDOUT)
+            fork = forks.start(job.module, job.args, str(job.log))
+            if fork is not None:
+                job.proc = _Fork(fork)
+            else:
+                with open(job.log, "w") as log:
+                    job.proc = subprocess.Popen([sys.executable, "-m", job.module, *job.args],
+                                                cwd=os.getcwd(), env=env, stdout=log,
+                                                stderr=subprocess.STDOUT)
             job.started = time.monotonic()
             running.append(job)
         time.sleep(0.2)
@@ -128,18 +159,16 @@ def rehearse(config: str, opts: Options) -> dict:
     work = Path(opts.keep_dir or tmp.name)
     work.mkdir(parents=True, exist_ok=True)
     common = [config] + [a for s in opts.sets for a in ("--set", s)]
-    py = [sys.executable, "-m"]
-    data_job = _Job("dataset", py + ["llama31_405b.rehearse.dataset", *common, "--out",
-                                     str(work / "dataset.json"), "--max-index-gb",
-                                     str(opts.max_index_gb)],
-                    work / "dataset.json", work / "dataset.log")
+    data_job = _Job("dataset", "llama31_405b.rehearse.dataset",
+                    [*common, "--out", str(work / "dataset.json"), "--max-index-gb",
+                     str(opts.max_index_gb)], work / "dataset.json", work / "dataset.log")
     rank_jobs = []
     for r in ranks:
-        argv = py + ["llama31_405b.rehearse.rank", *common, "--rank", str(r), "--out",
-                     str(work / f"rank{r}.json")]
+        args = [*common, "--rank", str(r), "--out", str(work / f"rank{r}.json")]
         if opts.allocation:
-            argv += ["--allocation", opts.allocation]
-        rank_jobs.append(_Job(f"rank {r}", argv, work / f"rank{r}.json", work / f"rank{r}.log"))
+            args += ["--allocation", opts.allocation]
+        rank_jobs.append(_Job(f"rank {r}", "llama31_405b.rehearse.rank", args,
+                              work / f"rank{r}.json", work / f"rank{r}.log"))
     header = [{"key": e.key, "value": e.value} for e in header_events(cfg, seed=run_seed(cfg))]
     pre: list = []
     checker = threading.Thread(target=lambda: pre.append(precheck_config(cfg)), daemon=True)
