@@ -1,5 +1,5 @@
-"""End-to-end rehearsals through `python -m llama31_405b rehearse` (slow: every rank is a fresh
-process that imports torch and megatron-core): the 8- and 128-rack GB200 configs pass on their
+"""End-to-end rehearsals through `python -m llama31_405b rehearse` (slow: every rank is a
+process of its own that builds its stages of the 405B model on the meta device): the 8- and 128-rack GB200 configs pass on their
 first, a middle and the last pipeline stage; the planner's weights, gradients and optimizer
 state agree with Megatron's buffers on every shipped GB200 config; the rehearsal refuses the
 whole LR schedule as max_steps, an allocation that interleaves two racks, and a layout that does

@@ -1,7 +1,7 @@
 """What megatron-core needs to build a rank's model, DDP buffers and distributed optimizer on the
 meta device (shapes and dtypes, no storage), for the rehearsal only. Beside `cpu_compat` in
 spirit: each patch says why it is needed (megatron-core 0.19.2), and the process that applies it
-does nothing else (the rehearsal runs every rank in a fresh process).
+does nothing else (the rehearsal runs every rank in a process of its own: rehearse/forks.py).
 
 `apply()` first applies `cpu_compat` (CUDA streams, events, RNG states and synchronisation
 answered on the CPU), then:

@@ -1,4 +1,5 @@
-"""One rank of the launch, played in this process (a fresh one per rank):
+"""One rank of the launch, played in this process (one per rank: a fork of rehearse/forks.py's
+server, or a new interpreter):
 
     python -m llama31_405b.rehearse.rank CONFIG --rank R --out FILE [--allocation F] [--set K=V]
 
