@@ -220,10 +220,26 @@ def _block_scales(amax_b: torch.Tensor, s_enc: float, s_dec: float):
     return s_b, torch.mul(s_b, s_dec).reciprocal_().clamp_(max=FLT_MAX)
 
 
-def _round_(y: torch.Tensor, stochastic: bool, generator) -> torch.Tensor:
-    """In place: clamp scaled values to [-6, 6] and round them to E2M1 (RNE or stochastic)."""
-    y.clamp_(-E2M1_MAX, E2M1_MAX)
-    return stochastic_round_e2m1(y, generator) if stochastic else round_e2m1_(y)
+_SEVEN_BITS = 0x40E00000   # the FP32 bit pattern of 7.0
+
+
+def _round_(y: torch.Tensor, stochastic: bool, generator, amax_b: torch.Tensor,
+            enc_b: torch.Tensor) -> torch.Tensor:
+    """In place: clamp scaled values y = x * enc_b to [-6, 6] and round them to E2M1 (RNE or
+    stochastic). amax_b, enc_b: the block amaxes and encode factors (same shape).
+
+    RNE skips the clamp (a pass over y) when every block's largest scaled value
+    amax_b * enc_b is below 7 (checked on the block values, one small pass): then so is every
+    |y| (rounding is monotonic), and round_e2m1_ already rounds (6, 7) to 6, its step there
+    being 2. This holds unless a block scale underflows to a subnormal e4m3 or an element is
+    infinite or NaN (whose amax_b * enc_b is then not below 7: the clamp runs)."""
+    if stochastic:
+        y.clamp_(-E2M1_MAX, E2M1_MAX)
+        return stochastic_round_e2m1(y, generator)
+    if (not amax_b.numel()
+            or torch.mul(amax_b, enc_b).view(torch.int32).amax().item() >= _SEVEN_BITS):
+        y.clamp_(-E2M1_MAX, E2M1_MAX)
+    return round_e2m1_(y)
 
 
 def _quantize_core(x2d: torch.Tensor, *, axis: int, block: str, rht: bool, stochastic: bool,
@@ -249,7 +265,7 @@ def _quantize_core(x2d: torch.Tensor, *, axis: int, block: str, rht: bool, stoch
     s_enc, s_dec = encode_scales(amax)
     s_b, enc_b = _block_scales(amax_b, s_enc, s_dec)
     y = torch.mul(xb, enc_b, out=scratch(out_slot, xb, torch.float32) if out_slot else None)
-    return x2d, _round_(y, stochastic, generator), s_b, amax, s_enc, s_dec
+    return x2d, _round_(y, stochastic, generator, amax_b, enc_b), s_b, amax, s_enc, s_dec
 
 
 def fake_quantize_amax(x: torch.Tensor, *, block: BlockKind = "1d", columnwise: bool = False,
@@ -313,7 +329,7 @@ def fake_quantize_rowcol(x: torch.Tensor, *, stochastic: bool = False,
     row, col = y[0].view(rows, cb, BLOCK), y[1].view(rb, BLOCK, cols)
     torch.mul(x2d.view(rows, cb, BLOCK), enc_b[0].view(rows, cb, 1), out=row)
     torch.mul(x2d.view(rb, BLOCK, cols), enc_b[1].view(rb, 1, cols), out=col)
-    _round_(y, stochastic, generator)
+    _round_(y, stochastic, generator, amax_b, enc_b)
     row.mul_(s_b[0].view(rows, cb, 1))
     col.mul_(s_b[1].view(rb, 1, cols))
     y.mul_(s_dec)                                   # (e2m1 * s_b) * S_dec; the first exact

@@ -57,6 +57,12 @@ _EXP_MASK, _ONE_EXP = 0x7F800000, 1 << 23
 _MAGIC_E2M1 = (22 << 23) + 0x400000
 _MAGIC_E4M3 = (20 << 23) + 0x400000
 _E4M3_MIN_NORMAL = 2.0 ** -6
+# The same constants as multipliers of the power of two 2^e at the value's exponent: C = 2^e *
+# 1.5 * 2^(23 - m). `y.add_(p, alpha=a)` adds a * p, a product of FP32 values that is exact here
+# (a power of two times 1.5 * 2^k), so the one rounding is that of y + C, with or without FMA:
+# the magic-constant addition without the integer addition that builds C's bits.
+_C_E2M1 = 1.5 * 2.0 ** 22
+_C_E4M3 = 1.5 * 2.0 ** 20
 _CONSTS: dict[torch.device, tuple[torch.Tensor, ...]] = {}
 
 
@@ -100,8 +106,8 @@ def round_e2m1_(y: torch.Tensor) -> torch.Tensor:
     to a multiple of s with IEEE round-to-nearest-even, and subtracting C is exact. The even
     multiple of s is the even mantissa: 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4.
     """
-    c = _clamped_exponent(y).add_(_consts(y.device)[2]).view(torch.float32)
-    return y.add_(c).sub_(c)
+    e = _clamped_exponent(y).view(torch.float32)          # 2^k, k in {0, 1, 2}: s = 2^(k-1)
+    return y.add_(e, alpha=_C_E2M1).sub_(e, alpha=_C_E2M1)
 
 
 def round_e4m3_(v: torch.Tensor) -> torch.Tensor:
@@ -114,8 +120,8 @@ def round_e4m3_(v: torch.Tensor) -> torch.Tensor:
     even multiple of the step is the even mantissa, as in the cast; 448 (the largest finite
     value) rounds to itself, so values must be clamped to 448 first (the cast maps what rounds
     above 448 to NaN)."""
-    c = _pow2_floor(v, _E4M3_MIN_NORMAL, None).add_(_consts(v.device)[4]).view(torch.float32)
-    return v.add_(c).sub_(c)
+    e = _pow2_floor(v, _E4M3_MIN_NORMAL, None).view(torch.float32)
+    return v.add_(e, alpha=_C_E4M3).sub_(e, alpha=_C_E4M3)
 
 
 def round_e2m1(a: torch.Tensor) -> torch.Tensor:
