@@ -48,6 +48,55 @@ def scratch(slot: str, like: torch.Tensor | tuple[int, ...], dtype: torch.dtype,
     return buf.view(shape)
 
 
+class RowColWork:
+    """Buffers, and views of them, for quantizing a (rows, cols) FP32 tensor rowwise and
+    columnwise together (nvfp4.fake_quantize_rowcol), made once per shape and thread: |x| as
+    int32 bits in both blockings, the block amaxes, scales and encode factors of both layouts
+    (index 0 rowwise, 1 columnwise) with their broadcast views, and the exponent bits of the
+    rounding. At the tiny model's sizes building ~40 views and temporaries per call cost about
+    as much as a pass over the data."""
+
+    def __init__(self, rows: int, cols: int, device):
+        n, m, rb, cb = rows * cols, rows * cols // 16, rows // 16, cols // 16
+        f32, i32 = torch.float32, torch.int32
+        self.abs = torch.empty(rows, cols, dtype=f32, device=device)
+        a = self.abs.view(i32)
+        self.abs_row, self.abs_col = a.view(rows, cb, 16), a.view(rb, 16, cols)
+        self.amax_i = torch.empty(2, m, dtype=i32, device=device)
+        self.amax_row, self.amax_col = self.amax_i[0].view(rows, cb), self.amax_i[1].view(rb, cols)
+        self.amax = self.amax_i.view(f32)
+        self.amax_first = self.amax[0]
+        self.s_b = torch.empty(2, m, dtype=f32, device=device)
+        self.s_b_row, self.s_b_col = self.s_b[0].view(rows, cb, 1), self.s_b[1].view(rb, 1, cols)
+        self.enc = torch.empty(2, m, dtype=f32, device=device)
+        self.enc_row, self.enc_col = self.enc[0].view(rows, cb, 1), self.enc[1].view(rb, 1, cols)
+        self.exp_small = torch.empty(2, m, dtype=i32, device=device)
+        self.exp_small_f = self.exp_small.view(f32)
+        self.top = torch.empty(2, m, dtype=f32, device=device)
+        self.top_i = self.top.view(i32)
+        self.exp = torch.empty(2, n, dtype=i32, device=device)
+        self.exp_f = self.exp.view(f32)
+
+
+_WORK_SHAPES = 8
+
+
+def rowcol_work(rows: int, cols: int, device: torch.device) -> RowColWork:
+    """The calling thread's RowColWork for this shape (the least recently used of more than
+    _WORK_SHAPES shapes is dropped)."""
+    cache = getattr(_SCRATCH, "work", None)
+    if cache is None:
+        cache = _SCRATCH.work = {}
+    key = (rows, cols, device)
+    w = cache.pop(key, None)
+    if w is None:
+        w = RowColWork(rows, cols, device)
+        while len(cache) >= _WORK_SHAPES:
+            cache.pop(next(iter(cache)))
+    cache[key] = w
+    return w
+
+
 # Exponent-field arithmetic on FP32 bit patterns (int32 views). The int32 constants are 0-d
 # tensors: integer ops with Python-scalar operands take a slow, unvectorised path on CPU.
 _EXP_MASK, _ONE_EXP = 0x7F800000, 1 << 23
