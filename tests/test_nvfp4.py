@@ -125,6 +125,29 @@ def test_rowcol_pair_equals_the_two_quantizations(stochastic):
         fake_quantize_rowcol(x[:40])
 
 
+def test_rowcol_workspace_leaves_earlier_results_intact_across_shapes_and_threads():
+    """fake_quantize_rowcol keeps its temporaries in a per-shape, per-thread workspace
+    (rounding.RowColWork, least recently used shapes dropped): results of earlier calls, other
+    shapes, an empty tensor and calls from another thread are unaffected."""
+    import threading
+
+    from llama31_405b.precision import rounding
+    g = torch.Generator().manual_seed(21)
+    xs = [torch.randn(16 * (1 + i % 3), 16 * (1 + i), generator=g)
+          for i in range(rounding._WORK_SHAPES + 3)]
+    outs = [fake_quantize_rowcol(x) for x in xs + xs]       # every shape twice, evicting on the way
+    for x, (row, col, amax) in zip(xs + xs, outs):
+        assert torch.equal(row, fake_quantize(x)) and amax == x.abs().max().item()
+        assert torch.equal(col, fake_quantize(x, columnwise=True))
+    row, col, amax = fake_quantize_rowcol(torch.zeros(0, 32))
+    assert row.shape == (0, 32) and col.shape == (32, 0) and amax == 0.0
+    got = {}
+    t = threading.Thread(target=lambda: got.update(r=fake_quantize_rowcol(xs[0])))
+    t.start()
+    t.join()
+    assert torch.equal(got["r"][0], outs[0][0]) and torch.equal(got["r"][1], outs[0][1])
+
+
 # ---- ties, saturation, zeros, underflow, rounding of the block scale --------------------------
 
 def _tensor_with_unit_scale(block0: list[float]) -> torch.Tensor:

@@ -73,7 +73,6 @@ class RowColWork:
         self.exp_small = torch.empty(2, m, dtype=i32, device=device)
         self.exp_small_f = self.exp_small.view(f32)
         self.top = torch.empty(2, m, dtype=f32, device=device)
-        self.top_i = self.top.view(i32)
         self.exp = torch.empty(2, n, dtype=i32, device=device)
         self.exp_f = self.exp.view(f32)
 
@@ -100,18 +99,14 @@ def rowcol_work(rows: int, cols: int, device: torch.device) -> RowColWork:
 # Exponent-field arithmetic on FP32 bit patterns (int32 views). The int32 constants are 0-d
 # tensors: integer ops with Python-scalar operands take a slow, unvectorised path on CPU.
 _EXP_MASK, _ONE_EXP = 0x7F800000, 1 << 23
-# Rounding to a grid of step s by adding and subtracting C = 1.5 * 2^23 * s: for a format with
-# m mantissa bits, s = 2^(e - m) at exponent e, so C's bits are e's plus (23 - m) << 23 plus a
-# mantissa of one half (0x400000).
-_MAGIC_E2M1 = (22 << 23) + 0x400000
-_MAGIC_E4M3 = (20 << 23) + 0x400000
-_E4M3_MIN_NORMAL = 2.0 ** -6
-# The same constants as multipliers of the power of two 2^e at the value's exponent: C = 2^e *
-# 1.5 * 2^(23 - m). `y.add_(p, alpha=a)` adds a * p, a product of FP32 values that is exact here
-# (a power of two times 1.5 * 2^k), so the one rounding is that of y + C, with or without FMA:
-# the magic-constant addition without the integer addition that builds C's bits.
+# Rounding to a grid of step s by adding and subtracting C = 1.5 * 2^23 * s (the FP32 addition
+# rounds to a multiple of s, the subtraction is exact): for a format with m mantissa bits,
+# s = 2^(e - m) at exponent e, so C = 2^e * 1.5 * 2^(23 - m), built as a multiplier `alpha` of
+# the power of two 2^e: `y.add_(p, alpha=a)` adds a * p, a product of FP32 values that is
+# exact here, so the one rounding is that of y + C, with or without FMA.
 _C_E2M1 = 1.5 * 2.0 ** 22
 _C_E4M3 = 1.5 * 2.0 ** 20
+_E4M3_MIN_NORMAL = 2.0 ** -6
 _CONSTS: dict[torch.device, tuple[torch.Tensor, ...]] = {}
 
 
@@ -120,7 +115,7 @@ def _consts(device: torch.device) -> tuple[torch.Tensor, ...]:
     if c is None:
         c = _CONSTS.setdefault(device, tuple(
             torch.tensor(v, dtype=torch.int32, device=device)
-            for v in (_EXP_MASK, _ONE_EXP, _MAGIC_E2M1, 9 * _ONE_EXP, _MAGIC_E4M3)))
+            for v in (_EXP_MASK, _ONE_EXP, 9 * _ONE_EXP)))
     return c
 
 
@@ -192,7 +187,7 @@ def stochastic_round_e2m1(y: torch.Tensor, generator: torch.Generator | None) ->
     r = random_bytes(y.numel(), generator, y.device).view(y.shape)
     a = torch.abs(y, out=scratch("abs", y, torch.float32))
     # step(|y|)/256 from the exponent bits (power of two): u*step = r * (step/256), exact
-    step_256 = _clamped_exponent(a).sub_(_consts(y.device)[3]).view(torch.float32)
+    step_256 = _clamped_exponent(a).sub_(_consts(y.device)[2]).view(torch.float32)
     t = torch.mul(r, step_256, out=scratch("sr", y, torch.float32)).add_(a)
     st = _e2m1_step(t)
     q = t.div_(st).floor_().mul_(st).clamp_(max=E2M1_MAX)
