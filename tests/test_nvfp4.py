@@ -1,6 +1,8 @@
 """Golden tests of the NVFP4 quantizer, written from the specification (docs/nvfp4.md)."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -123,6 +125,29 @@ def test_rowcol_pair_equals_the_two_quantizations(stochastic):
         fake_quantize_rowcol(x[:40])
 
 
+def test_rowcol_workspace_leaves_earlier_results_intact_across_shapes_and_threads():
+    """fake_quantize_rowcol keeps its temporaries in a per-shape, per-thread workspace
+    (rounding.RowColWork, least recently used shapes dropped): results of earlier calls, other
+    shapes, an empty tensor and calls from another thread are unaffected."""
+    import threading
+
+    from llama31_405b.precision import rounding
+    g = torch.Generator().manual_seed(21)
+    xs = [torch.randn(16 * (1 + i % 3), 16 * (1 + i), generator=g)
+          for i in range(rounding._WORK_SHAPES + 3)]
+    outs = [fake_quantize_rowcol(x) for x in xs + xs]       # every shape twice, evicting on the way
+    for x, (row, col, amax) in zip(xs + xs, outs):
+        assert torch.equal(row, fake_quantize(x)) and amax == x.abs().max().item()
+        assert torch.equal(col, fake_quantize(x, columnwise=True))
+    row, col, amax = fake_quantize_rowcol(torch.zeros(0, 32))
+    assert row.shape == (0, 32) and col.shape == (32, 0) and amax == 0.0
+    got = {}
+    t = threading.Thread(target=lambda: got.update(r=fake_quantize_rowcol(xs[0])))
+    t.start()
+    t.join()
+    assert torch.equal(got["r"][0], outs[0][0]) and torch.equal(got["r"][1], outs[0][1])
+
+
 # ---- ties, saturation, zeros, underflow, rounding of the block scale --------------------------
 
 def _tensor_with_unit_scale(block0: list[float]) -> torch.Tensor:
@@ -144,6 +169,50 @@ def test_ties_to_even_and_saturation():
     assert c == [7, 1, 1, 3, 3, 5, 5, 7, 0, 6, 4, 6, 2, 2, 4, 1]
     assert round_e2m1(torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])).tolist() == \
         [0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0]
+
+
+def test_e2m1_rounding_rounds_six_to_seven_down_to_six():
+    """round_e2m1_ maps every FP32 value of (6, 7) to 6 and of (-7, -6) to -6 (step 2 there), so
+    the quantizer's round-to-nearest may skip its clamp to [-6, 6] when all |y| are below 7;
+    and it matches the scalar reference on a grid of bit patterns covering [-7, 7]."""
+    lo, hi = (torch.tensor([6.0, 7.0]).view(torch.int32) + torch.tensor([1, 0])).tolist()
+    above = torch.arange(lo, hi, dtype=torch.int32).view(torch.float32)    # all of (6, 7)
+    assert torch.all(round_e2m1(above) == 6.0) and torch.all(round_e2m1(-above) == -6.0)
+    grid = torch.arange(0, hi, 4099, dtype=torch.int32).view(torch.float32)
+    got = round_e2m1(torch.cat((grid, -grid)))
+    want = [code_value(_e2m1_code_ref(v)) if abs(v) <= 6 else math.copysign(6.0, v)
+            for v in torch.cat((grid, -grid)).tolist()]
+    assert got.tolist() == want
+
+
+@pytest.mark.parametrize("case", ["normal", "subnormal-scales", "inf-nan"])
+def test_clamp_skip_and_clamp_paths_match_the_reference(case):
+    """Round-to-nearest skips the clamp to [-6, 6] unless a block's amax * encode factor reaches
+    7 (a subnormal e4m3 block scale, an infinity, a NaN): both paths give the spec's values,
+    rowwise, columnwise and as the row+column pair."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(32, 64, generator=g) * torch.exp(torch.randn(32, 1, generator=g) * 2)
+    if case == "subnormal-scales":
+        x[5, 16:32] *= 1e-5              # scales in e4m3's subnormal range: up to 12 > 7
+        x[20:23, 0] *= 3e-6
+    elif case == "inf-nan":
+        x[3, 7], x[9, 40] = float("inf"), float("nan")
+    row, col, _ = fake_quantize_rowcol(x)
+    assert torch.equal(row.view(torch.int32), fake_quantize(x).view(torch.int32))
+    assert torch.equal(col.contiguous().view(torch.int32),
+                       fake_quantize(x, columnwise=True).contiguous().view(torch.int32))
+    if case == "inf-nan":
+        return
+    for t, got in ((x, row), (x.t().contiguous(), col)):
+        codes, scales, s_enc = reference_quantize(t.numpy())
+        s_dec = np.float32(np.float32(1.0) / s_enc)
+        sc = torch.from_numpy(scales).repeat_interleave(16, 1)
+        vals = torch.tensor([[code_value(c) for c in r] for r in codes.tolist()])
+        assert torch.equal(got, vals * sc * torch.tensor(s_dec))   # (e2m1 * s_b) * S_dec
+        # which path ran: the largest scaled element of a block, amax_b * enc_b, below 7 or not
+        enc = torch.clamp(1.0 / (torch.from_numpy(scales) * torch.tensor(s_dec)), max=FLT_MAX)
+        top = (t.abs().view(t.shape[0], -1, 16).amax(2) * enc).max().item()
+        assert (top >= 7) == (case == "subnormal-scales" and t is x), top
 
 
 def test_block_scale_saturates_at_448():

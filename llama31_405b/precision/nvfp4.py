@@ -28,8 +28,8 @@ from typing import Literal
 import numpy as np
 import torch
 
-from .rounding import (E2M1_MAX, round_e2m1, round_e2m1_, round_e4m3_, scratch,
-                       stochastic_round_e2m1)
+from .rounding import (_C_E2M1, _C_E4M3, _E4M3_MIN_NORMAL, E2M1_MAX, _consts, round_e2m1,
+                       round_e2m1_, round_e4m3_, rowcol_work, scratch, stochastic_round_e2m1)
 
 FLT_MAX = torch.finfo(torch.float32).max
 E4M3_MAX = 448.0
@@ -220,10 +220,26 @@ def _block_scales(amax_b: torch.Tensor, s_enc: float, s_dec: float):
     return s_b, torch.mul(s_b, s_dec).reciprocal_().clamp_(max=FLT_MAX)
 
 
-def _round_(y: torch.Tensor, stochastic: bool, generator) -> torch.Tensor:
-    """In place: clamp scaled values to [-6, 6] and round them to E2M1 (RNE or stochastic)."""
-    y.clamp_(-E2M1_MAX, E2M1_MAX)
-    return stochastic_round_e2m1(y, generator) if stochastic else round_e2m1_(y)
+_SEVEN_BITS = 0x40E00000   # the FP32 bit pattern of 7.0
+
+
+def _round_(y: torch.Tensor, stochastic: bool, generator, amax_b: torch.Tensor,
+            enc_b: torch.Tensor) -> torch.Tensor:
+    """In place: clamp scaled values y = x * enc_b to [-6, 6] and round them to E2M1 (RNE or
+    stochastic). amax_b, enc_b: the block amaxes and encode factors (same shape).
+
+    RNE skips the clamp (a pass over y) when every block's largest scaled value
+    amax_b * enc_b is below 7 (checked on the block values, one small pass): then so is every
+    |y| (rounding is monotonic), and round_e2m1_ already rounds (6, 7) to 6, its step there
+    being 2. This holds unless a block scale underflows to a subnormal e4m3 or an element is
+    infinite or NaN (whose amax_b * enc_b is then not below 7: the clamp runs)."""
+    if stochastic:
+        y.clamp_(-E2M1_MAX, E2M1_MAX)
+        return stochastic_round_e2m1(y, generator)
+    if (not amax_b.numel()
+            or torch.mul(amax_b, enc_b).view(torch.int32).amax().item() >= _SEVEN_BITS):
+        y.clamp_(-E2M1_MAX, E2M1_MAX)
+    return round_e2m1_(y)
 
 
 def _quantize_core(x2d: torch.Tensor, *, axis: int, block: str, rht: bool, stochastic: bool,
@@ -249,7 +265,7 @@ def _quantize_core(x2d: torch.Tensor, *, axis: int, block: str, rht: bool, stoch
     s_enc, s_dec = encode_scales(amax)
     s_b, enc_b = _block_scales(amax_b, s_enc, s_dec)
     y = torch.mul(xb, enc_b, out=scratch(out_slot, xb, torch.float32) if out_slot else None)
-    return x2d, _round_(y, stochastic, generator), s_b, amax, s_enc, s_dec
+    return x2d, _round_(y, stochastic, generator, amax_b, enc_b), s_b, amax, s_enc, s_dec
 
 
 def fake_quantize_amax(x: torch.Tensor, *, block: BlockKind = "1d", columnwise: bool = False,
@@ -300,24 +316,44 @@ def fake_quantize_rowcol(x: torch.Tensor, *, stochastic: bool = False,
     _check_shape(rows, cols, "1d", False, False)
     _check_shape(rows, cols, "1d", False, True)
     n, rb, cb = rows * cols, rows // BLOCK, cols // BLOCK
-    a = torch.abs(x2d, out=scratch("abs", x2d, torch.float32)).view(torch.int32)
-    amax_b = torch.empty(2, n // BLOCK, dtype=torch.int32, device=x2d.device)
-    torch.amax(a.view(rows, cb, BLOCK), 2, out=amax_b[0].view(rows, cb))   # see _max_abs
-    torch.amax(a.view(rb, BLOCK, cols), 1, out=amax_b[1].view(rb, cols))
-    amax_b = amax_b.view(torch.float32)
-    amax = _reduce_amax(amax_b[0].amax() if n else torch.zeros((), device=x2d.device),
-                        amax_group).item()
+    dev = x2d.device
+    y = torch.empty(2, n, device=dev) if out is None else out.view(2, n)
+    if not n:
+        amax = _reduce_amax(torch.zeros((), device=dev), amax_group).item()
+        return y[0].view(rows, cols), y[1].view(rows, cols).t(), amax
+    # The arithmetic of _block_amax, _block_scales, _round_ and fake_quantize_amax, step for
+    # step, on a per-shape workspace (rounding.RowColWork) and fixed views of the result.
+    w = rowcol_work(rows, cols, dev)
+    torch.abs(x2d, out=w.abs)
+    torch.amax(w.abs_row, 2, out=w.amax_row)                # int32 maxima: see _max_abs
+    torch.amax(w.abs_col, 1, out=w.amax_col)
+    amax = _reduce_amax(w.amax_first.amax(), amax_group).item()
     s_enc, s_dec = encode_scales(amax)
-    s_b, enc_b = _block_scales(amax_b, s_enc, s_dec)
-    y = torch.empty(2, n, device=x2d.device) if out is None else out.view(2, n)
-    row, col = y[0].view(rows, cb, BLOCK), y[1].view(rb, BLOCK, cols)
-    torch.mul(x2d.view(rows, cb, BLOCK), enc_b[0].view(rows, cb, 1), out=row)
-    torch.mul(x2d.view(rb, BLOCK, cols), enc_b[1].view(rb, 1, cols), out=col)
-    _round_(y, stochastic, generator)
-    row.mul_(s_b[0].view(rows, cb, 1))
-    col.mul_(s_b[1].view(rb, 1, cols))
+    s_b = torch.mul(w.amax, _fl32(s_enc * _INV6_F32), out=w.s_b).clamp_(max=E4M3_MAX)
+    mask = _consts(dev)[0]
+    torch.bitwise_and(s_b.view(torch.int32), mask, out=w.exp_small)
+    w.exp_small_f.clamp_(_E4M3_MIN_NORMAL, None)                       # round_e4m3_
+    s_b.add_(w.exp_small_f, alpha=_C_E4M3).sub_(w.exp_small_f, alpha=_C_E4M3)
+    torch.mul(s_b, s_dec, out=w.enc).reciprocal_().clamp_(max=FLT_MAX)
+    off = y.storage_offset()
+    row = y.as_strided((rows, cb, BLOCK), (cols, BLOCK, 1), off)
+    col = y.as_strided((rb, BLOCK, cols), (BLOCK * cols, cols, 1), off + n)
+    torch.mul(x2d.view(rows, cb, BLOCK), w.enc_row, out=row)
+    torch.mul(x2d.view(rb, BLOCK, cols), w.enc_col, out=col)
+    if stochastic:
+        y.clamp_(-E2M1_MAX, E2M1_MAX)
+        stochastic_round_e2m1(y, generator)
+    else:                                                              # _round_, round_e2m1_
+        if torch.mul(w.amax, w.enc, out=w.top).view(torch.int32).amax().item() >= _SEVEN_BITS:
+            y.clamp_(-E2M1_MAX, E2M1_MAX)
+        torch.bitwise_and(y.view(torch.int32), mask, out=w.exp)
+        w.exp_f.clamp_(1.0, 4.0)
+        y.add_(w.exp_f, alpha=_C_E2M1).sub_(w.exp_f, alpha=_C_E2M1)
+    row.mul_(w.s_b_row)
+    col.mul_(w.s_b_col)
     y.mul_(s_dec)                                   # (e2m1 * s_b) * S_dec; the first exact
-    return y[0].view(rows, cols), y[1].view(rows, cols).t(), amax
+    return (y.as_strided((rows, cols), (cols, 1), off),
+            y.as_strided((cols, rows), (1, cols), off + n), amax)
 
 
 def quantize(x: torch.Tensor, *, block: BlockKind = "1d", rht: bool = False,

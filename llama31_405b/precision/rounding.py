@@ -48,14 +48,64 @@ def scratch(slot: str, like: torch.Tensor | tuple[int, ...], dtype: torch.dtype,
     return buf.view(shape)
 
 
+class RowColWork:
+    """Buffers, and views of them, for quantizing a (rows, cols) FP32 tensor rowwise and
+    columnwise together (nvfp4.fake_quantize_rowcol), made once per shape and thread: |x| as
+    int32 bits in both blockings, the block amaxes, scales and encode factors of both layouts
+    (index 0 rowwise, 1 columnwise) with their broadcast views, and the exponent bits of the
+    rounding. At the tiny model's sizes building ~40 views and temporaries per call cost about
+    as much as a pass over the data."""
+
+    def __init__(self, rows: int, cols: int, device):
+        n, m, rb, cb = rows * cols, rows * cols // 16, rows // 16, cols // 16
+        f32, i32 = torch.float32, torch.int32
+        self.abs = torch.empty(rows, cols, dtype=f32, device=device)
+        a = self.abs.view(i32)
+        self.abs_row, self.abs_col = a.view(rows, cb, 16), a.view(rb, 16, cols)
+        self.amax_i = torch.empty(2, m, dtype=i32, device=device)
+        self.amax_row, self.amax_col = self.amax_i[0].view(rows, cb), self.amax_i[1].view(rb, cols)
+        self.amax = self.amax_i.view(f32)
+        self.amax_first = self.amax[0]
+        self.s_b = torch.empty(2, m, dtype=f32, device=device)
+        self.s_b_row, self.s_b_col = self.s_b[0].view(rows, cb, 1), self.s_b[1].view(rb, 1, cols)
+        self.enc = torch.empty(2, m, dtype=f32, device=device)
+        self.enc_row, self.enc_col = self.enc[0].view(rows, cb, 1), self.enc[1].view(rb, 1, cols)
+        self.exp_small = torch.empty(2, m, dtype=i32, device=device)
+        self.exp_small_f = self.exp_small.view(f32)
+        self.top = torch.empty(2, m, dtype=f32, device=device)
+        self.exp = torch.empty(2, n, dtype=i32, device=device)
+        self.exp_f = self.exp.view(f32)
+
+
+_WORK_SHAPES = 8
+
+
+def rowcol_work(rows: int, cols: int, device: torch.device) -> RowColWork:
+    """The calling thread's RowColWork for this shape (the least recently used of more than
+    _WORK_SHAPES shapes is dropped)."""
+    cache = getattr(_SCRATCH, "work", None)
+    if cache is None:
+        cache = _SCRATCH.work = {}
+    key = (rows, cols, device)
+    w = cache.pop(key, None)
+    if w is None:
+        w = RowColWork(rows, cols, device)
+        while len(cache) >= _WORK_SHAPES:
+            cache.pop(next(iter(cache)))
+    cache[key] = w
+    return w
+
+
 # Exponent-field arithmetic on FP32 bit patterns (int32 views). The int32 constants are 0-d
 # tensors: integer ops with Python-scalar operands take a slow, unvectorised path on CPU.
 _EXP_MASK, _ONE_EXP = 0x7F800000, 1 << 23
-# Rounding to a grid of step s by adding and subtracting C = 1.5 * 2^23 * s: for a format with
-# m mantissa bits, s = 2^(e - m) at exponent e, so C's bits are e's plus (23 - m) << 23 plus a
-# mantissa of one half (0x400000).
-_MAGIC_E2M1 = (22 << 23) + 0x400000
-_MAGIC_E4M3 = (20 << 23) + 0x400000
+# Rounding to a grid of step s by adding and subtracting C = 1.5 * 2^23 * s (the FP32 addition
+# rounds to a multiple of s, the subtraction is exact): for a format with m mantissa bits,
+# s = 2^(e - m) at exponent e, so C = 2^e * 1.5 * 2^(23 - m), built as a multiplier `alpha` of
+# the power of two 2^e: `y.add_(p, alpha=a)` adds a * p, a product of FP32 values that is
+# exact here, so the one rounding is that of y + C, with or without FMA.
+_C_E2M1 = 1.5 * 2.0 ** 22
+_C_E4M3 = 1.5 * 2.0 ** 20
 _E4M3_MIN_NORMAL = 2.0 ** -6
 _CONSTS: dict[torch.device, tuple[torch.Tensor, ...]] = {}
 
@@ -65,7 +115,7 @@ def _consts(device: torch.device) -> tuple[torch.Tensor, ...]:
     if c is None:
         c = _CONSTS.setdefault(device, tuple(
             torch.tensor(v, dtype=torch.int32, device=device)
-            for v in (_EXP_MASK, _ONE_EXP, _MAGIC_E2M1, 9 * _ONE_EXP, _MAGIC_E4M3)))
+            for v in (_EXP_MASK, _ONE_EXP, 9 * _ONE_EXP)))
     return c
 
 
@@ -100,8 +150,8 @@ def round_e2m1_(y: torch.Tensor) -> torch.Tensor:
     to a multiple of s with IEEE round-to-nearest-even, and subtracting C is exact. The even
     multiple of s is the even mantissa: 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4.
     """
-    c = _clamped_exponent(y).add_(_consts(y.device)[2]).view(torch.float32)
-    return y.add_(c).sub_(c)
+    e = _clamped_exponent(y).view(torch.float32)          # 2^k, k in {0, 1, 2}: s = 2^(k-1)
+    return y.add_(e, alpha=_C_E2M1).sub_(e, alpha=_C_E2M1)
 
 
 def round_e4m3_(v: torch.Tensor) -> torch.Tensor:
@@ -114,8 +164,8 @@ def round_e4m3_(v: torch.Tensor) -> torch.Tensor:
     even multiple of the step is the even mantissa, as in the cast; 448 (the largest finite
     value) rounds to itself, so values must be clamped to 448 first (the cast maps what rounds
     above 448 to NaN)."""
-    c = _pow2_floor(v, _E4M3_MIN_NORMAL, None).add_(_consts(v.device)[4]).view(torch.float32)
-    return v.add_(c).sub_(c)
+    e = _pow2_floor(v, _E4M3_MIN_NORMAL, None).view(torch.float32)
+    return v.add_(e, alpha=_C_E4M3).sub_(e, alpha=_C_E4M3)
 
 
 def round_e2m1(a: torch.Tensor) -> torch.Tensor:
@@ -137,7 +187,7 @@ def stochastic_round_e2m1(y: torch.Tensor, generator: torch.Generator | None) ->
     r = random_bytes(y.numel(), generator, y.device).view(y.shape)
     a = torch.abs(y, out=scratch("abs", y, torch.float32))
     # step(|y|)/256 from the exponent bits (power of two): u*step = r * (step/256), exact
-    step_256 = _clamped_exponent(a).sub_(_consts(y.device)[3]).view(torch.float32)
+    step_256 = _clamped_exponent(a).sub_(_consts(y.device)[2]).view(torch.float32)
     t = torch.mul(r, step_256, out=scratch("sr", y, torch.float32)).add_(a)
     st = _e2m1_step(t)
     q = t.div_(st).floor_().mul_(st).clamp_(max=E2M1_MAX)
