@@ -257,3 +257,39 @@ def test_batched_documents_are_written_as_megatrons_builder_writes_them(tmp_path
     theirs.finalize(str(tmp_path / "b.idx"))
     for ext in ("bin", "idx"):
         assert (tmp_path / f"a.{ext}").read_bytes() == (tmp_path / f"b.{ext}").read_bytes()
+
+
+def test_read_ahead_counts_blocks_not_items(env, tmp_path, monkeypatch):
+    """Shards of one block each: when a block's result is written, 3 x workers blocks and
+    3 x workers x BLOCK_BYTES are still in flight behind it (the workers never wait for the
+    main process to read the next shard), and never much more (memory). The window once counted
+    items (a block, a shard's end, a unit's end): one block in flight per worker."""
+    from llama31_405b.data import prepare as prep_mod
+    from llama31_405b.data import unit as unit_mod
+    _, docs, tok_path = env
+    shards = _shards(tmp_path / "raw", docs, n=24)  # 10 documents, 35-100 KB of text each
+    block = 1 << 17
+    monkeypatch.setattr(unit_mod, "BLOCK_BYTES", block)
+    sizes: list[int] = []
+    seen: list[tuple] = []  # (blocks, bytes in flight, all read) when a block is written
+    tokenize = prep_mod.tokenize_block
+    add = unit_mod.PartWriter.add
+
+    def counting_tokenize(tokenizer, data, *args):
+        sizes.append(len(data))
+        return tokenize(tokenizer, data, *args)
+
+    def counting_add(self, *args):
+        done = len(seen)
+        seen.append((len(sizes) - done, sum(sizes[done:]), len(sizes) == len(shards)))
+        return add(self, *args)
+
+    monkeypatch.setattr(prep_mod, "tokenize_block", counting_tokenize)
+    monkeypatch.setattr(unit_mod.PartWriter, "add", counting_add)
+    out = Output(prefix=tmp_path / "ds" / "r_text_document", inputs=tuple(shards))
+    [res] = prepare([out], tok_path, data_dir=tmp_path / "ds", workers=1, progress=False)
+    assert res.documents == len(docs) and len(sizes) == len(shards) == len(seen)
+    assert max(sizes) < block  # one block per shard
+    window = 3 * 1
+    assert all(n >= window and b >= window * block for n, b, read in seen if not read), seen
+    assert all(b < window * block + max(sizes) for _, b, _ in seen), seen
