@@ -6,14 +6,16 @@ and no EOD, as the MLPerf reference prepares its data (mlcommons/training,
 `large_language_model_pretraining/nemo/utils/preprocess.sh` runs NeMo's
 `preprocess_data_for_megatron.py` without `--append-eod`). `append_eod=True` (`data prepare
 --append-eod`) appends the tokenizer's eos id after every document instead; the manifest records
-which. A unit is one input shard (an output with `max_docs`, the validation set, is one unit
-that reads its shards in order until it has that many documents) and one part,
-`PREFIX.parts/part-NNNNN.{bin,idx}`; but the work is spread finer than that: the main process
-reads the units' shards as blocks of lines (~512 KB) that a pool of worker processes parse and
-tokenize, and writes the results in reading order into each unit's part (unit.py), so every
+which. A unit is one input shard, or consecutive small shards together up to
+`unit.GROUP_BYTES` of input (an output with `max_docs`, the validation set, is one unit that
+reads its shards in order until it has that many documents), and one part,
+`PREFIX.parts/part-NNNNN.{bin,idx}` (NNNNN: its first shard's index); but the work is spread
+finer than that: the main process reads the units' shards as blocks of lines (~512 KB) that a
+pool of worker processes parse and tokenize, and writes the results in reading order into each unit's part (unit.py), so every
 worker has work until the last block, however few and unequal the shards. A finished part is
-renamed from temporary names and marked by `part-NNNNN.json`, so an interrupted run resumes at the
-first unfinished shard. When every part of an output is done they are concatenated in order
+renamed from temporary names and marked by `part-NNNNN.json` (the unit's shards, their sizes
+and the options), so an interrupted run resumes at the first unfinished unit; a unit stops at its
+first failing shard. When every part of an output is done they are concatenated in order
 (megatron-core's `IndexedDatasetBuilder.add_index`) into `PREFIX.bin.tmp`/`PREFIX.idx.tmp`,
 checked, renamed to `PREFIX.bin`/`PREFIX.idx`, and recorded in the manifest with checksums. A
 dataset without its manifest entry is not trusted by `data verify`, so a crash between the
@@ -77,11 +79,12 @@ def _parts_dir(prefix: Path) -> Path:
 def _units(i: int, out: Output, tok: SentencePieceTokenizer, skip_bad: bool,
            append_eod: bool) -> list[Unit]:
     parts = _parts_dir(out.prefix)
-    groups = [out.inputs] if out.max_docs is not None else [(p,) for p in out.inputs]
-    return [Unit(out=i, part=j, inputs=tuple(g), max_docs=out.max_docs, skip_bad=skip_bad,
-                  tokenizer=str(tok.path), tokenizer_sha256=tok.sha256,
-                  part_prefix=parts / f"part-{j:05d}", append_eod=append_eod)
-            for j, g in enumerate(groups)]
+    groups = ([range(len(out.inputs))] if out.max_docs is not None else
+              unit_mod.group_inputs([p.stat().st_size for p in out.inputs]))
+    return [Unit(out=i, part=g.start, inputs=out.inputs[g.start:g.stop], max_docs=out.max_docs,
+                 skip_bad=skip_bad, tokenizer=str(tok.path), tokenizer_sha256=tok.sha256,
+                 part_prefix=parts / f"part-{g.start:05d}", append_eod=append_eod)
+            for g in groups]
 
 
 def _part_done(u: Unit) -> dict | None:
@@ -371,7 +374,7 @@ def _run(todo: list[Unit], recs: dict, workers: int, show: bool, tok) -> None:
             pool.join()
     if bar:
         bar.close()
-    if errors:  # every other shard is finished and kept: a rerun resumes after the fix
+    if errors:  # every other unit is finished and kept: a rerun resumes after the fix
         first = errors[min(errors)]
         more = f" (and {len(errors) - 1} more failed units)" if len(errors) > 1 else ""
         raise DataError(f"{first}{more}")
