@@ -13,6 +13,7 @@ import pytest
 from data_helpers import make_tokenizer, texts, truncate, write_shard
 from llama31_405b.cli import main as cli_main
 from llama31_405b.data import DataError
+from llama31_405b.data import prepare as prep_mod
 from llama31_405b.data.indexed import read_index
 from llama31_405b.data.manifest import load_manifest
 from llama31_405b.data.prepare import Output, prepare
@@ -102,7 +103,6 @@ def test_small_shards_share_a_unit_and_resume_by_unit(env, tmp_path, monkeypatch
     """Consecutive shards smaller than GROUP_BYTES share a unit and a part, named after its first
     shard, whose record names them; a failing shard fails its unit only, and the rerun redoes
     only that unit's shards, for the same bytes as a run in one go with a part per shard."""
-    from llama31_405b.data import prepare as prep_mod
     from llama31_405b.data import unit as unit_mod
     _, docs, tok_path = env
     shards = _shards(tmp_path / "raw", docs, n=6)
@@ -124,13 +124,13 @@ def test_small_shards_share_a_unit_and_resume_by_unit(env, tmp_path, monkeypatch
     assert not Path(f"{out.prefix}.bin").exists()
     shards[3].write_bytes(good)
     read: list[bytes] = []
-    tokenize = prep_mod.tokenize_block
-    monkeypatch.setattr(prep_mod, "tokenize_block",
+    tokenize = unit_mod.tokenize_block  # one worker: run in this process
+    monkeypatch.setattr(unit_mod, "tokenize_block",
                         lambda tok, data, *a: (read.append(data), tokenize(tok, data, *a))[1])
     [res] = prepare([out], tok_path, data_dir=tmp_path / "ds", workers=1, progress=False)
     assert res.status == "resumed" and res.documents == len(docs)
     assert b"".join(read) == b"".join(gzip.decompress(p.read_bytes()) for p in shards[2:4])
-    monkeypatch.setattr(prep_mod, "tokenize_block", tokenize)
+    monkeypatch.setattr(unit_mod, "tokenize_block", tokenize)
     monkeypatch.setattr(unit_mod, "GROUP_BYTES", 0)
     fresh = Output(prefix=tmp_path / "ds" / "f_text_document", inputs=tuple(shards))
     prepare([fresh], tok_path, data_dir=tmp_path / "ds", workers=2, progress=False)
@@ -330,36 +330,42 @@ def test_batched_documents_are_written_as_megatrons_builder_writes_them(tmp_path
 
 
 def test_read_ahead_counts_blocks_not_items(env, tmp_path, monkeypatch):
-    """Shards of one block each: when a block's result is written, 3 x workers blocks and
-    3 x workers x BLOCK_BYTES are still in flight behind it (the workers never wait for the
-    main process to read the next shard), and never much more (memory). The window once counted
-    items (a block, a shard's end, a unit's end): one block in flight per worker."""
-    from llama31_405b.data import prepare as prep_mod
+    """Shards of one block each: when a block's result is written, 3 x workers blocks and about
+    3 x workers x BLOCK_BYTES are still in flight behind it (the workers never wait for the main
+    process to read the next shard), and never much more (memory); the small shards' blocks go
+    to the workers several to a task of about BLOCK_BYTES. The window once counted items (a
+    block, a shard's end, a unit's end): one block in flight per worker, one task per shard."""
     from llama31_405b.data import unit as unit_mod
     _, docs, tok_path = env
-    shards = _shards(tmp_path / "raw", docs, n=24)  # 10 documents, 35-100 KB of text each
-    block = 1 << 17
+    shards = _shards(tmp_path / "raw", docs, n=48)  # 5 documents, ~11 KB of text each
+    block = 1 << 16
     monkeypatch.setattr(unit_mod, "BLOCK_BYTES", block)
-    sizes: list[int] = []
-    seen: list[tuple] = []  # (blocks, bytes in flight, all read) when a block is written
-    tokenize = prep_mod.tokenize_block
+    sizes: list[int] = []  # of the blocks, as sent
+    tasks: list[int] = []  # blocks of each task
+    seen: list[tuple] = []  # (blocks, bytes sent and not written, blocks sent) at each write
+    tokenize = unit_mod.tokenize_blocks
     add = unit_mod.PartWriter.add
 
-    def counting_tokenize(tokenizer, data, *args):
-        sizes.append(len(data))
-        return tokenize(tokenizer, data, *args)
+    def counting_tokenize(tokenizer, blocks):
+        sizes.extend(len(b[0]) for b in blocks)
+        tasks.append(len(blocks))
+        return tokenize(tokenizer, blocks)
 
     def counting_add(self, *args):
         done = len(seen)
-        seen.append((len(sizes) - done, sum(sizes[done:]), len(sizes) == len(shards)))
+        seen.append((len(sizes) - done, sum(sizes[done:]), len(sizes)))
         return add(self, *args)
 
-    monkeypatch.setattr(prep_mod, "tokenize_block", counting_tokenize)
+    monkeypatch.setattr(prep_mod, "tokenize_blocks", counting_tokenize)
     monkeypatch.setattr(unit_mod.PartWriter, "add", counting_add)
     out = Output(prefix=tmp_path / "ds" / "r_text_document", inputs=tuple(shards))
     [res] = prepare([out], tok_path, data_dir=tmp_path / "ds", workers=1, progress=False)
     assert res.documents == len(docs) and len(sizes) == len(shards) == len(seen)
     assert max(sizes) < block  # one block per shard
-    window = 3 * 1
-    assert all(n >= window and b >= window * block for n, b, read in seen if not read), seen
+    assert len(tasks) < len(shards) // 2 and max(tasks) > 1
+    window = 3 * 1  # blocks not yet sent: under one task's worth
+    # while reading goes on: the blocks after those sent hold a task's worth, so were not all read
+    reading = [(n, b) for n, b, sent in seen if sum(sizes[sent:]) >= block]
+    assert len(reading) > len(shards) // 3
+    assert all(n >= window and b >= (window - 1) * block for n, b in reading), (seen, tasks)
     assert all(b < window * block + max(sizes) for _, b, _ in seen), seen

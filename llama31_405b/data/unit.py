@@ -157,6 +157,12 @@ def tokenize_block(tokenizer: str, data: bytes, skip_bad: bool, append_eod: bool
     return Block(text_at, lengths, tokens.tobytes(), skips, error)
 
 
+def tokenize_blocks(tokenizer: str, blocks: list[tuple[bytes, bool, bool]]) -> list[Block]:
+    """`tokenize_block` of each (data, skip_bad, append_eod), in order: the blocks of small
+    shards travel to a worker together, one task of about BLOCK_BYTES."""
+    return [tokenize_block(tokenizer, *b) for b in blocks]
+
+
 # ---------------------------------------------------------------- main side
 def _add_documents(builder, tokens: np.ndarray, lengths: list[int]) -> None:
     """Documents of one sequence each, back to back in `tokens`, in one write: what
