@@ -11,8 +11,9 @@ which. A unit is one input shard, or consecutive small shards together up to
 reads its shards in order until it has that many documents), and one part,
 `PREFIX.parts/part-NNNNN.{bin,idx}` (NNNNN: its first shard's index); but the work is spread
 finer than that: the main process reads the units' shards as blocks of lines (~512 KB) that a
-pool of worker processes parse and tokenize, and writes the results in reading order into each unit's part (unit.py), so every
-worker has work until the last block, however few and unequal the shards. A finished part is
+pool of worker processes parse and tokenize (a small shard's short blocks several to a task),
+and writes the results in reading order into each unit's part (unit.py), so every worker has
+work until the last block, however few and unequal the shards. A finished part is
 renamed from temporary names and marked by `part-NNNNN.json` (the unit's shards, their sizes
 and the options), so an interrupted run resumes at the first unfinished unit; a unit stops at its
 first failing shard. When every part of an output is done they are concatenated in order
