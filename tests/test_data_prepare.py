@@ -3,6 +3,7 @@ bad input (each fails with file and line, or is skipped and counted on request),
 dataset that looks complete."""
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 from data_helpers import make_tokenizer, texts, truncate, write_shard
 from llama31_405b.cli import main as cli_main
 from llama31_405b.data import DataError
+from llama31_405b.data import prepare as prep_mod
 from llama31_405b.data.indexed import read_index
 from llama31_405b.data.manifest import load_manifest
 from llama31_405b.data.prepare import Output, prepare
@@ -74,7 +76,9 @@ def test_roundtrip_order_and_idempotent(env, tmp_path):
     assert Path(f"{out.prefix}.bin").stat().st_mtime_ns == before
 
 
-def test_resume_after_a_bad_shard(env, tmp_path):
+def test_resume_after_a_bad_shard(env, tmp_path, monkeypatch):
+    from llama31_405b.data import unit as unit_mod
+    monkeypatch.setattr(unit_mod, "GROUP_BYTES", 0)  # one unit per shard, as with C4's shards
     _, docs, tok_path = env
     shards = _shards(tmp_path / "raw", docs)
     good = shards[2].read_bytes()
@@ -93,6 +97,69 @@ def test_resume_after_a_bad_shard(env, tmp_path):
     prepare([fresh], tok_path, data_dir=tmp_path / "ds", workers=1, progress=False)
     assert Path(f"{out.prefix}.bin").read_bytes() == Path(f"{fresh.prefix}.bin").read_bytes()
     assert Path(f"{out.prefix}.idx").read_bytes() == Path(f"{fresh.prefix}.idx").read_bytes()
+
+
+def test_small_shards_share_a_unit_and_resume_by_unit(env, tmp_path, monkeypatch):
+    """Consecutive shards smaller than GROUP_BYTES share a unit and a part, named after its first
+    shard, whose record names them; a failing shard fails its unit only, and the rerun redoes
+    only that unit's shards, for the same bytes as a run in one go with a part per shard."""
+    from llama31_405b.data import unit as unit_mod
+    _, docs, tok_path = env
+    shards = _shards(tmp_path / "raw", docs, n=6)
+    sizes = [p.stat().st_size for p in shards]
+    assert 2 * min(sizes) > max(sizes) + 1
+    monkeypatch.setattr(unit_mod, "GROUP_BYTES", max(sizes) + 1)  # two shards a unit
+    good = shards[3].read_bytes()
+    bad = bytearray(good)
+    bad[len(bad) // 2: len(bad) // 2 + 8] = b"\xff" * 8  # corrupt, same size: the same units
+    shards[3].write_bytes(bytes(bad))
+    out = Output(prefix=tmp_path / "ds" / "g_text_document", inputs=tuple(shards))
+    with pytest.raises(DataError, match=r"c4-train\.00003-of-00006\.json\.gz:\d+: ") as e:
+        prepare([out], tok_path, data_dir=tmp_path / "ds", workers=1, progress=False)
+    assert "more failed units" not in str(e.value)
+    parts = Path(f"{out.prefix}.parts")
+    assert sorted(p.name for p in parts.glob("*.json")) == ["part-00000.json", "part-00004.json"]
+    rec = json.loads((parts / "part-00004.json").read_text())
+    assert rec["inputs"] == [[p.name, p.stat().st_size] for p in shards[4:]]
+    assert not Path(f"{out.prefix}.bin").exists()
+    shards[3].write_bytes(good)
+    read: list[bytes] = []
+    tokenize = unit_mod.tokenize_block  # one worker: run in this process
+    monkeypatch.setattr(unit_mod, "tokenize_block",
+                        lambda tok, data, *a: (read.append(data), tokenize(tok, data, *a))[1])
+    [res] = prepare([out], tok_path, data_dir=tmp_path / "ds", workers=1, progress=False)
+    assert res.status == "resumed" and res.documents == len(docs)
+    assert b"".join(read) == b"".join(gzip.decompress(p.read_bytes()) for p in shards[2:4])
+    monkeypatch.setattr(unit_mod, "tokenize_block", tokenize)
+    monkeypatch.setattr(unit_mod, "GROUP_BYTES", 0)
+    fresh = Output(prefix=tmp_path / "ds" / "f_text_document", inputs=tuple(shards))
+    prepare([fresh], tok_path, data_dir=tmp_path / "ds", workers=2, progress=False)
+    assert Path(f"{out.prefix}.bin").read_bytes() == Path(f"{fresh.prefix}.bin").read_bytes()
+    assert Path(f"{out.prefix}.idx").read_bytes() == Path(f"{fresh.prefix}.idx").read_bytes()
+
+
+def test_units_of_small_shards_stay_within_their_window(monkeypatch):
+    """group_inputs: large shards alone, small ones together up to GROUP_BYTES, and a shard whose
+    size changes moves unit boundaries inside its window of GROUP_WINDOW shards only."""
+    from llama31_405b.data import unit as unit_mod
+    monkeypatch.setattr(unit_mod, "GROUP_BYTES", 100)
+    monkeypatch.setattr(unit_mod, "GROUP_WINDOW", 8)
+
+    def units(sizes):
+        got = unit_mod.group_inputs(sizes)
+        assert [i for r in got for i in r] == list(range(len(sizes)))  # every shard once, in order
+        return [(r.start, r.stop) for r in got]
+
+    assert units([]) == []
+    assert units([500, 300]) == [(0, 1), (1, 2)]  # C4-sized shards: a unit each, as before
+    assert units([30, 30, 500, 30, 30, 30, 30]) == [(0, 2), (2, 3), (3, 7)]
+    assert units([60, 60, 60, 60, 100, 10]) == [(0, 2), (2, 4), (4, 5), (5, 6)]
+    small = [40] * 20
+    assert units(small) == [(0, 3), (3, 6), (6, 8), (8, 11), (11, 14), (14, 16), (16, 19),
+                            (19, 20)]
+    changed = small[:9] + [5] + small[10:]  # shard 9 damaged: only the window 8-15 changes
+    assert units(changed) == [(0, 3), (3, 6), (6, 8), (8, 12), (12, 15), (15, 16), (16, 19),
+                              (19, 20)]
 
 
 @pytest.mark.parametrize("bad, at_line, message", [
@@ -220,6 +287,9 @@ def test_merge_runs_megatrons_gc_collect_over_a_frozen_heap(env, tmp_path, monke
     part; over a heap that holds torch that is ~0.25 s per shard (a minute over C4's 256 training
     shards). The merge freezes the heap first, and unfreezes it afterwards."""
     import gc
+
+    from llama31_405b.data import unit as unit_mod
+    monkeypatch.setattr(unit_mod, "GROUP_BYTES", 0)  # a part per shard, as with C4's shards
     _, docs, tok_path = env
     shards = _shards(tmp_path / "raw", docs, n=4)
     seen: list[int] = []
@@ -257,3 +327,45 @@ def test_batched_documents_are_written_as_megatrons_builder_writes_them(tmp_path
     theirs.finalize(str(tmp_path / "b.idx"))
     for ext in ("bin", "idx"):
         assert (tmp_path / f"a.{ext}").read_bytes() == (tmp_path / f"b.{ext}").read_bytes()
+
+
+def test_read_ahead_counts_blocks_not_items(env, tmp_path, monkeypatch):
+    """Shards of one block each: when a block's result is written, 3 x workers blocks and about
+    3 x workers x BLOCK_BYTES are still in flight behind it (the workers never wait for the main
+    process to read the next shard), and never much more (memory); the small shards' blocks go
+    to the workers several to a task of about BLOCK_BYTES. The window once counted items (a
+    block, a shard's end, a unit's end): one block in flight per worker, one task per shard."""
+    from llama31_405b.data import unit as unit_mod
+    _, docs, tok_path = env
+    shards = _shards(tmp_path / "raw", docs, n=48)  # 5 documents, ~11 KB of text each
+    block = 1 << 16
+    monkeypatch.setattr(unit_mod, "BLOCK_BYTES", block)
+    sizes: list[int] = []  # of the blocks, as sent
+    tasks: list[int] = []  # blocks of each task
+    seen: list[tuple] = []  # (blocks, bytes sent and not written, blocks sent) at each write
+    tokenize = unit_mod.tokenize_blocks
+    add = unit_mod.PartWriter.add
+
+    def counting_tokenize(tokenizer, blocks):
+        sizes.extend(len(b[0]) for b in blocks)
+        tasks.append(len(blocks))
+        return tokenize(tokenizer, blocks)
+
+    def counting_add(self, *args):
+        done = len(seen)
+        seen.append((len(sizes) - done, sum(sizes[done:]), len(sizes)))
+        return add(self, *args)
+
+    monkeypatch.setattr(prep_mod, "tokenize_blocks", counting_tokenize)
+    monkeypatch.setattr(unit_mod.PartWriter, "add", counting_add)
+    out = Output(prefix=tmp_path / "ds" / "r_text_document", inputs=tuple(shards))
+    [res] = prepare([out], tok_path, data_dir=tmp_path / "ds", workers=1, progress=False)
+    assert res.documents == len(docs) and len(sizes) == len(shards) == len(seen)
+    assert max(sizes) < block  # one block per shard
+    assert len(tasks) < len(shards) // 2 and max(tasks) > 1
+    window = 3 * 1  # blocks not yet sent: under one task's worth
+    # while reading goes on: the blocks after those sent hold a task's worth, so were not all read
+    reading = [(n, b) for n, b, sent in seen if sum(sizes[sent:]) >= block]
+    assert len(reading) > len(shards) // 3
+    assert all(n >= window and b >= (window - 1) * block for n, b in reading), (seen, tasks)
+    assert all(b < window * block + max(sizes) for _, b, _ in seen), seen

@@ -9,7 +9,10 @@ too-few-documents errors worded as before, the first failing unit's error report
 against the pre-block implementation (commit 354fccb) before the change, and passes now, on
 unequal inputs, several shards, blocks much smaller than a shard and lines longer than a block,
 bad lines (skipped and counted, or failing), truncated and corrupt gzip, a shard without a
-trailing newline, max_docs cutting inside a block, and append_eod."""
+trailing newline, max_docs cutting inside a block, and append_eod. Small consecutive shards now
+share a unit (unit.GROUP_BYTES): the output is the same bytes, and a unit still stops at its first
+failing shard, so where two failing shards share a unit one error is counted, not two; the
+reference forms units by the same rule, and every test runs with one shard per unit too."""
 from __future__ import annotations
 
 import gzip
@@ -85,11 +88,30 @@ def _unit_docs(paths, max_docs, skip_bad, tok, append_eod):
     return docs, skipped
 
 
+def _groups(paths, max_docs):
+    """The units: all shards with max_docs; else a shard of GROUP_BYTES or more alone, smaller
+    consecutive ones together until they hold GROUP_BYTES, never across a multiple of
+    GROUP_WINDOW shards (GROUP_BYTES 0: one shard each, as before units could hold several)."""
+    if max_docs is not None:
+        return [tuple(paths)]
+    limit, window = unit_mod.GROUP_BYTES, unit_mod.GROUP_WINDOW
+    groups, group = [], []
+    for i, p in enumerate(paths):
+        if group and (i % window == 0 or p.stat().st_size >= limit):
+            groups.append(tuple(group))
+            group = []
+        group.append(p)
+        if sum(q.stat().st_size for q in group) >= limit:
+            groups.append(tuple(group))
+            group = []
+    return groups + ([tuple(group)] if group else [])
+
+
 def reference(out: Output, tok_path: Path, tmp: Path, *, skip_bad=False, append_eod=False):
     """(.bin bytes, .idx bytes, skip counts) of `out`, or the DataError the run ends with."""
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
     tok = load_tokenizer(tok_path)
-    groups = [out.inputs] if out.max_docs is not None else [(p,) for p in out.inputs]
+    groups = _groups(out.inputs, out.max_docs)
     results, errors = [], []
     for g in groups:
         try:
@@ -141,11 +163,15 @@ def _unequal(root: Path, docs: list[str], sizes=(3, 61, 17, 120, 1, 38)) -> list
 
 
 
-@pytest.fixture(params=[(1, 700), (2, 64), (2, 700), (2, 1 << 19)],
-                ids=lambda p: f"workers{p[0]}-block{p[1]}")
+@pytest.fixture(params=[(1, 700, 0), (2, 64, 0), (2, 700, 20_000), (2, 1 << 19, None)],
+                ids=lambda p: f"workers{p[0]}-block{p[1]}-group{p[2]}")
 def setting(request, monkeypatch):
-    workers, block = request.param
+    """Workers, block bytes, and unit bytes: 0 one shard per unit (as with C4's large shards),
+    20,000 two shards a unit in `_unequal`, None the default (every small shard here in one)."""
+    workers, block, group = request.param
     monkeypatch.setattr(unit_mod, "BLOCK_BYTES", block, raising=False)
+    if group is not None:
+        monkeypatch.setattr(unit_mod, "GROUP_BYTES", group)
     return workers
 
 
@@ -176,7 +202,8 @@ def test_bad_lines_skipped_and_counted_or_failing_with_file_and_line(env, tmp_pa
     out = Output(prefix=tmp_path / "ds" / "b_text_document", inputs=tuple(paths))
     res = _compare(out, tok_path, tmp_path, workers=setting, skip_bad=True)
     assert res.skipped.malformed == 2 and res.skipped.missing_text == 3 and res.skipped.empty == 1
-    _compare(out, tok_path, tmp_path, workers=setting)  # two failing shards: a.json.gz:4 first
+    # two failing shards: a.json.gz:4 first; "(and 1 more failed units)" when they are two units
+    _compare(out, tok_path, tmp_path, workers=setting)
     # only the last line of the middle shard is bad: its line number lies in a later block
     late = Output(prefix=tmp_path / "ds" / "l_text_document", inputs=(paths[0], paths[1]))
     _write(paths[0], [_doc(t) for t in docs[:40]])
