@@ -8,13 +8,11 @@ in collection order). Applied by tests/conftest.py at collection:
   (module scope, or a session fixture defined in the module itself) form one group per module,
   so that fixture is built once, not once per worker. Explicit `xdist_group` marks win.
 - order: the Slurm group first (the longest chain of the suite, mostly waits on jobs and
-  KillWait: it overlaps with everything else), then the tiny runs (their worker builds the tiny
-  data and initial checkpoint, `tiny_env`, on one core in the session's first minute), then the
-  slow tests that do not need `tiny_env` (they keep the other core busy meanwhile, where a test
-  waiting for it would leave it idle), then the runs that start from the tiny runs' seeds (the
-  NVFP4 run: long, so early), then the other slow tests, then the unit tests (short, they even
-  out the end). Inside the Slurm group, the tests that need no `tiny_env` go first, for the same
-  reason.
+  KillWait: it overlaps with everything else), then the tiny runs and the runs that start from
+  their seeds, then every other slow test, then the unit tests (short, they even out the end).
+  Inside the Slurm group, the tests that need no tiny data or checkpoint (`tiny_env`) go first:
+  the session's first minute builds them on one core while every test that needs them waits,
+  so the cluster's 16-rank jobs use the other core instead of waiting too.
 """
 from __future__ import annotations
 
@@ -61,24 +59,19 @@ def assign_groups(items) -> None:
             item.add_marker(pytest.mark.xdist_group(module_of(item)))
 
 
-def needs_tiny_env(item) -> bool:
-    names = getattr(item, "fixturenames", ())
-    return "tiny_env" in names or "tiny_runs" in names
-
-
 def rank(item) -> int:
     group = group_of(item)
     if group == "slurm":
         return 0
-    if group == TINY_RUNS_GROUP:
+    if group == TINY_RUNS_GROUP or "tiny_run_seeds" in getattr(item, "fixturenames", ()):
         return 1
-    slow = item.get_closest_marker("slow") is not None
-    seeds = "tiny_run_seeds" in getattr(item, "fixturenames", ())
-    if slow and not needs_tiny_env(item) and not seeds:
+    if item.get_closest_marker("slow") is not None:
         return 2
-    if seeds:
-        return 3
-    return 4 if slow else 5
+    return 3
+
+
+def needs_tiny_env(item) -> bool:
+    return "tiny_env" in getattr(item, "fixturenames", ())
 
 
 def order(items) -> None:

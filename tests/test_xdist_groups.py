@@ -121,21 +121,17 @@ class _Item:
         return self._marks.get(name)
 
 
-def test_tests_without_the_tiny_data_run_while_it_is_built():
-    """The session's first minute builds tiny_env on one core (the tiny runs' worker); the Slurm
-    tests and the slow tests that do not wait for it run then, the NVFP4 run (tiny_run_seeds)
-    right after, then the other slow tests, in collection order, and the unit tests last."""
+def test_slurm_tests_without_the_tiny_data_go_first():
+    """The session's first minute builds tiny_env on one core; the Slurm tests that do not wait
+    for it run then, in collection order, and the unit tests come last."""
     from conftest_schedule import order
     items = [_Item("a::unit"),
              _Item("s::converge", ["slurm_cluster", "tiny_env"], "slurm", slow=True),
              _Item("s::preflight", ["slurm_cluster"], "slurm", slow=True),
-             _Item("f::failure", ["tiny_env", "tmp_path"], slow=True),
-             _Item("v::nvfp4", ["tiny_env", "tiny_run_seeds"], slow=True),
              _Item("t::chain", ["tiny_runs"], "tiny_runs", slow=True),
              _Item("s::scancel", ["slurm_cluster", "tiny_env"], "slurm", slow=True),
              _Item("n::nodes", ["slurm_cluster"], "slurm", slow=True),
              _Item("b::slow", ["tmp_path"], slow=True)]
     order(items)
     assert [it.nodeid for it in items] == ["s::preflight", "n::nodes", "s::converge",
-                                           "s::scancel", "t::chain", "b::slow", "v::nvfp4",
-                                           "f::failure", "a::unit"]
+                                           "s::scancel", "t::chain", "b::slow", "a::unit"]
