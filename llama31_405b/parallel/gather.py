@@ -78,7 +78,7 @@ def _serve(payload: bytes, world_size: int, port: int, deadline: float) -> list:
     sel.register(srv, selectors.EVENT_READ)
     got: dict[int, bytes] = {0: payload}
     conns: dict[socket.socket, bytearray] = {}
-    owner: dict[socket.socket, int] = {}
+    done: list[socket.socket] = []      # connections whose payload arrived: each gets the answer
     try:
         while len(got) < world_size:
             left = deadline - time.monotonic()
@@ -89,9 +89,9 @@ def _serve(payload: bytes, world_size: int, port: int, deadline: float) -> list:
                 if sock is srv:
                     _accept(srv, sel, conns)
                     continue
-                _read(sock, sel, conns, owner, got, world_size)
+                _read(sock, sel, conns, done, got, world_size)
         answer = zlib.compress(pickle.dumps([pickle.loads(got[r]) for r in range(world_size)]), 1)
-        for sock in owner:
+        for sock in done:
             sock.setblocking(True)
             sock.settimeout(max(1.0, deadline - time.monotonic()))
             try:
@@ -117,7 +117,7 @@ def _accept(srv: socket.socket, sel, conns: dict) -> None:
         sel.register(sock, selectors.EVENT_READ)
 
 
-def _read(sock, sel, conns: dict, owner: dict, got: dict, world_size: int) -> None:
+def _read(sock, sel, conns: dict, done: list, got: dict, world_size: int) -> None:
     buf = conns[sock]
     try:
         chunk = sock.recv(65536)
@@ -128,7 +128,6 @@ def _read(sock, sel, conns: dict, owner: dict, got: dict, world_size: int) -> No
     if not chunk:               # closed before its payload: a rank that died, or a stray client
         sel.unregister(sock)
         del conns[sock]
-        owner.pop(sock, None)
         sock.close()
         return
     buf += chunk
@@ -150,7 +149,7 @@ def _read(sock, sel, conns: dict, owner: dict, got: dict, world_size: int) -> No
         raise GatherError(f"rank {rank}: payload of {size} bytes > {MAX_PAYLOAD}")
     if len(buf) >= _HEADER.size + size:
         got[rank] = bytes(buf[_HEADER.size:_HEADER.size + size])
-        owner[sock] = rank
+        done.append(sock)
         sel.unregister(sock)
 
 
