@@ -15,6 +15,7 @@ import torch
 
 from data_helpers import (FileAccessWatch, hf_fast_tokenizer, make_tokenizer, reference_ids,
                           texts, write_reference_dataset, write_shard)
+from helpers import zygote
 from llama31_405b.cli import main as cli_main
 from llama31_405b.config import load_config
 from llama31_405b.data import DataError
@@ -149,10 +150,9 @@ def test_build_datasets(prepared):
     assert any(p.name.endswith("shuffle_index.npy") for p in (prepared / "index_cache").iterdir())
 
 
-def _rank_main(rank: int, world: int, data_dir: str, port: int, out: str) -> None:
+def _rank_main(rank: int, data_dir: str, out: str) -> None:
     import torch.distributed as dist
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.init_process_group("gloo")           # RANK, WORLD_SIZE, MASTER_* from the launcher
     train, valid = build_datasets(_cfg(Path(data_dir)), seed=11, train_samples=200)
     sums = [int(train[i]["tokens"].sum()) for i in range(0, 200, 17)]
     Path(out, f"r{rank}.json").write_text(json.dumps([len(train), len(valid), sums]))
@@ -162,16 +162,10 @@ def _rank_main(rank: int, world: int, data_dir: str, port: int, out: str) -> Non
 
 @pytest.mark.slow
 def test_build_datasets_on_several_gloo_ranks(copy, tmp_path):
-    import socket
-
-    import torch.multiprocessing as tmp_mp
     shutil.rmtree(copy / "index_cache", ignore_errors=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    # fork: the ranks inherit the imports (spawn would pay torch + megatron twice more)
-    tmp_mp.start_processes(_rank_main, args=(2, str(copy), port, str(tmp_path)), nprocs=2,
-                           join=True, start_method="fork")
+    # forks of the preloaded zygote, not of this process (which may hold OpenMP threads from
+    # earlier tests: a fork of it could hang), killed at the timeout instead of waited on forever
+    zygote.spawn(_rank_main, (str(copy), str(tmp_path)), 2, timeout=300, check=True)
     r0, r1 = (json.loads((tmp_path / f"r{r}.json").read_text()) for r in (0, 1))
     assert r0 == r1 and r0[1] == 64
 

@@ -8,6 +8,7 @@ import socket
 import pytest
 import torch
 
+from helpers.ports import free_port
 from llama31_405b.checkpoint import format as ckpt_format
 from llama31_405b.checkpoint.format import CheckpointError, MODEL_INFO, check_compatible
 from llama31_405b.config import load_config
@@ -108,9 +109,7 @@ def test_save_then_load_restores_weights_in_place_without_reading_extra_state(tm
     from llama31_405b.parallel.distributed import DistEnv
     from llama31_405b.parallel.setup import seed_model_parallel, setup_parallel, teardown_parallel
     cfg = load_config("configs/tiny_cpu.toml")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     setup_parallel(cfg, DistEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1",
                                 master_port=port, hostname=socket.gethostname(),
                                 launcher="single"))
