@@ -109,7 +109,7 @@ def test_profile_job_on_two_nodes(slurm_cluster, tiny_env, tmp_path):
                               LOGDIR=str(out), PREFLIGHT="0", VERIFY_DATA="0",
                               DATADIR=str(tiny_env["data_dir"]),
                               CKPTDIR=str(tiny_env["ckpt_dir"])))
-    job.communicate(timeout=300)
+    job.communicate(timeout=600)
     text = job_out.read_text()
     assert job.returncode == 0, text[-5000:]
     assert f"profile done: {out}/analysis.txt" in text
