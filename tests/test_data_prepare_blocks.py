@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +26,7 @@ import pytest
 
 from data_helpers import make_tokenizer, texts
 from llama31_405b.data import DataError
+from llama31_405b.data import prepare as prepare_mod
 from llama31_405b.data import unit as unit_mod
 from llama31_405b.data.indexed import token_dtype
 from llama31_405b.data.manifest import load_manifest
@@ -274,3 +277,34 @@ def test_block_reader_yields_whole_lines_with_their_numbers(tmp_path):
     assert str(e.value) == str(want.value) and "truncated gzip stream" in str(e.value)
     n = b"".join(got).count(b"\n")
     assert f"s.json.gz:{n + 1}: truncated gzip stream after {n} complete lines" in str(e.value)
+
+
+def _dies_at_marker(tokenizer, blocks):
+    """prepare's task, except that the worker is killed (as the kernel kills for memory) when a
+    block holds the marker document."""
+    if any(b"KILL-THIS-WORKER" in b[0] for b in blocks):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return unit_mod.tokenize_blocks(tokenizer, blocks)
+
+
+def test_a_worker_killed_mid_run_is_an_error_and_a_rerun_resumes(env, tmp_path, monkeypatch):
+    """No wait for a task that will never finish: a tokenizer worker killed while the run goes on
+    stops it with an error that says so; the rerun resumes and writes what a clean run writes."""
+    _, docs, tok_path = env
+    monkeypatch.setattr(unit_mod, "BLOCK_BYTES", 700, raising=False)
+    monkeypatch.setattr(unit_mod, "GROUP_BYTES", 0)
+    paths = _unequal(tmp_path / "raw", docs)
+    clean = paths[3].read_bytes()
+    _write(paths[3], [_doc(t) for t in docs[81:120]] + [_doc("KILL-THIS-WORKER")])
+    out = Output(prefix=tmp_path / "ds" / "k_text_document", inputs=tuple(paths))
+    monkeypatch.setattr(prepare_mod, "tokenize_blocks", _dies_at_marker)
+    with pytest.raises(DataError, match=r"a tokenizer worker process died .*rerun to resume"):
+        prepare([out], tok_path, data_dir=out.prefix.parent, workers=2, progress=False)
+    assert not list((tmp_path / "ds").glob("**/*.tmp.*"))
+    monkeypatch.setattr(prepare_mod, "tokenize_blocks", unit_mod.tokenize_blocks)
+    paths[3].write_bytes(clean)
+    [res] = prepare([out], tok_path, data_dir=out.prefix.parent, workers=2, progress=False)
+    want = reference(out, tok_path, tmp_path)
+    assert res.status == "resumed"
+    assert Path(f"{out.prefix}.bin").read_bytes() == want[0]
+    assert Path(f"{out.prefix}.idx").read_bytes() == want[1]

@@ -31,6 +31,8 @@ import os
 import shutil
 import sys
 from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -249,12 +251,12 @@ def prepare(outputs: list[Output], tokenizer: str | Path, *, data_dir: str | Pat
 
 
 class _Now:
-    """A result computed on the spot (no pool): AsyncResult's get()."""
+    """A result computed on the spot (no pool): a Future's result()."""
 
     def __init__(self, value) -> None:
         self.value = value
 
-    def get(self):
+    def result(self):
         return self.value
 
 
@@ -266,7 +268,7 @@ class _Slot:
         self.index = 0
 
     def get(self):
-        return self.task.get()[self.index]
+        return self.task.result()[self.index]
 
 
 def _blocks(todo: list[Unit], closed: set):
@@ -309,7 +311,10 @@ def _run(todo: list[Unit], recs: dict, workers: int, show: bool, tok) -> None:
     docs = tokens = 0
     inherit_tokenizer(tok)  # the forked workers use the loaded model instead of loading it again
     # inputs of about one block gain nothing from a pool (json.gz: ~1/4 of the text's size)
-    pool = (mp.get_context("fork").Pool(workers)
+    # concurrent.futures, not multiprocessing.Pool: a worker that dies (killed for memory, a
+    # signal) fails every pending task with BrokenProcessPool, where Pool loses its task and
+    # waits for it forever
+    pool = (ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"))
             if workers > 1 and total > unit_mod.BLOCK_BYTES // 4 else None)
     path_tok = str(tok.path)
 
@@ -332,7 +337,7 @@ def _run(todo: list[Unit], recs: dict, workers: int, show: bool, tok) -> None:
         if not batch:
             return
         args = (path_tok, list(batch))
-        task = pool.apply_async(tokenize_blocks, args) if pool else _Now(tokenize_blocks(*args))
+        task = pool.submit(tokenize_blocks, *args) if pool else _Now(tokenize_blocks(*args))
         for i, slot in enumerate(slots):
             slot.task, slot.index = task, i
         batch.clear()
@@ -402,12 +407,15 @@ def _run(todo: list[Unit], recs: dict, workers: int, show: bool, tok) -> None:
                 handle(done)
         while pending:
             handle(pending.popleft())
+    except BrokenProcessPool as e:
+        raise DataError(f"data prepare: a tokenizer worker process died ({e}); killed for memory "
+                        f"or by a signal? (dmesg says which). The parts finished so far are "
+                        f"kept: rerun to resume, with fewer --workers if memory ran out") from None
     finally:
         for w in writers.values():
             w.abort()
         if pool is not None:
-            pool.terminate()
-            pool.join()
+            pool.shutdown(wait=True, cancel_futures=True)
     if bar:
         bar.close()
     if errors:  # every other unit is finished and kept: a rerun resumes after the fix
