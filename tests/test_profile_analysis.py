@@ -357,6 +357,8 @@ def test_out_folder_rules(tmp_path):
     (out / "ranks").mkdir()
     (out / "ranks" / "rank00007.json").write_text("{}")   # from an earlier, larger run
     assert unusable(out) is None
+    (out / "profile.json").unlink()                      # caught between marker and manifest
+    assert unusable(out) is None
     mark_folder(out, cfg, Plan(out=out))
     assert not list((out / "ranks").iterdir())
 

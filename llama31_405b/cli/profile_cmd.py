@@ -94,12 +94,14 @@ def run(args) -> int:
     from ..parallel.setup import teardown_parallel
     from ..profile.capture import Plan, run_profile
     out = Path(args.out or Path("out") / "profile" / Path(path).stem)
+    de = dist_env_from_environ()
     from ..profile.marker import unusable
-    why = unusable(out)
+    # rank 0 alone judges the folder: it is the only writer, and another rank looking later
+    # would find rank 0's own files there (a race that failed a 4-rank run in CI)
+    why = unusable(out) if de.rank == 0 else None
     if why:
         print(f"error: {why}", file=sys.stderr)
         return 2
-    de = dist_env_from_environ()
     plan = Plan(out=out, skip=args.skip, baseline=args.baseline, steps=args.steps, ranks=ranks)
     hook = run_profile(cfg, plan, seed=seed, dist_env=de, timeout_s=args.timeout_s,
                        init_checkpoint=args.init_checkpoint)

@@ -18,11 +18,13 @@ no evaluation ran, and nothing here may be submitted or compliance-checked
 
 def unusable(out: str | Path) -> str | None:
     """Why `out` cannot take a profile (a non-empty folder that `profile` did not write), or
-    None."""
+    None. `mark_folder` writes the marker first, so a folder caught between its two files is
+    still recognised as a profile's."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         return f"--out {out}: exists and is not a folder"
-    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():
+    if (out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file()
+            and not (out / MARKER).is_file()):
         return (f"--out {out}: a non-empty folder that `profile` did not write; give a new or "
                 "empty folder (a profile folder is overwritten)")
     return None
