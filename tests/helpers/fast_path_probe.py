@@ -1,7 +1,7 @@
 """Two short tiny runs in one process, with the CPU fast paths of the tiny run on, then off
 (cpu_compat.fast_paths a no-op: the model's forward and the optimizer step under the
-torch-function mode, and every NVFP4 weight quantized at every use, as before the fast paths
-existed), for tests/test_tiny_fast_paths.py.
+torch-function mode, Megatron's own logits maximum in the cross entropy, and every NVFP4 weight
+quantized at every use, as before the fast paths existed), for tests/test_tiny_fast_paths.py.
 
 usage: python tests/helpers/fast_path_probe.py CONFIG OVERRIDES_JSON OUT_JSON
 Writes {"on": run, "off": run}; a run: losses, evaluations, sha256 of the final weights, the
@@ -20,7 +20,9 @@ def _run(cfg, *, fast: bool) -> dict:
     from llama31_405b import cpu_compat
     from llama31_405b.precision import linear
     from llama31_405b.train.loop import Run
+    from megatron.core.tensor_parallel.cross_entropy import VocabParallelCrossEntropy as vpce
 
+    real_logits_max = vpce.__dict__["calculate_logits_max"]
     real_fast_paths, real_get = cpu_compat.fast_paths, linear.WEIGHT_CACHE.get
     switched, hits = [], [0]
 
@@ -41,6 +43,7 @@ def _run(cfg, *, fast: bool) -> dict:
         run.execute()
     finally:
         cpu_compat.fast_paths, linear.WEIGHT_CACHE.get = real_fast_paths, real_get
+        vpce.calculate_logits_max = real_logits_max          # Megatron's own, for the next run
         linear.WEIGHT_CACHE.clear()
     h = hashlib.sha256()
     for k, v in sorted(run.model[0].state_dict().items()):
