@@ -1,8 +1,8 @@
 """The tiny run's CPU fast paths change no number: a short tiny run (FP32, and NVFP4 through the
 emulation) gives bitwise the same losses, evaluations and final weights with them on and off
 (tests/helpers/fast_path_probe.py): the model's forward and torch's optimizer step outside
-cpu_compat's torch-function mode, the cross entropy's logits maximum by torch.amax, and NVFP4 weights quantized once per step
-(precision.linear.WEIGHT_CACHE). docs/training.md ("The tiny benchmark") has the full-length runs
+cpu_compat's torch-function mode, the cross entropy's logits maximum by torch.amax, and NVFP4
+weights quantized once per step (precision.linear.WEIGHT_CACHE). docs/training.md ("The tiny benchmark") has the full-length runs
 compared with the logs of the code before the fast paths."""
 import json
 import subprocess
