@@ -15,8 +15,14 @@ plain (lower is better; 1.0 = no framework overhead), and the median over the pa
 `--steps N` times N training steps of each side instead (no evaluation; shorter pairs, so more
 of them): the per-step overhead alone.
 
+Each run is timed twice: wall-clock, the goal's measure, and the CPU time of the process
+(`time.process_time`: every thread of the bench, the project's loader thread included), which
+load from other processes on a shared VM leaves unchanged where it stretches the wall clock by
+tens of percent. At `--threads 1` the two measure the same work; with more threads the CPU time
+also counts OpenMP workers spinning while they wait, so compare it at one thread.
+
 usage: python bench/tiny_train.py [--config configs/tiny_cpu.toml] [--seed 1] [--pairs 3]
-                                  [--steps N]
+                                  [--steps N] [--threads N]
 """
 from __future__ import annotations
 
@@ -113,27 +119,37 @@ class PlainLlama(torch.nn.Module):
 
 
 # ----------------------------------------------------------------------------------- the two runs
+def _now() -> tuple[float, float]:
+    """(wall-clock seconds, CPU seconds of this process)."""
+    return time.perf_counter(), time.process_time()
+
+
+def _since(t0: tuple[float, float]) -> tuple[float, float]:
+    t1 = _now()
+    return t1[0] - t0[0], t1[1] - t0[1]
+
+
 class _Clock:
     """Hook: the time from run_start to run_stop, or to the end of step `steps` (per-step
     measure: the run is then asked to stop; it does one more, untimed, step)."""
 
     def __init__(self, steps: int | None):
         from llama31_405b.train.hooks import Hook
-        self.steps, self.t0, self.t1 = steps, 0.0, None
+        self.steps, self.t0, self.elapsed = steps, _now(), None
         clock = self
 
         class _Hook(Hook):
             def on_run_start(self, run):
-                clock.t0 = time.perf_counter()
+                clock.t0 = _now()
 
             def on_step_end(self, run, stats):
-                if clock.steps and stats.step == clock.steps and clock.t1 is None:
-                    clock.t1 = time.perf_counter()
+                if clock.steps and stats.step == clock.steps and clock.elapsed is None:
+                    clock.elapsed = _since(clock.t0)
                     run.request_stop("bench: per-step measure done")
 
             def on_run_stop(self, run, status, reason):
-                if clock.t1 is None:
-                    clock.t1 = time.perf_counter()
+                if clock.elapsed is None:
+                    clock.elapsed = _since(clock.t0)
         self.hook = _Hook()
 
 
@@ -153,7 +169,7 @@ def run_project(cfg, seed, datasets, steps=None):
         run = Run(cfg, seed=seed, hooks=hooks, datasets=datasets)
         status = run.execute()
     n = steps or run.state.step
-    return clock.t1 - clock.t0, n, [(s, v) for s, _, v in run.state.evals], status
+    return clock.elapsed, n, [(s, v) for s, _, v in run.state.evals], status
 
 
 def run_plain(cfg, seed, datasets, init_sd, steps=None):
@@ -179,7 +195,7 @@ def run_plain(cfg, seed, datasets, init_sd, steps=None):
     mbs = cfg.batch.micro_batch_size
     valid = eval_microbatches(valid_ds, shard=range(d.eval_samples),
                               mbs=cfg.batch.eval_micro_batch_size or mbs)
-    t0 = time.perf_counter()
+    t0 = _now()
     step, value, evals = 0, math.inf, []
     while step < (steps or d.max_steps):
         opt.zero_grad(set_to_none=True)
@@ -205,7 +221,7 @@ def run_plain(cfg, seed, datasets, init_sd, steps=None):
             evals.append((step, value))
             if value <= d.target:
                 break
-    return time.perf_counter() - t0, step, evals
+    return _since(t0), step, evals
 
 
 def _load_load() -> str:
@@ -224,7 +240,11 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=None,
                     help="per-step measure: time N training steps of each side, no evaluation "
                          "(default: time to target)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads (default: torch's); 1 for comparable CPU times")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from llama31_405b.config import load_config
     from llama31_405b.data.datasets import build_datasets
     from llama31_405b.data.tiny import ensure_tiny_data
@@ -260,7 +280,7 @@ def main() -> int:
     # Megatron and the data path) would otherwise weigh on the first pair only
     run_project(cfg, args.seed, datasets, 2)
     run_plain(cfg, args.seed, datasets, init_sd, 2)
-    ratios, per_step = [], []
+    ratios, per_step, cpu_ratios = [], [], []
     for i in range(args.pairs):
         res = {}
         for side in (("project", "plain") if i % 2 == 0 else ("plain", "project")):
@@ -273,17 +293,21 @@ def main() -> int:
                 res[side] = (t, n)
                 tail = ""
             ev = f", evals {[(s, round(v, 4)) for s, v in evals]}" if evals else ""
-            print(f"  pair {i + 1} {side:<7}: {t:7.1f} s, {n} steps{tail}{ev}", flush=True)
-        (tp, np_), (tq, nq) = res["project"], res["plain"]
+            print(f"  pair {i + 1} {side:<7}: {t[0]:7.1f} s (CPU {t[1]:7.1f} s), {n} steps"
+                  f"{tail}{ev}", flush=True)
+        ((tp, cp), np_), ((tq, cq), nq) = res["project"], res["plain"]
         ratios.append(tp / tq)
         per_step.append((tp / np_) / (tq / nq))
+        cpu_ratios.append((cp / np_) / (cq / nq))
         print(f"pair {i + 1} ({'project first' if i % 2 == 0 else 'plain first'}): ratio "
-              f"project/plain {tp / tq:.3f} (per step {per_step[-1]:.3f}); {_load_load()}",
-              flush=True)
+              f"project/plain {tp / tq:.3f} (per step {per_step[-1]:.3f}; CPU time per step "
+              f"{cpu_ratios[-1]:.3f}); {_load_load()}", flush=True)
     import statistics
     print(f"median of {len(ratios)} alternating pairs: ratio project/plain = "
           f"{statistics.median(ratios):.3f} (per step {statistics.median(per_step):.3f}; pairs "
           f"{', '.join(f'{r:.3f}' for r in ratios)}); {_load_load()}")
+    print(f"median CPU time per step, project/plain = {statistics.median(cpu_ratios):.3f} (pairs "
+          f"{', '.join(f'{r:.3f}' for r in cpu_ratios)}; threads {torch.get_num_threads()})")
     return 0
 
 
