@@ -16,10 +16,11 @@ plain (lower is better; 1.0 = no framework overhead), and the median over the pa
 of them): the per-step overhead alone.
 
 Each run is timed twice: wall-clock, the goal's measure, and the CPU time of the process
-(`time.process_time`: every thread of the bench, the project's loader thread included), which
-load from other processes on a shared VM leaves unchanged where it stretches the wall clock by
-tens of percent. At `--threads 1` the two measure the same work; with more threads the CPU time
-also counts OpenMP workers spinning while they wait, so compare it at one thread.
+(`time.process_time`: every thread of the bench, the project's loader thread included). Load
+from other processes stretches the wall clock but not the CPU time; a change in the VM's own
+speed moves both (on the 2-core VMs here both sides ran ~30% faster within 20 minutes, CPU time
+with them: see docs/training.md). At `--threads 1` the two measure the same work; with more
+threads the CPU time also counts OpenMP workers spinning while they wait.
 
 usage: python bench/tiny_train.py [--config configs/tiny_cpu.toml] [--seed 1] [--pairs 3]
                                   [--steps N] [--threads N]
