@@ -18,7 +18,7 @@ of them): the per-step overhead alone.
 Each run is timed twice: wall-clock, the goal's measure, and the CPU time of the process
 (`time.process_time`: every thread of the bench, the project's loader thread included). Load
 from other processes stretches the wall clock but not the CPU time; a change in the VM's own
-speed moves both (on the 2-core VMs here both sides ran ~30% faster within 20 minutes, CPU time
+speed moves both (on a 2-core VM here both sides ran ~25% faster within 16 minutes, CPU time
 with them: see docs/training.md). At `--threads 1` the two measure the same work; with more
 threads the CPU time also counts OpenMP workers spinning while they wait.
 

@@ -2,8 +2,8 @@
 emulation) gives bitwise the same losses, evaluations and final weights with them on and off
 (tests/helpers/fast_path_probe.py): the model's forward and torch's optimizer step outside
 cpu_compat's torch-function mode, the cross entropy's logits maximum by torch.amax, and NVFP4
-weights quantized once per step (precision.linear.WEIGHT_CACHE). docs/training.md ("The tiny benchmark") has the full-length runs
-compared with the logs of the code before the fast paths."""
+weights quantized once per step (precision.linear.WEIGHT_CACHE). docs/training.md ("The tiny
+benchmark") has the full-length runs compared with the logs of the code before the fast paths."""
 import json
 import subprocess
 import sys
