@@ -23,20 +23,24 @@ $(STAMP): pyproject.toml constraints/cpu.txt scripts/find_python312.sh
 demo: $(STAMP)
 	$(PY) -m llama31_405b demo
 
-# everything but the stress repeats: the Slurm tests on one worker (--dist loadgroup), work handed
-# out in the order tests/conftest_schedule.py gives (--no-loadscope-reorder)
+# everything but the long runs (`make test-stress`): the Slurm tests on one worker (--dist
+# loadgroup), work handed out in the order tests/conftest_schedule.py gives (--no-loadscope-reorder)
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(JOBS) --dist loadgroup --no-loadscope-reorder -m "not stress" --durations=20
+	$(PY) -m pytest -q -n $(JOBS) --dist loadgroup --no-loadscope-reorder \
+	  -m "not stress and not converge" --durations=20
 
 # unit tests only: no training, no multi-process run, no Slurm
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -n $(FAST_JOBS) -m "not slow and not slurm"
 
-# the fault loops repeated (10 scancels per phase): fails, too, when no test is marked stress
-# (pytest's exit status 5)
+# the long runs: the runs trained to the tiny target (marked converge: the three tiny runs and
+# the tests that read them, the NVFP4 run, the converging Slurm job) and the fault loops repeated
+# (marked stress: 10 scancels per phase, the planner sweep); the same workers and order as `make
+# test`. Fails, too, when no test is selected (pytest's exit status 5)
 test-stress: $(STAMP)
-	@$(PY) -m pytest -q -n $(FAST_JOBS) --dist loadgroup -m stress --durations=5 || { rc=$$?; \
-	  [ $$rc != 5 ] || echo "make test-stress: no test is marked stress" >&2; exit $$rc; }
+	@$(PY) -m pytest -q -n $(JOBS) --dist loadgroup --no-loadscope-reorder \
+	  -m "stress or converge" --durations=10 || { rc=$$?; \
+	  [ $$rc != 5 ] || echo "make test-stress: no test is marked stress or converge" >&2; exit $$rc; }
 
 check-configs: $(STAMP)
 	$(PY) -m llama31_405b config check configs/*.toml

@@ -9,7 +9,9 @@
 
 Tests that use either fixture train, so they must be marked `slow`: collection stops with an
 error naming any that is not (pytest_collection_modifyitems below). So must tests marked `stress`
-(the fault loops repeated to catch flakiness, run by `make test-stress`, not by `make test`).
+(the fault loops repeated to catch flakiness) and `converge` (runs trained to the tiny target);
+both run in `make test-stress`, not in `make test`. A test that uses `tiny_runs` or
+`tiny_run_seeds` must be marked `converge`, or `make test` would train the three runs.
 """
 from __future__ import annotations
 
@@ -51,6 +53,9 @@ def _locked(path: Path):
 
 
 TRAINING_FIXTURES = ("tiny_env", "tiny_runs", "tiny_run_seeds")
+# the fixtures that train to the tiny target: only `converge` tests may use them
+CONVERGING_FIXTURES = ("tiny_runs", "tiny_run_seeds")
+LONG_MARKERS = ("stress", "converge")
 
 
 def unmarked_training_tests(items) -> list[str]:
@@ -61,9 +66,18 @@ def unmarked_training_tests(items) -> list[str]:
 
 
 def unmarked_stress_tests(items) -> list[str]:
-    """Node ids of collected tests marked `stress` but not `slow`."""
+    """Node ids of collected tests marked `stress` or `converge` but not `slow`."""
     return [it.nodeid for it in items
-            if it.get_closest_marker("stress") is not None and it.get_closest_marker("slow") is None]
+            if any(it.get_closest_marker(m) is not None for m in LONG_MARKERS)
+            and it.get_closest_marker("slow") is None]
+
+
+def unmarked_converging_tests(items) -> list[str]:
+    """Node ids of collected tests that use the tiny runs (or their seeds, to train beside
+    them) but are not marked `converge`: `make test` would train the three runs for them."""
+    return [it.nodeid for it in items
+            if set(CONVERGING_FIXTURES) & set(getattr(it, "fixturenames", ()))
+            and it.get_closest_marker("converge") is None]
 
 
 def misplaced_slurm_tests(items) -> list[str]:
@@ -89,8 +103,13 @@ def pytest_collection_modifyitems(config, items):
                                 "slow, so `make test-fast` would run them: " + ", ".join(bad))
     bad = unmarked_stress_tests(items)
     if bad:
-        raise pytest.UsageError("these tests are marked stress but not slow, so `make test-fast` "
-                                "would run them: " + ", ".join(bad))
+        raise pytest.UsageError("these tests are marked stress or converge but not slow, so "
+                                "`make test-fast` would run them: " + ", ".join(bad))
+    bad = unmarked_converging_tests(items)
+    if bad:
+        raise pytest.UsageError("these tests use tiny_runs or tiny_run_seeds but are not marked "
+                                "converge, so `make test` would train the tiny runs: "
+                                + ", ".join(bad))
     bad = misplaced_slurm_tests(items)
     if bad:
         raise pytest.UsageError("these tests use slurm_cluster but are not marked both "

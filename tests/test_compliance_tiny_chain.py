@@ -14,7 +14,8 @@ from llama31_405b.mlperf.log import load_run
 from llama31_405b.submission.package import PackageError, package
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow      # the tiny_runs fixture trains three tiny runs
+# the tiny_runs fixture trains three tiny runs to the target: `make test-stress`
+pytestmark = [pytest.mark.slow, pytest.mark.converge]
 
 
 def _copy(paths, dst: Path) -> list[Path]:

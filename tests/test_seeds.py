@@ -92,6 +92,7 @@ def test_train_without_seed(monkeypatch, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.converge
 def test_package_accepts_three_tiny_runs_with_entropy_seeds(tiny_runs, tmp_path):
     """The session's three tiny runs (seeds drawn from the system's entropy, as for a config
     without run.seed_base) log their seeds, and `submission package`'s seed check passes."""

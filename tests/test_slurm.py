@@ -68,7 +68,10 @@ def _data_env(tiny_env) -> dict:
     return {"DATADIR": str(tiny_env["data_dir"]), "CKPTDIR": str(tiny_env["ckpt_dir"])}
 
 
+@pytest.mark.converge
 def test_runs_converge_and_pass_compliance(slurm_cluster, tiny_env, tmp_path):
+    """The whole chain under Slurm, trained to the target (`make test-stress`, with the tiny
+    runs): 4 ranks, pre-flight, data verification, train, the checker's PASS."""
     out, logs = tmp_path / "job.out", tmp_path / "logs"
     job = slurm_cluster.sbatch(["--wait", "-N", "4", "-o", str(out), "run_and_time.sh"],
                                env=slurm_cluster.env(CONFIG=CONFIG, NEXP="1", LOGDIR=str(logs),
@@ -92,8 +95,9 @@ def test_runs_converge_and_pass_compliance(slurm_cluster, tiny_env, tmp_path):
 
 def _start_training(cluster, tiny_env, tmp_path, config: str = CONFIG, wait_for: str = "run_start",
                     preflight: bool = True) -> tuple[subprocess.Popen, int, Path]:
-    """preflight=False: neither the pre-flight nor the data verification step (the converging
-    job covers both; train still requires the recorded verification)."""
+    """preflight=False: neither the pre-flight nor the data verification step (train still
+    requires the recorded verification); test_killing_one_rank_ends_the_job runs both in
+    `make test`, the converging job in `make test-stress`."""
     logs = tmp_path / "logs"
     job = cluster.sbatch(["--wait", "-N", "4", "-o", str(tmp_path / "job.out"), "run_and_time.sh"],
                          env=cluster.env(CONFIG=config, NEXP="1", LOGDIR=str(logs),
@@ -160,8 +164,8 @@ def _scancel_tries(cluster, tiny_env, tmp_path, phases: list[str]) -> None:
             job = cluster.sbatch(
                 ["--wait", "-N", "2", "-w", nodes, "-o", str(tmp_path / f"try{i}" / "job.out"),
                  "run_and_time.sh"],
-                # no pre-flight, no data verification step (the converging job covers both;
-                # train still requires the recorded verification): ~5 s less per try
+                # no pre-flight, no data verification step (test_killing_one_rank_ends_the_job
+                # covers both; train still requires the recorded verification): ~5 s less a try
                 env=cluster.env(CONFIG=configs[phases[i]], NEXP="1", PREFLIGHT="0",
                                 VERIFY_DATA="0", LOGDIR=str(tmp_path / f"try{i}" / "logs"),
                                 **_data_env(tiny_env)))
@@ -200,7 +204,9 @@ def test_scancel_leaves_an_aborted_log_every_time(slurm_cluster, tiny_env, tmp_p
 
 
 def test_killing_one_rank_ends_the_job(slurm_cluster, tiny_env, tmp_path):
-    job, job_id, _ = _start_training(slurm_cluster, tiny_env, tmp_path, preflight=False)
+    """With the pre-flight and the data verification step, which this job passes before its
+    run_start (in `make test`: the converging job that also runs them is in `make test-stress`)."""
+    job, job_id, _ = _start_training(slurm_cluster, tiny_env, tmp_path)
     pid = slurm_cluster.wait_for(lambda: _rank_pid(job_id, 2), timeout=30, what="rank 2's pid")
     t0 = time.monotonic()
     os.kill(pid, signal.SIGKILL)
@@ -211,6 +217,8 @@ def test_killing_one_rank_ends_the_job(slurm_cluster, tiny_env, tmp_path):
     slurm_cluster.wait_for(lambda: not slurm_cluster.job_active(job_id), timeout=30,
                            what=f"job {job_id} to finish completing")
     text = (tmp_path / "job.out").read_text()
+    assert "preflight ok: 4 rank(s) via slurm" in text, text[-3000:]
+    assert f"data verified for {CONFIG}" in text, text[-3000:]
     assert "FAILED" in text
     # the outcome line adds what srun reported: the task that died first, and how
     line = next(ln for ln in text.splitlines() if "run 0 seed" in ln)

@@ -1,12 +1,13 @@
 """The shared test fixtures' own guards (tests/conftest.py): a failed tiny run is reported with
 its stderr instead of handing its log to the tests, and a test that trains without the `slow`
-marker (or a `stress` test without it) is caught at collection."""
+marker (or a `stress` or `converge` test without it), and a test that reads the tiny runs without
+the `converge` marker (so `make test` would train them), are caught at collection."""
 import json
 from types import SimpleNamespace
 
 import pytest
-from conftest import (misplaced_slurm_tests, tiny_run_failures, unmarked_stress_tests,
-                      unmarked_training_tests)
+from conftest import (misplaced_slurm_tests, tiny_run_failures, unmarked_converging_tests,
+                      unmarked_stress_tests, unmarked_training_tests)
 
 
 def test_a_failed_tiny_run_is_reported_with_its_stderr(tmp_path):
@@ -21,9 +22,10 @@ def test_a_failed_tiny_run_is_reported_with_its_stderr(tmp_path):
     assert "loss is NaN at step 3" in failed[0]
 
 
-def _item(nodeid, fixtures, slow, stress=False, slurm=False, group=None):
+def _item(nodeid, fixtures, slow, stress=False, slurm=False, group=None, converge=False):
     marks = {"slow": pytest.mark.slow.mark if slow else None,
              "stress": pytest.mark.stress.mark if stress else None,
+             "converge": pytest.mark.converge.mark if converge else None,
              "slurm": pytest.mark.slurm.mark if slurm else None,
              "xdist_group": pytest.mark.xdist_group(group).mark if group else None}
     return SimpleNamespace(nodeid=nodeid, fixturenames=fixtures,
@@ -40,6 +42,17 @@ def test_stress_tests_need_the_slow_marker():
     items = [_item("a", ["tmp_path"], slow=False, stress=True),
              _item("b", ["tiny_env"], slow=True, stress=True), _item("c", [], slow=False)]
     assert unmarked_stress_tests(items) == ["a"]
+    items = [_item("a", ["tiny_runs"], slow=False, converge=True),
+             _item("b", ["tiny_runs"], slow=True, converge=True)]
+    assert unmarked_stress_tests(items) == ["a"]
+
+
+def test_tests_that_read_the_tiny_runs_need_the_converge_marker():
+    items = [_item("a", ["tiny_runs", "tmp_path"], slow=True),
+             _item("b", ["tiny_run_seeds", "tiny_env"], slow=True),
+             _item("c", ["tiny_runs"], slow=True, converge=True),
+             _item("d", ["tiny_env"], slow=True), _item("e", ["tmp_path"], slow=False)]
+    assert unmarked_converging_tests(items) == ["a", "b"]
 
 
 def test_slurm_tests_need_the_marker_and_the_xdist_group():

@@ -10,7 +10,7 @@ from conftest import REPO
 from llama31_405b.mlperf.checker import RULESET
 from llama31_405b.mlperf.log import load_run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.converge]   # the tiny runs: `make test-stress`
 TINY_RULES = REPO / "compliance" / "tiny_llama31.yaml"
 
 
