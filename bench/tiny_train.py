@@ -11,9 +11,11 @@ project's CPU patches (cpu_compat), as a user's own loop would.
 The two run back to back as a pair, `--pairs` times, the order alternating (project first, then
 plain first, ...): a shared 2-core VM drifts by tens of percent over minutes, so only runs taken
 seconds apart compare. Printed: each run's time and evaluations, each pair's ratio project /
-plain (lower is better; 1.0 = no framework overhead), and the median over the pairs.
-`--steps N` times N training steps of each side instead (no evaluation; shorter pairs, so more
-of them): the per-step overhead alone.
+plain (lower is better; 1.0 = no framework overhead), and the median over the pairs; beside it
+the same ratio for the training steps alone (per step: the run's time minus its evaluations) and
+for one evaluation. `--steps N` times N training steps of each side instead (shorter pairs, so
+more of them): the per-step overhead alone; the evaluations the project's run makes before step
+N (the plain loop makes none then) are taken out of its time.
 
 Each run is timed twice: wall-clock, the goal's measure, and the CPU time of the process
 (`time.process_time`: every thread of the bench, the project's loader thread included). Load
@@ -130,13 +132,29 @@ def _since(t0: tuple[float, float]) -> tuple[float, float]:
     return t1[0] - t0[0], t1[1] - t0[1]
 
 
+class _EvalTime:
+    """(wall, CPU) seconds spent evaluating, summed over a run's evaluations."""
+
+    def __init__(self):
+        self.total, self._t0 = (0.0, 0.0), None
+
+    def start(self):
+        self._t0 = _now()
+
+    def stop(self):
+        d = _since(self._t0)
+        self.total = (self.total[0] + d[0], self.total[1] + d[1])
+
+
 class _Clock:
     """Hook: the time from run_start to run_stop, or to the end of step `steps` (per-step
-    measure: the run is then asked to stop; it does one more, untimed, step)."""
+    measure: the run is then asked to stop; it does one more, untimed, step), and the part of it
+    spent in evaluations (which the per-step measure subtracts: the run evaluates at its
+    evaluation steps before step `steps`, the plain loop does not evaluate then)."""
 
     def __init__(self, steps: int | None):
         from llama31_405b.train.hooks import Hook
-        self.steps, self.t0, self.elapsed = steps, _now(), None
+        self.steps, self.t0, self.elapsed, self.evals = steps, _now(), None, _EvalTime()
         clock = self
 
         class _Hook(Hook):
@@ -147,6 +165,14 @@ class _Clock:
                 if clock.steps and stats.step == clock.steps and clock.elapsed is None:
                     clock.elapsed = _since(clock.t0)
                     run.request_stop("bench: per-step measure done")
+
+            def on_eval_start(self, run, step):
+                if clock.elapsed is None:
+                    clock.evals.start()
+
+            def on_eval_end(self, run, step, value, eval_time_s):
+                if clock.elapsed is None:
+                    clock.evals.stop()
 
             def on_run_stop(self, run, status, reason):
                 if clock.elapsed is None:
@@ -170,7 +196,7 @@ def run_project(cfg, seed, datasets, steps=None):
         run = Run(cfg, seed=seed, hooks=hooks, datasets=datasets)
         status = run.execute()
     n = steps or run.state.step
-    return clock.elapsed, n, [(s, v) for s, _, v in run.state.evals], status
+    return clock.elapsed, n, [(s, v) for s, _, v in run.state.evals], status, clock.evals.total
 
 
 def run_plain(cfg, seed, datasets, init_sd, steps=None):
@@ -196,7 +222,7 @@ def run_plain(cfg, seed, datasets, init_sd, steps=None):
     mbs = cfg.batch.micro_batch_size
     valid = eval_microbatches(valid_ds, shard=range(d.eval_samples),
                               mbs=cfg.batch.eval_micro_batch_size or mbs)
-    t0 = _now()
+    t0, eval_time = _now(), _EvalTime()
     step, value, evals = 0, math.inf, []
     while step < (steps or d.max_steps):
         opt.zero_grad(set_to_none=True)
@@ -213,16 +239,18 @@ def run_plain(cfg, seed, datasets, init_sd, steps=None):
         if steps:
             continue
         if step >= d.first_eval_step and (step - d.first_eval_step) % d.eval_interval_steps == 0:
+            eval_time.start()
             model.eval()
             with torch.no_grad():
                 tot = sum(float((model(b["tokens"], b["labels"]) * b["loss_mask"]).sum())
                           for b in valid)
                 value = tot / sum(float(b["loss_mask"].sum()) for b in valid)
             model.train()
+            eval_time.stop()
             evals.append((step, value))
             if value <= d.target:
                 break
-    return _since(t0), step, evals
+    return _since(t0), step, evals, eval_time.total
 
 
 def _load_load() -> str:
@@ -281,34 +309,46 @@ def main() -> int:
     # Megatron and the data path) would otherwise weigh on the first pair only
     run_project(cfg, args.seed, datasets, 2)
     run_plain(cfg, args.seed, datasets, init_sd, 2)
-    ratios, per_step, cpu_ratios = [], [], []
+    ratios, per_step, cpu_ratios, per_eval = [], [], [], []
     for i in range(args.pairs):
         res = {}
         for side in (("project", "plain") if i % 2 == 0 else ("plain", "project")):
             if side == "project":
-                t, n, evals, status = run_project(cfg, args.seed, datasets, args.steps)
-                res[side] = (t, n)
+                t, n, evals, status, te = run_project(cfg, args.seed, datasets, args.steps)
                 tail = "" if args.steps else f", status {status}"
             else:
-                t, n, evals = run_plain(cfg, args.seed, datasets, init_sd, args.steps)
-                res[side] = (t, n)
+                t, n, evals, te = run_plain(cfg, args.seed, datasets, init_sd, args.steps)
                 tail = ""
+            n_evals = sum(1 for s, _ in evals if s <= n)
+            if args.steps:        # the project evaluated before step N, inside the window: out
+                t, n_evals = (t[0] - te[0], t[1] - te[1]), 0
+                te = (0.0, 0.0)
+            res[side] = (t, n, te, n_evals)
             ev = f", evals {[(s, round(v, 4)) for s, v in evals]}" if evals else ""
             print(f"  pair {i + 1} {side:<7}: {t[0]:7.1f} s (CPU {t[1]:7.1f} s), {n} steps"
-                  f"{tail}{ev}", flush=True)
-        ((tp, cp), np_), ((tq, cq), nq) = res["project"], res["plain"]
+                  f"{tail}; training {t[0] - te[0]:.1f} s, {n_evals} evaluations {te[0]:.1f} s"
+                  f"{ev}", flush=True)
+        ((tp, cp), np_, (ep, ecp), kp), ((tq, cq), nq, (eq, ecq), kq) = res["project"], res["plain"]
         ratios.append(tp / tq)
-        per_step.append((tp / np_) / (tq / nq))
-        cpu_ratios.append((cp / np_) / (cq / nq))
-        print(f"pair {i + 1} ({'project first' if i % 2 == 0 else 'plain first'}): ratio "
-              f"project/plain {tp / tq:.3f} (per step {per_step[-1]:.3f}; CPU time per step "
-              f"{cpu_ratios[-1]:.3f}); {_load_load()}", flush=True)
+        per_step.append(((tp - ep) / np_) / ((tq - eq) / nq))
+        cpu_ratios.append(((cp - ecp) / np_) / ((cq - ecq) / nq))
+        line = (f"pair {i + 1} ({'project first' if i % 2 == 0 else 'plain first'}): ratio "
+                f"project/plain {tp / tq:.3f} (training per step {per_step[-1]:.3f}; its CPU time "
+                f"{cpu_ratios[-1]:.3f}")
+        if kp and kq:
+            per_eval.append((ep / kp) / (eq / kq))
+            line += f"; per evaluation {per_eval[-1]:.3f}"
+        print(f"{line}); {_load_load()}", flush=True)
     import statistics
-    print(f"median of {len(ratios)} alternating pairs: ratio project/plain = "
-          f"{statistics.median(ratios):.3f} (per step {statistics.median(per_step):.3f}; pairs "
-          f"{', '.join(f'{r:.3f}' for r in ratios)}); {_load_load()}")
-    print(f"median CPU time per step, project/plain = {statistics.median(cpu_ratios):.3f} (pairs "
-          f"{', '.join(f'{r:.3f}' for r in cpu_ratios)}; threads {torch.get_num_threads()})")
+    med = statistics.median
+    print(f"median of {len(ratios)} alternating pairs: ratio project/plain = {med(ratios):.3f} "
+          f"(pairs {', '.join(f'{r:.3f}' for r in ratios)}); {_load_load()}")
+    print(f"  training per step {med(per_step):.3f} (pairs "
+          f"{', '.join(f'{r:.3f}' for r in per_step)}); its CPU time {med(cpu_ratios):.3f} "
+          f"(pairs {', '.join(f'{r:.3f}' for r in cpu_ratios)}; threads {torch.get_num_threads()})")
+    if per_eval:
+        print(f"  per evaluation {med(per_eval):.3f} (pairs "
+              f"{', '.join(f'{r:.3f}' for r in per_eval)})")
     return 0
 
 
