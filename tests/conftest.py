@@ -58,11 +58,16 @@ CONVERGING_FIXTURES = ("tiny_runs", "tiny_run_seeds")
 LONG_MARKERS = ("stress", "converge")
 
 
+def _using_without_marker(items, fixtures, marker: str) -> list[str]:
+    """Node ids of collected tests that use one of `fixtures` but are not marked `marker`."""
+    return [it.nodeid for it in items
+            if set(fixtures) & set(getattr(it, "fixturenames", ()))
+            and it.get_closest_marker(marker) is None]
+
+
 def unmarked_training_tests(items) -> list[str]:
     """Node ids of collected tests that pull a training fixture but are not marked slow."""
-    return [it.nodeid for it in items
-            if set(TRAINING_FIXTURES) & set(getattr(it, "fixturenames", ()))
-            and it.get_closest_marker("slow") is None]
+    return _using_without_marker(items, TRAINING_FIXTURES, "slow")
 
 
 def unmarked_stress_tests(items) -> list[str]:
@@ -75,9 +80,7 @@ def unmarked_stress_tests(items) -> list[str]:
 def unmarked_converging_tests(items) -> list[str]:
     """Node ids of collected tests that use the tiny runs (or their seeds, to train beside
     them) but are not marked `converge`: `make test` would train the three runs for them."""
-    return [it.nodeid for it in items
-            if set(CONVERGING_FIXTURES) & set(getattr(it, "fixturenames", ()))
-            and it.get_closest_marker("converge") is None]
+    return _using_without_marker(items, CONVERGING_FIXTURES, "converge")
 
 
 def misplaced_slurm_tests(items) -> list[str]:
