@@ -319,7 +319,7 @@ def main() -> int:
             else:
                 t, n, evals, te = run_plain(cfg, args.seed, datasets, init_sd, args.steps)
                 tail = ""
-            n_evals = sum(1 for s, _ in evals if s <= n)
+            n_evals = len(evals)
             if args.steps:        # the project evaluated before step N, inside the window: out
                 t, n_evals = (t[0] - te[0], t[1] - te[1]), 0
                 te = (0.0, 0.0)
