@@ -166,13 +166,40 @@ def _logits_max(vocab_parallel_logits: torch.Tensor):
     return vocab_parallel_logits, torch.amax(vocab_parallel_logits, dim=-1)
 
 
+def _mask_scores(attention_scores: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """megatron-core 0.19.2 `transformer.utils.attention_mask_func` (the unfused softmax's mask:
+    -10000.0 where the mask is set) as one out-of-place `torch.where`: the same scores bit for
+    bit, in any dtype. Megatron's version fills in place a view of the attention-score matmul's
+    output, so autograd rewrites that output's history as a CopySlices node, whose backward
+    clones the [b, heads, s, s] gradient and copies it twice more before the mask's own
+    backward; and `masked_fill_` with a broadcast [s, s] mask is itself slower on the CPU than
+    `where` (the tiny scores [2, 4, 256, 256], one thread: 0.82 ms in place, 0.48 ms with
+    `where`; docs/training.md)."""
+    return torch.where(attention_mask, -10000.0, attention_scores)
+
+
+def _use_mask_scores(chunk) -> bool:
+    """Every unfused masked softmax of `chunk` (Megatron's local attention) masks with
+    `_mask_scores`; True when one was switched."""
+    from megatron.core.fusions.fused_softmax import FusedScaleMaskSoftmax
+    from megatron.core.transformer.utils import attention_mask_func
+    switched = False
+    for m in chunk.modules():
+        if isinstance(m, FusedScaleMaskSoftmax) and m.mask_func is attention_mask_func:
+            m.mask_func = _mask_scores
+            switched = True
+    return switched
+
+
 def fast_paths(model_chunks, optimizer) -> int:
     """On the CPU (after apply): the forward of every model chunk and the step of every torch
     optimizer inside Megatron's optimizer run without the function mode (without_cuda_redirect);
-    patched on the instances, so state dicts and checkpoints are unchanged. And the vocab-parallel
-    cross entropy (unfused and fused: both call the class's staticmethod) takes its logits
-    maximum with `_logits_max`, for the process. Returns the number of callables switched (0
-    where the mode is not active: GPU)."""
+    patched on the instances, so state dicts and checkpoints are unchanged. The unfused
+    attention of every chunk masks its scores with one out-of-place `where` (`_mask_scores`, set
+    on each softmax module). And the vocab-parallel cross entropy (unfused and fused: both call
+    the class's staticmethod) takes its logits maximum with `_logits_max`, for the process.
+    Returns the number of callables switched (the mask counted once per chunk; 0 where the mode
+    is not active: GPU)."""
     if _mode is None:
         return 0
     n = 0
@@ -188,6 +215,7 @@ def fast_paths(model_chunks, optimizer) -> int:
             inner.forward = without_cuda_redirect(inner.forward)
             inner._fast_forward = True
             n += 1
+        n += _use_mask_scores(inner)
     for opt in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
         inner = getattr(opt, "optimizer", None)
         if isinstance(inner, torch.optim.Optimizer) and not getattr(inner, "_fast_step", False):

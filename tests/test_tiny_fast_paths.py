@@ -1,7 +1,8 @@
 """The tiny run's CPU fast paths change no number: a short tiny run (FP32, and NVFP4 through the
 emulation) gives bitwise the same losses, evaluations and final weights with them on and off
 (tests/helpers/fast_path_probe.py): the model's forward and torch's optimizer step outside
-cpu_compat's torch-function mode, the cross entropy's logits maximum by torch.amax, and NVFP4
+cpu_compat's torch-function mode, the attention scores masked by one out-of-place torch.where,
+the cross entropy's logits maximum by torch.amax, and NVFP4
 weights quantized once per step (precision.linear.WEIGHT_CACHE). docs/training.md ("The tiny
 benchmark") has the full-length runs compared with the logs of the code before the fast paths."""
 import json
@@ -37,8 +38,8 @@ def test_fast_paths_leave_the_tiny_run_bitwise_unchanged(tiny_env, tmp_path, com
     on, off = rec["on"], rec["off"]
     assert on["reason"].startswith("target"), on["reason"]    # ran to max_steps
     assert len(on["losses"]) == 4 and [s for s, _ in on["evals"]] == [2, 4]
-    # forward + optimizer step + the cross entropy's logits maximum
-    assert on["switched"] == 3 and off["switched"] == 0
+    # forward + optimizer step + the attention mask + the cross entropy's logits maximum
+    assert on["switched"] == 4 and off["switched"] == 0
     if compute == "nvfp4":
         # 4 microbatches per step: the weights are quantized once, then reused
         assert on["weight_cache_hits"] > 0

@@ -1,7 +1,8 @@
 """Two short tiny runs in one process, with the CPU fast paths of the tiny run on, then off
 (cpu_compat.fast_paths a no-op: the model's forward and the optimizer step under the
-torch-function mode, Megatron's own logits maximum in the cross entropy, and every NVFP4 weight
-quantized at every use, as before the fast paths existed), for tests/test_tiny_fast_paths.py.
+torch-function mode, Megatron's own in-place attention mask and logits maximum in the cross
+entropy, and every NVFP4 weight quantized at every use, as before the fast paths existed), for
+tests/test_tiny_fast_paths.py.
 
 usage: python tests/helpers/fast_path_probe.py CONFIG OVERRIDES_JSON OUT_JSON
 Writes {"on": run, "off": run}; a run: losses, evaluations, sha256 of the final weights, the
