@@ -17,6 +17,15 @@ for one evaluation. `--steps N` times N training steps of each side instead (sho
 more of them): the per-step overhead alone; the evaluations the project's run makes before step
 N (the plain loop makes none then) are taken out of its time.
 
+`--lockstep` makes each pair one time-to-target run of both sides in lockstep instead: after
+each of the project's training steps (its `on_step_end` hook) the plain loop makes one step, and
+its evaluation at an evaluation step; each side's clock leaves out the other's work. The VM's
+drift then reaches both sides within a second of each other, where the pairs above see it over
+minutes: on a 2-core VM, 20-step runs of the two sides one after the other gave per-step
+ratios of 1.01-1.27, in lockstep 1.04-1.08 (docs/training.md). The project's loader thread
+(reading the next step's 8 samples, ~1.5 ms) may run during the plain step, as it runs beside
+the project's own step in the pairs.
+
 Each run is timed twice: wall-clock, the goal's measure, and the CPU time of the process
 (`time.process_time`: every thread of the bench, the project's loader thread included). Load
 from other processes stretches the wall clock but not the CPU time; a change in the VM's own
@@ -25,100 +34,21 @@ with them: see docs/training.md). At `--threads 1` the two measure the same work
 threads the CPU time also counts OpenMP workers spinning while they wait.
 
 usage: python bench/tiny_train.py [--config configs/tiny_cpu.toml] [--seed 1] [--pairs 3]
-                                  [--steps N] [--threads N]
+                                  [--steps N | --lockstep] [--threads N]
 """
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-
-
-# ----------------------------------------------------------------------------- plain PyTorch Llama
-class RMSNorm(torch.nn.Module):
-    def __init__(self, h, eps):
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.ones(h))
-        self.eps = eps
-
-    def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-
-
-def rotate(x, cos, sin):
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
-
-
-class Block(torch.nn.Module):
-    def __init__(self, m):
-        super().__init__()
-        self.nq, self.nkv, self.d = m.num_attention_heads, m.num_query_groups, m.kv_channels
-        h = m.hidden_size
-        self.ln1, self.ln2 = RMSNorm(h, m.norm_epsilon), RMSNorm(h, m.norm_epsilon)
-        # fused QKV in Megatron's grouped layout: per KV group [q heads..., k, v]
-        self.qkv = torch.nn.Linear(h, (self.nq + 2 * self.nkv) * self.d, bias=False)
-        self.proj = torch.nn.Linear(self.nq * self.d, h, bias=False)
-        self.fc1 = torch.nn.Linear(h, 2 * m.ffn_hidden_size, bias=False)   # [gate; up]
-        self.fc2 = torch.nn.Linear(m.ffn_hidden_size, h, bias=False)
-
-    def forward(self, x, cos, sin):
-        b, s, _ = x.shape
-        per = self.nq // self.nkv
-        qkv = self.qkv(self.ln1(x)).view(b, s, self.nkv, per + 2, self.d)
-        q = qkv[:, :, :, :per].reshape(b, s, self.nq, self.d).transpose(1, 2)
-        k = qkv[:, :, :, per].transpose(1, 2)
-        v = qkv[:, :, :, per + 1].transpose(1, 2)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        k = k.repeat_interleave(per, dim=1)
-        v = v.repeat_interleave(per, dim=1)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(a.transpose(1, 2).reshape(b, s, self.nq * self.d))
-        g, u = self.fc1(self.ln2(x)).chunk(2, dim=-1)
-        return x + self.fc2(F.silu(g) * u)
-
-
-class PlainLlama(torch.nn.Module):
-    def __init__(self, m, vocab, inv_freq):
-        super().__init__()
-        self.emb = torch.nn.Embedding(vocab, m.hidden_size)
-        self.blocks = torch.nn.ModuleList(Block(m) for _ in range(m.num_layers))
-        self.norm = RMSNorm(m.hidden_size, m.norm_epsilon)
-        self.out = torch.nn.Linear(m.hidden_size, vocab, bias=False)
-        freqs = torch.outer(torch.arange(m.seq_length, dtype=torch.float32), inv_freq)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos", emb.cos()[None, None], persistent=False)
-        self.register_buffer("sin", emb.sin()[None, None], persistent=False)
-
-    def forward(self, tokens, labels):
-        x = self.emb(tokens)
-        for blk in self.blocks:
-            x = blk(x, self.cos, self.sin)
-        logits = self.out(self.norm(x)).float()
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), labels.reshape(-1),
-                               reduction="none").view(labels.shape)
-
-    def load_megatron(self, sd):
-        """Copy a Megatron local-spec GPTModel state dict (same layout, other names)."""
-        own = {"emb.weight": "embedding.word_embeddings.weight", "norm.weight":
-               "decoder.final_layernorm.weight", "out.weight": "output_layer.weight"}
-        for i in range(len(self.blocks)):
-            p = f"decoder.layers.{i}."
-            own.update({f"blocks.{i}.ln1.weight": p + "input_layernorm.weight",
-                        f"blocks.{i}.ln2.weight": p + "pre_mlp_layernorm.weight",
-                        f"blocks.{i}.qkv.weight": p + "self_attention.linear_qkv.weight",
-                        f"blocks.{i}.proj.weight": p + "self_attention.linear_proj.weight",
-                        f"blocks.{i}.fc1.weight": p + "mlp.linear_fc1.weight",
-                        f"blocks.{i}.fc2.weight": p + "mlp.linear_fc2.weight"})
-        self.load_state_dict({k: sd[v].clone() for k, v in own.items()}, strict=True)
+sys.path.insert(0, str(REPO / "bench"))
+from plain_llama import PlainLlama  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------- the two runs
@@ -199,58 +129,151 @@ def run_project(cfg, seed, datasets, steps=None):
     return clock.elapsed, n, [(s, v) for s, _, v in run.state.evals], status, clock.evals.total
 
 
-def run_plain(cfg, seed, datasets, init_sd, steps=None):
-    """The plain loop, outside the project's CPU patches (cpu_compat's torch-function mode, which
-    the project's setup leaves active in this process): what a PyTorch user's loop pays."""
-    from torch.overrides import _get_current_function_mode_stack, _pop_mode_temporarily
-    if _get_current_function_mode_stack():
-        with _pop_mode_temporarily():
-            return run_plain(cfg, seed, datasets, init_sd, steps)
-    from llama31_405b.model.rope import llama31_inv_freq
-    from llama31_405b.train.batches import eval_microbatches, train_microbatches
-    from llama31_405b.train.schedule import LRSchedule
-    d = cfg.derived
-    torch.manual_seed(seed)
-    model = PlainLlama(cfg.model, d.padded_vocab_size, llama31_inv_freq(cfg.model))
-    model.load_megatron(init_sd)
-    decay = [p for n, p in model.named_parameters() if p.dim() > 1]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() == 1]
-    opt = torch.optim.AdamW([{"params": decay, "wd_mult": 1.0}, {"params": no_decay, "wd_mult": 0.0}],
-                            lr=d.lr, betas=(d.adam_beta1, d.adam_beta2), eps=d.adam_eps)
-    sched = LRSchedule.from_config(cfg)
-    train_ds, valid_ds = datasets
-    mbs = cfg.batch.micro_batch_size
-    valid = eval_microbatches(valid_ds, shard=range(d.eval_samples),
-                              mbs=cfg.batch.eval_micro_batch_size or mbs)
-    t0, eval_time = _now(), _EvalTime()
-    step, value, evals = 0, math.inf, []
-    while step < (steps or d.max_steps):
-        opt.zero_grad(set_to_none=True)
-        batches = train_microbatches(train_ds, step=step, gbs=d.gbs, minibs=cfg.batch.minibs,
-                                     mbs=mbs, dp_rank=0)
-        ntok = sum(float(b["loss_mask"].sum()) for b in batches)
-        for b in batches:
-            loss = (model(b["tokens"], b["labels"]) * b["loss_mask"]).sum() / ntok
-            loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), d.clip_grad)
-        sched.apply(opt, step)
-        opt.step()
-        step += 1
-        if steps:
-            continue
-        if step >= d.first_eval_step and (step - d.first_eval_step) % d.eval_interval_steps == 0:
-            eval_time.start()
-            model.eval()
+class PlainRun:
+    """The plain loop, one training step or evaluation at a time, outside the project's CPU
+    patches (cpu_compat's torch-function mode, which the project's setup leaves active in this
+    process): what a PyTorch user's loop pays."""
+
+    def __init__(self, cfg, seed, datasets, init_sd):
+        from llama31_405b.model.rope import llama31_inv_freq
+        from llama31_405b.train.batches import eval_microbatches
+        from llama31_405b.train.schedule import LRSchedule
+        self.cfg, self.d, self.train_ds = cfg, cfg.derived, datasets[0]
+        with _no_mode():
+            torch.manual_seed(seed)
+            self.model = PlainLlama(cfg.model, self.d.padded_vocab_size,
+                                    llama31_inv_freq(cfg.model))
+            self.model.load_megatron(init_sd)
+            params = list(self.model.named_parameters())
+            self.opt = torch.optim.AdamW(
+                [{"params": [p for n, p in params if p.dim() > 1], "wd_mult": 1.0},
+                 {"params": [p for n, p in params if p.dim() == 1], "wd_mult": 0.0}],
+                lr=self.d.lr, betas=(self.d.adam_beta1, self.d.adam_beta2), eps=self.d.adam_eps)
+        self.sched = LRSchedule.from_config(cfg)
+        mbs = cfg.batch.micro_batch_size
+        self.valid = eval_microbatches(datasets[1], shard=range(self.d.eval_samples),
+                                       mbs=cfg.batch.eval_micro_batch_size or mbs)
+        self.step, self.evals, self.eval_time = 0, [], _EvalTime()
+
+    def train_step(self):
+        from llama31_405b.train.batches import train_microbatches
+        d, model, opt = self.d, self.model, self.opt
+        with _no_mode():
+            opt.zero_grad(set_to_none=True)
+            batches = train_microbatches(self.train_ds, step=self.step, gbs=d.gbs,
+                                         minibs=self.cfg.batch.minibs,
+                                         mbs=self.cfg.batch.micro_batch_size, dp_rank=0)
+            ntok = sum(float(b["loss_mask"].sum()) for b in batches)
+            for b in batches:
+                loss = (model(b["tokens"], b["labels"]) * b["loss_mask"]).sum() / ntok
+                loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), d.clip_grad)
+            self.sched.apply(opt, self.step)
+            opt.step()
+        self.step += 1
+
+    def eval_due(self) -> bool:
+        d = self.d
+        return (self.step >= d.first_eval_step
+                and (self.step - d.first_eval_step) % d.eval_interval_steps == 0)
+
+    def evaluate(self) -> bool:
+        """One timed evaluation after this step; True when it reached the target."""
+        self.eval_time.start()
+        with _no_mode():
+            self.model.eval()
             with torch.no_grad():
-                tot = sum(float((model(b["tokens"], b["labels"]) * b["loss_mask"]).sum())
-                          for b in valid)
-                value = tot / sum(float(b["loss_mask"].sum()) for b in valid)
-            model.train()
-            eval_time.stop()
-            evals.append((step, value))
-            if value <= d.target:
-                break
-    return _since(t0), step, evals, eval_time.total
+                tot = sum(float((self.model(b["tokens"], b["labels"]) * b["loss_mask"]).sum())
+                          for b in self.valid)
+                value = tot / sum(float(b["loss_mask"].sum()) for b in self.valid)
+            self.model.train()
+        self.eval_time.stop()
+        self.evals.append((self.step, value))
+        return value <= self.d.target
+
+    def advance(self) -> bool:
+        """One training step and, at an evaluation step, its evaluation; True when done (the
+        target reached, or max_steps)."""
+        self.train_step()
+        if self.eval_due() and self.evaluate():
+            return True
+        return self.step >= self.d.max_steps
+
+
+def _no_mode():
+    """Outside cpu_compat's torch-function mode where it is active (a null context otherwise)."""
+    import contextlib
+    from torch.overrides import _get_current_function_mode_stack, _pop_mode_temporarily
+    return _pop_mode_temporarily() if _get_current_function_mode_stack() else contextlib.nullcontext()
+
+
+def run_plain(cfg, seed, datasets, init_sd, steps=None):
+    """The plain loop alone: to the target, or `steps` training steps without evaluation."""
+    plain = PlainRun(cfg, seed, datasets, init_sd)
+    t0 = _now()
+    if steps:
+        while plain.step < steps:
+            plain.train_step()
+    else:
+        while not plain.advance():
+            pass
+    return _since(t0), plain.step, plain.evals, plain.eval_time.total
+
+
+def run_lockstep(cfg, seed, datasets, init_sd):
+    """Both to the target in one run, in lockstep: after each of the project's training steps
+    (its `on_step_end` hook) the plain loop makes its own step, and its evaluation at an
+    evaluation step; each side's clock leaves the other's work out. Drift of the machine's speed
+    then falls on both sides alike within a second, where the pairs see it over minutes. The
+    plain loop finishes alone if the project's run stops first."""
+    import io
+    import tempfile
+    from llama31_405b.train.hooks import Hook
+    from llama31_405b.train.loop import Run
+    from llama31_405b.train.mllog import MLPerfLogHook
+    from llama31_405b.train.progress import ProgressHook
+    plain = PlainRun(cfg, seed, datasets, init_sd)
+    clock = {"t0": None, "plain": (0.0, 0.0), "project": None, "plain_done": False}
+    evals = _EvalTime()
+
+    def plain_advance():
+        t = _now()
+        clock["plain_done"] = plain.advance()
+        dt = _since(t)
+        clock["plain"] = (clock["plain"][0] + dt[0], clock["plain"][1] + dt[1])
+
+    class _Lockstep(Hook):
+        def on_run_start(self, run):
+            clock["t0"] = _now()
+
+        def on_step_end(self, run, stats):
+            if not clock["plain_done"]:
+                plain_advance()
+
+        def on_eval_start(self, run, step):
+            evals.start()
+
+        def on_eval_end(self, run, step, value, eval_time_s):
+            evals.stop()
+
+        def on_run_stop(self, run, status, reason):
+            clock["project"] = _since(clock["t0"])
+
+    with tempfile.TemporaryDirectory() as tmp:
+        hooks = [MLPerfLogHook(cfg, seed=seed, log_file=f"{tmp}/log.txt", rank=0,
+                               echo=io.StringIO()),
+                 ProgressHook(cfg, rank=0, stream=io.StringIO()), _Lockstep()]
+        run = Run(cfg, seed=seed, hooks=hooks, datasets=datasets)
+        status = run.execute()
+    tp = clock["project"]
+    # the plain steps made inside the project's run are not the project's time
+    inside = clock["plain"]
+    project_t = (tp[0] - inside[0], tp[1] - inside[1])
+    while not clock["plain_done"]:
+        plain_advance()
+    project = (project_t, run.state.step, [(s, v) for s, _, v in run.state.evals], status,
+               evals.total)
+    return project, (clock["plain"], plain.step, plain.evals, plain.eval_time.total)
 
 
 def _load_load() -> str:
@@ -269,9 +292,15 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=None,
                     help="per-step measure: time N training steps of each side, no evaluation "
                          "(default: time to target)")
+    ap.add_argument("--lockstep", action="store_true",
+                    help="each pair is one time-to-target run of both sides in lockstep (the "
+                         "plain loop steps inside the project's step hook), not two runs")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads (default: torch's); 1 for comparable CPU times")
     args = ap.parse_args()
+    if args.lockstep and args.steps:
+        print("--lockstep measures the time to target: drop --steps", file=sys.stderr)
+        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     from llama31_405b.config import load_config
@@ -302,7 +331,8 @@ def main() -> int:
     init_sd = {k: v.detach().clone() for k, v in chunks[0].state_dict().items()
                if not k.endswith("_extra_state")}
     del chunks
-    what = f"{args.steps} steps, no evaluation" if args.steps else "time to target"
+    what = (f"{args.steps} steps, no evaluation" if args.steps else
+            "time to target, both sides in lockstep" if args.lockstep else "time to target")
     print(f"threads: {torch.get_num_threads()}; config {args.config}; seed {args.seed}; "
           f"{args.pairs} pairs; measure: {what}; {_load_load()}", flush=True)
     # untimed: the first steps of each side in this process (lazy initialisation in torch,
@@ -312,12 +342,15 @@ def main() -> int:
     ratios, per_step, cpu_ratios, per_eval = [], [], [], []
     for i in range(args.pairs):
         res = {}
+        both = run_lockstep(cfg, args.seed, datasets, init_sd) if args.lockstep else None
         for side in (("project", "plain") if i % 2 == 0 else ("plain", "project")):
             if side == "project":
-                t, n, evals, status, te = run_project(cfg, args.seed, datasets, args.steps)
+                t, n, evals, status, te = (both[0] if both else
+                                           run_project(cfg, args.seed, datasets, args.steps))
                 tail = "" if args.steps else f", status {status}"
             else:
-                t, n, evals, te = run_plain(cfg, args.seed, datasets, init_sd, args.steps)
+                t, n, evals, te = both[1] if both else run_plain(cfg, args.seed, datasets,
+                                                                 init_sd, args.steps)
                 tail = ""
             n_evals = len(evals)
             if args.steps:        # the project evaluated before step N, inside the window: out
@@ -332,7 +365,9 @@ def main() -> int:
         ratios.append(tp / tq)
         per_step.append(((tp - ep) / np_) / ((tq - eq) / nq))
         cpu_ratios.append(((cp - ecp) / np_) / ((cq - ecq) / nq))
-        line = (f"pair {i + 1} ({'project first' if i % 2 == 0 else 'plain first'}): ratio "
+        order = ("lockstep" if args.lockstep else
+                 "project first" if i % 2 == 0 else "plain first")
+        line = (f"pair {i + 1} ({order}): ratio "
                 f"project/plain {tp / tq:.3f} (training per step {per_step[-1]:.3f}; its CPU time "
                 f"{cpu_ratios[-1]:.3f}")
         if kp and kq:
@@ -341,7 +376,8 @@ def main() -> int:
         print(f"{line}); {_load_load()}", flush=True)
     import statistics
     med = statistics.median
-    print(f"median of {len(ratios)} alternating pairs: ratio project/plain = {med(ratios):.3f} "
+    kind = "lockstep runs" if args.lockstep else "alternating pairs"
+    print(f"median of {len(ratios)} {kind}: ratio project/plain = {med(ratios):.3f} "
           f"(pairs {', '.join(f'{r:.3f}' for r in ratios)}); {_load_load()}")
     print(f"  training per step {med(per_step):.3f} (pairs "
           f"{', '.join(f'{r:.3f}' for r in per_step)}); its CPU time {med(cpu_ratios):.3f} "
