@@ -226,6 +226,7 @@ def run_lockstep(cfg, seed, datasets, init_sd):
     evaluation step; each side's clock leaves the other's work out. Drift of the machine's speed
     then falls on both sides alike within a second, where the pairs see it over minutes. The
     plain loop finishes alone if the project's run stops first."""
+    import gc
     import io
     import tempfile
     from llama31_405b.train.hooks import Hook
@@ -233,13 +234,20 @@ def run_lockstep(cfg, seed, datasets, init_sd):
     from llama31_405b.train.mllog import MLPerfLogHook
     from llama31_405b.train.progress import ProgressHook
     plain = PlainRun(cfg, seed, datasets, init_sd)
-    clock = {"t0": None, "plain": (0.0, 0.0), "project": None, "plain_done": False}
+    clock = {"t0": _now(), "plain": (0.0, 0.0), "project": None, "plain_done": False}
     evals = _EvalTime()
 
     def plain_advance():
+        # the plain loop keeps Python's automatic GC, also inside a manual_gc project run
+        gc_was_on = gc.isenabled()
+        gc.enable()
         t = _now()
-        clock["plain_done"] = plain.advance()
-        dt = _since(t)
+        try:
+            clock["plain_done"] = plain.advance()
+        finally:
+            dt = _since(t)
+            if not gc_was_on:
+                gc.disable()
         clock["plain"] = (clock["plain"][0] + dt[0], clock["plain"][1] + dt[1])
 
     class _Lockstep(Hook):
