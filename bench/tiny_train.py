@@ -110,9 +110,9 @@ class _Clock:
         self.hook = _Hook()
 
 
-def run_project(cfg, seed, datasets, steps=None):
+def run_project(cfg, seed, datasets, steps=None, extra_hooks=()):
     """The real run: train.loop.Run with the hooks `train` uses (MLPerf log to a temporary file,
-    progress lines), its stdout/stderr copies going to memory."""
+    progress lines), its stdout/stderr copies going to memory; `extra_hooks` run after them."""
     import io
     import tempfile
     from llama31_405b.train.loop import Run
@@ -122,7 +122,7 @@ def run_project(cfg, seed, datasets, steps=None):
     with tempfile.TemporaryDirectory() as tmp:
         hooks = [MLPerfLogHook(cfg, seed=seed, log_file=f"{tmp}/log.txt", rank=0,
                                echo=io.StringIO()),
-                 ProgressHook(cfg, rank=0, stream=io.StringIO()), clock.hook]
+                 ProgressHook(cfg, rank=0, stream=io.StringIO()), clock.hook, *extra_hooks]
         run = Run(cfg, seed=seed, hooks=hooks, datasets=datasets)
         status = run.execute()
     n = steps or run.state.step
@@ -227,61 +227,34 @@ def run_lockstep(cfg, seed, datasets, init_sd):
     then falls on both sides alike within a second, where the pairs see it over minutes. The
     plain loop finishes alone if the project's run stops first."""
     import gc
-    import io
-    import tempfile
     from llama31_405b.train.hooks import Hook
-    from llama31_405b.train.loop import Run
-    from llama31_405b.train.mllog import MLPerfLogHook
-    from llama31_405b.train.progress import ProgressHook
     plain = PlainRun(cfg, seed, datasets, init_sd)
-    clock = {"t0": _now(), "plain": (0.0, 0.0), "project": None, "plain_done": False}
-    evals = _EvalTime()
+    spent, done = [0.0, 0.0], [False]     # the plain side's (wall, CPU) seconds; its end
 
-    def plain_advance():
+    def advance():
         # the plain loop keeps Python's automatic GC, also inside a manual_gc project run
         gc_was_on = gc.isenabled()
         gc.enable()
         t = _now()
         try:
-            clock["plain_done"] = plain.advance()
+            done[0] = plain.advance()
         finally:
             dt = _since(t)
             if not gc_was_on:
                 gc.disable()
-        clock["plain"] = (clock["plain"][0] + dt[0], clock["plain"][1] + dt[1])
+        spent[0], spent[1] = spent[0] + dt[0], spent[1] + dt[1]
 
     class _Lockstep(Hook):
-        def on_run_start(self, run):
-            clock["t0"] = _now()
-
         def on_step_end(self, run, stats):
-            if not clock["plain_done"]:
-                plain_advance()
+            if not done[0]:
+                advance()
 
-        def on_eval_start(self, run, step):
-            evals.start()
-
-        def on_eval_end(self, run, step, value, eval_time_s):
-            evals.stop()
-
-        def on_run_stop(self, run, status, reason):
-            clock["project"] = _since(clock["t0"])
-
-    with tempfile.TemporaryDirectory() as tmp:
-        hooks = [MLPerfLogHook(cfg, seed=seed, log_file=f"{tmp}/log.txt", rank=0,
-                               echo=io.StringIO()),
-                 ProgressHook(cfg, rank=0, stream=io.StringIO()), _Lockstep()]
-        run = Run(cfg, seed=seed, hooks=hooks, datasets=datasets)
-        status = run.execute()
-    tp = clock["project"]
+    t, n, evals, status, te = run_project(cfg, seed, datasets, extra_hooks=[_Lockstep()])
     # the plain steps made inside the project's run are not the project's time
-    inside = clock["plain"]
-    project_t = (tp[0] - inside[0], tp[1] - inside[1])
-    while not clock["plain_done"]:
-        plain_advance()
-    project = (project_t, run.state.step, [(s, v) for s, _, v in run.state.evals], status,
-               evals.total)
-    return project, (clock["plain"], plain.step, plain.evals, plain.eval_time.total)
+    project = ((t[0] - spent[0], t[1] - spent[1]), n, evals, status, te)
+    while not done[0]:
+        advance()
+    return project, (tuple(spent), plain.step, plain.evals, plain.eval_time.total)
 
 
 def _load_load() -> str:
