@@ -2,8 +2,9 @@
 emulation) gives bitwise the same losses, evaluations and final weights with them on and off
 (tests/helpers/fast_path_probe.py): the model's forward and torch's optimizer step outside
 cpu_compat's torch-function mode, the attention scores masked by one out-of-place torch.where,
-the cross entropy's logits maximum by torch.amax, and NVFP4
-weights quantized once per step (precision.linear.WEIGHT_CACHE). docs/training.md ("The tiny
+the cross entropy's logits maximum by torch.amax, NVFP4
+weights quantized once per step (precision.linear.WEIGHT_CACHE), and the NVFP4 row+column
+quantization by the C kernel (precision/native.py). docs/training.md ("The tiny
 benchmark") has the full-length runs compared with the logs of the code before the fast paths."""
 import json
 import subprocess
@@ -43,6 +44,7 @@ def test_fast_paths_leave_the_tiny_run_bitwise_unchanged(tiny_env, tmp_path, com
     if compute == "nvfp4":
         # 4 microbatches per step: the weights are quantized once, then reused
         assert on["weight_cache_hits"] > 0
+        assert on["native"] and not off["native"]           # the C kernel, then torch's ops
     assert on["losses"] == off["losses"]                      # exact floats
     assert on["evals"] == off["evals"]
     assert on["weights_sha256"] == off["weights_sha256"]

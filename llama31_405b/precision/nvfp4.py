@@ -28,6 +28,7 @@ from typing import Literal
 import numpy as np
 import torch
 
+from . import native
 from .rounding import (_C_E2M1, _C_E4M3, _E4M3_MIN_NORMAL, E2M1_MAX, _consts, round_e2m1,
                        round_e2m1_, round_e4m3_, rowcol_work, scratch, stochastic_round_e2m1)
 
@@ -192,6 +193,7 @@ def _block_amax(x2d: torch.Tensor, block: str, axis: int):
 
 _INV6_F32 = float(np.float32(1.0 / 6.0))   # fl32(1/6)
 _F32 = struct.Struct("f")
+_U32 = struct.Struct("I")   # FP32 bits: _F32.unpack(_U32.pack(bits)) is their value
 
 
 def _fl32(v: float) -> float:
@@ -321,9 +323,22 @@ def fake_quantize_rowcol(x: torch.Tensor, *, stochastic: bool = False,
     if not n:
         amax = _reduce_amax(torch.zeros((), device=dev), amax_group).item()
         return y[0].view(rows, cols), y[1].view(rows, cols).t(), amax
+    w = rowcol_work(rows, cols, dev)
+    off = y.storage_offset()
+    views = (y.as_strided((rows, cols), (cols, 1), off),
+             y.as_strided((cols, rows), (1, cols), off + n))
+    kern = native.kernel() if native.ENABLED and not stochastic and dev.type == "cpu" else None
+    if kern is not None and y.is_contiguous():       # the same arithmetic, fused (rowcol.c)
+        xp, (amax_row, amax_col, s_b, enc) = x2d.data_ptr(), w.pointers
+        amax = _F32.unpack(_U32.pack(kern.block_amax(xp, rows, cols, amax_row, amax_col)))[0]
+        if amax_group is not None:
+            amax = _reduce_amax(torch.tensor(amax, device=dev), amax_group).item()
+        s_enc, s_dec = encode_scales(amax)
+        kern.rowcol(xp, rows, cols, amax_row, _fl32(s_enc * _INV6_F32), s_dec, s_b, enc,
+                    y.data_ptr())
+        return (*views, amax)
     # The arithmetic of _block_amax, _block_scales, _round_ and fake_quantize_amax, step for
     # step, on a per-shape workspace (rounding.RowColWork) and fixed views of the result.
-    w = rowcol_work(rows, cols, dev)
     torch.abs(x2d, out=w.abs)
     torch.amax(w.abs_row, 2, out=w.amax_row)                # int32 maxima: see _max_abs
     torch.amax(w.abs_col, 1, out=w.amax_col)
@@ -335,7 +350,6 @@ def fake_quantize_rowcol(x: torch.Tensor, *, stochastic: bool = False,
     w.exp_small_f.clamp_(_E4M3_MIN_NORMAL, None)                       # round_e4m3_
     s_b.add_(w.exp_small_f, alpha=_C_E4M3).sub_(w.exp_small_f, alpha=_C_E4M3)
     torch.mul(s_b, s_dec, out=w.enc).reciprocal_().clamp_(max=FLT_MAX)
-    off = y.storage_offset()
     row = y.as_strided((rows, cb, BLOCK), (cols, BLOCK, 1), off)
     col = y.as_strided((rb, BLOCK, cols), (BLOCK * cols, cols, 1), off + n)
     torch.mul(x2d.view(rows, cb, BLOCK), w.enc_row, out=row)
@@ -352,8 +366,7 @@ def fake_quantize_rowcol(x: torch.Tensor, *, stochastic: bool = False,
     row.mul_(w.s_b_row)
     col.mul_(w.s_b_col)
     y.mul_(s_dec)                                   # (e2m1 * s_b) * S_dec; the first exact
-    return (y.as_strided((rows, cols), (cols, 1), off),
-            y.as_strided((cols, rows), (1, cols), off + n), amax)
+    return (*views, amax)
 
 
 def quantize(x: torch.Tensor, *, block: BlockKind = "1d", rht: bool = False,

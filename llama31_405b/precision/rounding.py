@@ -75,6 +75,9 @@ class RowColWork:
         self.top = torch.empty(2, m, dtype=f32, device=device)
         self.exp = torch.empty(2, n, dtype=i32, device=device)
         self.exp_f = self.exp.view(f32)
+        # for the C kernel (precision/native.py): the block amaxes of both layouts, s_b, enc
+        self.pointers = (self.amax_i[0].data_ptr(), self.amax_i[1].data_ptr(),
+                         self.s_b.data_ptr(), self.enc.data_ptr())
 
 
 _WORK_SHAPES = 8

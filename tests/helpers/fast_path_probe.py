@@ -1,12 +1,14 @@
 """Two short tiny runs in one process, with the CPU fast paths of the tiny run on, then off
 (cpu_compat.fast_paths a no-op: the model's forward and the optimizer step under the
 torch-function mode, Megatron's own in-place attention mask and logits maximum in the cross
-entropy, and every NVFP4 weight quantized at every use, as before the fast paths existed), for
+entropy, every NVFP4 weight quantized at every use, as before the fast paths existed, and the
+row+column NVFP4 quantization in torch instead of the C kernel of precision/native.py), for
 tests/test_tiny_fast_paths.py.
 
 usage: python tests/helpers/fast_path_probe.py CONFIG OVERRIDES_JSON OUT_JSON
 Writes {"on": run, "off": run}; a run: losses, evaluations, sha256 of the final weights, the
-number of callables the fast paths switched and the NVFP4 weight-cache hits.
+number of callables the fast paths switched, the NVFP4 weight-cache hits and whether the C
+kernel was used.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ def _run(cfg, *, fast: bool) -> dict:
     import torch
 
     from llama31_405b import cpu_compat
-    from llama31_405b.precision import linear
+    from llama31_405b.precision import linear, native
     from llama31_405b.train.loop import Run
     from megatron.core.tensor_parallel.cross_entropy import VocabParallelCrossEntropy as vpce
 
@@ -39,11 +41,13 @@ def _run(cfg, *, fast: bool) -> dict:
 
     cpu_compat.fast_paths = fast_paths if fast else (lambda model, optimizer: 0)
     linear.WEIGHT_CACHE.get = get if fast else (lambda weight, key, make: make())
+    native.ENABLED = fast
     try:
         run = Run(cfg, seed=1, hooks=[])
         run.execute()
     finally:
         cpu_compat.fast_paths, linear.WEIGHT_CACHE.get = real_fast_paths, real_get
+        native.ENABLED = True
         vpce.calculate_logits_max = real_logits_max          # Megatron's own, for the next run
         linear.WEIGHT_CACHE.clear()
     h = hashlib.sha256()
@@ -54,7 +58,7 @@ def _run(cfg, *, fast: bool) -> dict:
     return {"losses": run.state.losses, "evals": [[s, v] for s, _, v in run.state.evals],
             "status": run.state.status, "reason": run.state.reason,
             "weights_sha256": h.hexdigest(), "switched": sum(switched),
-            "weight_cache_hits": hits[0]}
+            "weight_cache_hits": hits[0], "native": fast and native.kernel() is not None}
 
 
 def main() -> int:
