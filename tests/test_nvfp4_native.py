@@ -1,7 +1,7 @@
-"""The C kernel of the NVFP4 row+column quantization (precision/native.py, rowcol.c) gives the
-bits of the torch formulation it replaces (nvfp4.fake_quantize_rowcol with native.ENABLED off),
-on every kind of FP32 input, and the emulation falls back to torch, with one warning, when the
-kernel cannot be built."""
+"""The C kernel of the NVFP4 row+column and rowwise quantizations (precision/native.py, rowcol.c)
+gives the bits of the torch formulation it replaces (nvfp4.fake_quantize_rowcol and
+fake_quantize_amax with native.ENABLED off), on every kind of FP32 input, and the emulation
+falls back to torch, with one warning, when the kernel cannot be built."""
 import warnings
 
 import pytest
@@ -84,6 +84,37 @@ def test_kernel_gives_the_torch_formulations_bits(case, x):
     assert torch.equal(_bits(col1), _bits(col0)), case
     assert col1.shape == (x.shape[1], x.shape[0])
     assert amax1 == amax0 or (amax1 != amax1 and amax0 != amax0)      # equal, or both NaN
+
+
+@pytest.mark.parametrize("case,x", INPUTS + [("40x48 rows not a multiple of 16", INPUTS[0][1][:40])],
+                         ids=[c for c, _ in INPUTS] + ["40 rows"])
+def test_rowwise_kernel_gives_the_torch_formulations_bits(case, x):
+    """fake_quantize_amax's rowwise round-to-nearest case (evaluation forwards, weights without
+    Dgrad): the rows need not be a multiple of 16."""
+    native.ENABLED = False
+    try:
+        want, amax0 = nvfp4.fake_quantize_amax(x)
+    finally:
+        native.ENABLED = True
+    got, amax1 = nvfp4.fake_quantize_amax(x, out_slot="test_rowwise")
+    assert torch.equal(_bits(got), _bits(want)), case
+    assert amax1 == amax0 or (amax1 != amax1 and amax0 != amax0)
+
+
+def test_kernel_results_do_not_depend_on_the_thread_count():
+    """Every OpenMP thread writes its own rows and blocks: 1 and 2 intra-op threads agree."""
+    before = torch.get_num_threads()
+    outs = []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            outs.append([(fake_quantize_rowcol(x)[:2], nvfp4.fake_quantize_amax(x)[0])
+                         for _, x in INPUTS[::3]])
+    finally:
+        torch.set_num_threads(before)
+    for ((r1, c1), w1), ((r2, c2), w2) in zip(*outs):
+        assert torch.equal(_bits(r1), _bits(r2)) and torch.equal(_bits(c1), _bits(c2))
+        assert torch.equal(_bits(w1), _bits(w2))
 
 
 def test_kernel_results_in_a_callers_buffer_and_3d_inputs():

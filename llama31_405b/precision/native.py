@@ -3,9 +3,10 @@ first use with the machine's C compiler and loaded with ctypes.
 
 Why: on the tiny CPU model the torch formulation of nvfp4.fake_quantize_rowcol is ~14 passes over
 memory and ~30 ATen calls per tensor, each a parallel region at two intra-op threads; the C
-kernel makes two passes, on one thread. It computes the same IEEE FP32 operations in the same
-order (compiled without FMA contraction or fast-math), so its results are the torch code's bits
-(tests/test_nvfp4_native.py compares them on every kind of input). Without a compiler, or when
+kernel makes two passes, on torch's intra-op threads. It computes the same IEEE FP32 operations
+in the same order (compiled without FMA contraction or fast-math), so its results are the torch
+code's bits (tests/test_nvfp4_native.py compares them on every kind of input, at 1 and 2
+threads). Without a compiler, or when
 the build fails, `kernel()` returns None and nvfp4.py keeps the torch code (one warning says
 why). The library is built in a private temporary directory, removed once loaded: nothing is
 written into the image or the checkout, and there is no cache to go stale.
@@ -15,11 +16,17 @@ from __future__ import annotations
 import ctypes
 import os
 import shutil
+import struct
 import subprocess
 import tempfile
 import threading
 import warnings
 from pathlib import Path
+
+import torch
+
+from . import nvfp4 as q          # imported by nvfp4 too: its names are read at call time
+from .rounding import scratch
 
 SOURCE = Path(__file__).with_name("rowcol.c")
 FLAGS = ["-O3", "-march=native", "-std=c99", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math",
@@ -27,7 +34,7 @@ FLAGS = ["-O3", "-march=native", "-std=c99", "-fPIC", "-shared", "-ffp-contract=
 """No FMA contraction and no fast-math: every operation rounds as the torch code's does."""
 
 ENABLED = True
-"""nvfp4.fake_quantize_rowcol uses the kernel when it can be built (tests switch it off to compare)."""
+"""nvfp4 uses the kernel when it can be built (tests switch it off to compare)."""
 
 _LOCK = threading.Lock()
 _STATE: dict[str, object] = {}
@@ -37,13 +44,16 @@ class Kernel:
     """ctypes bindings of rowcol.c (pointers as integers: tensor.data_ptr())."""
 
     def __init__(self, lib: ctypes.CDLL):
-        i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+        i64, ptr, f32, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
         self.block_amax = lib.nvfp4_block_amax
-        self.block_amax.argtypes = [ptr, i64, i64, ptr, ptr]
+        self.block_amax.argtypes = [ptr, i64, i64, ptr, ptr, i32]
         self.block_amax.restype = ctypes.c_uint32
         self.rowcol = lib.nvfp4_rowcol
-        self.rowcol.argtypes = [ptr, i64, i64, ptr, f32, f32, ptr, ptr, ptr]
+        self.rowcol.argtypes = [ptr, i64, i64, ptr, f32, f32, ptr, ptr, ptr, i32]
         self.rowcol.restype = None
+        self.row = lib.nvfp4_row
+        self.row.argtypes = self.rowcol.argtypes
+        self.row.restype = None
 
 
 def _compiler() -> str | None:
@@ -51,18 +61,20 @@ def _compiler() -> str | None:
 
 
 def build() -> Kernel:
-    """Compile rowcol.c into a temporary directory and load it; raises on any failure."""
+    """Compile rowcol.c into a temporary directory and load it; raises on any failure. With
+    OpenMP when the compiler has it (gcc does; clang may lack libomp), else on one thread."""
     cc = _compiler()
     if cc is None:
         raise RuntimeError("no C compiler (cc, gcc or clang) on PATH")
     tmp = tempfile.mkdtemp(prefix="nvfp4-rowcol-")
     try:
         lib_path = os.path.join(tmp, "rowcol.so")
-        res = subprocess.run([cc, *FLAGS, "-o", lib_path, str(SOURCE)],
-                             capture_output=True, text=True, timeout=120)
-        if res.returncode != 0:
-            raise RuntimeError(f"{cc} failed on {SOURCE}: {res.stderr.strip()[-400:]}")
-        return Kernel(ctypes.CDLL(lib_path))
+        for extra in (["-fopenmp"], []):
+            res = subprocess.run([cc, *FLAGS, *extra, "-o", lib_path, str(SOURCE)],
+                                 capture_output=True, text=True, timeout=120)
+            if res.returncode == 0:
+                return Kernel(ctypes.CDLL(lib_path))
+        raise RuntimeError(f"{cc} failed on {SOURCE}: {res.stderr.strip()[-400:]}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)   # the loaded library stays mapped
 
@@ -80,3 +92,45 @@ def kernel() -> Kernel | None:
                                   RuntimeWarning, stacklevel=2)
                     _STATE["kernel"] = None
     return _STATE["kernel"]  # type: ignore[return-value]
+
+
+_U32 = struct.Struct("I")
+
+
+def _amax(bits: int, amax_group, device) -> float:
+    """The global amax from the bits of nvfp4_block_amax, MAX-reduced over the group if any."""
+    amax = q._F32.unpack(_U32.pack(bits))[0]
+    if amax_group is not None:
+        amax = q._reduce_amax(torch.tensor(amax, device=device), amax_group).item()
+    return amax
+
+
+def rowcol(kern: Kernel, x2d: torch.Tensor, work, out: torch.Tensor, amax_group) -> float:
+    """nvfp4.fake_quantize_rowcol's round-to-nearest case: both layouts into `out` (contiguous,
+    2 * x2d.numel() FP32 values), block temporaries in `work` (rounding.RowColWork); the amax."""
+    rows, cols = x2d.shape
+    xp, (amax_row, amax_col, s_b, enc) = x2d.data_ptr(), work.pointers
+    nt = torch.get_num_threads()
+    amax = _amax(kern.block_amax(xp, rows, cols, amax_row, amax_col, nt), amax_group, x2d.device)
+    s_enc, s_dec = q.encode_scales(amax)
+    kern.rowcol(xp, rows, cols, amax_row, q._fl32(s_enc * q._INV6_F32), s_dec, s_b, enc,
+                out.data_ptr(), nt)
+    return amax
+
+
+def rowwise(kern: Kernel, x2d: torch.Tensor, amax_group, out_slot: str | None
+            ) -> tuple[torch.Tensor, float]:
+    """nvfp4.fake_quantize_amax's rowwise 1x16 round-to-nearest case: (values, amax); the values
+    in the scratch buffer `out_slot` if given (rounding.scratch), else a new tensor."""
+    rows, cols = x2d.shape
+    m, dev = rows * cols // q.BLOCK, x2d.device
+    amax_b = scratch("native_amax", (m,), torch.int32, dev)
+    s_b, enc = (scratch(slot, (m,), torch.float32, dev) for slot in ("native_s_b", "native_enc"))
+    out = (scratch(out_slot, (rows, cols), torch.float32, dev) if out_slot
+           else torch.empty(rows, cols, device=dev))
+    xp, ap, nt = x2d.data_ptr(), amax_b.data_ptr(), torch.get_num_threads()
+    amax = _amax(kern.block_amax(xp, rows, cols, ap, None, nt), amax_group, dev)
+    s_enc, s_dec = q.encode_scales(amax)
+    kern.row(xp, rows, cols, ap, q._fl32(s_enc * q._INV6_F32), s_dec, s_b.data_ptr(),
+             enc.data_ptr(), out.data_ptr(), nt)
+    return out, amax

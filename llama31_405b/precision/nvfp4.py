@@ -193,7 +193,6 @@ def _block_amax(x2d: torch.Tensor, block: str, axis: int):
 
 _INV6_F32 = float(np.float32(1.0 / 6.0))   # fl32(1/6)
 _F32 = struct.Struct("f")
-_U32 = struct.Struct("I")   # FP32 bits: _F32.unpack(_U32.pack(bits)) is their value
 
 
 def _fl32(v: float) -> float:
@@ -285,6 +284,11 @@ def fake_quantize_amax(x: torch.Tensor, *, block: BlockKind = "1d", columnwise: 
     x2d = _as_2d(x)
     rows, cols = x2d.shape
     _check_shape(rows, cols, block, rht, columnwise)
+    if (block == "1d" and not (columnwise or rht or stochastic) and amax is None
+            and x2d.numel() and x2d.device.type == "cpu" and native.ENABLED):
+        kern = native.kernel()
+        if kern is not None:                # the same arithmetic, fused (rowcol.c)
+            return native.rowwise(kern, x2d, amax_group, out_slot)
     _, v, s_b, amax, _, s_dec = _quantize_core(
         x2d, axis=0 if columnwise else 1, block=block, rht=rht, stochastic=stochastic,
         generator=generator, amax_group=amax_group, amax=amax, out_slot=out_slot)
@@ -329,14 +333,7 @@ def fake_quantize_rowcol(x: torch.Tensor, *, stochastic: bool = False,
              y.as_strided((cols, rows), (1, cols), off + n))
     kern = native.kernel() if native.ENABLED and not stochastic and dev.type == "cpu" else None
     if kern is not None and y.is_contiguous():       # the same arithmetic, fused (rowcol.c)
-        xp, (amax_row, amax_col, s_b, enc) = x2d.data_ptr(), w.pointers
-        amax = _F32.unpack(_U32.pack(kern.block_amax(xp, rows, cols, amax_row, amax_col)))[0]
-        if amax_group is not None:
-            amax = _reduce_amax(torch.tensor(amax, device=dev), amax_group).item()
-        s_enc, s_dec = encode_scales(amax)
-        kern.rowcol(xp, rows, cols, amax_row, _fl32(s_enc * _INV6_F32), s_dec, s_b, enc,
-                    y.data_ptr())
-        return (*views, amax)
+        return (*views, native.rowcol(kern, x2d, w, y, amax_group))
     # The arithmetic of _block_amax, _block_scales, _round_ and fake_quantize_amax, step for
     # step, on a per-shape workspace (rounding.RowColWork) and fixed views of the result.
     torch.abs(x2d, out=w.abs)
