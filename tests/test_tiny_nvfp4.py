@@ -12,7 +12,7 @@ from llama31_405b.mlperf.log import load_run
 pytestmark = [pytest.mark.slow, pytest.mark.converge]   # trained to the target: `make test-stress`
 
 # Largest relative gap |ppl_nvfp4 - ppl_fp32| / ppl_fp32 at any common evaluation. Measured:
-# 0.4% at most over seed 1's eight evaluations (see docs/nvfp4.md); the bound leaves room for
+# 0.23% at most over seed 1's seven common evaluations (docs/nvfp4.md); the bound leaves room for
 # other machines' float summation order, not for a broken quantizer (which costs > 5%).
 MAX_RELATIVE_GAP = 0.02
 
