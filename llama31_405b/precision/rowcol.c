@@ -34,6 +34,15 @@ static inline float float_of(uint32_t u) { float f; memcpy(&f, &u, 4); return f;
 /* Block maxima of |x| as FP32 bit patterns (non-negative floats order as their bits; a NaN's
  * above +inf): amax_row [rows * cols/16], amax_col [rows/16 * cols] (NULL: rowwise only, and
  * rows need not be a multiple of 16). Returns the bits of max|x|. */
+static inline uint32_t block_max(const uint32_t *v) {
+    uint32_t m = 0;
+    for (int i = 0; i < BLOCK; i++) {
+        uint32_t a = v[i] & ABS_MASK;
+        m = a > m ? a : m;
+    }
+    return m;
+}
+
 uint32_t nvfp4_block_amax(const float *x, int64_t rows, int64_t cols,
                           uint32_t *amax_row, uint32_t *amax_col, int threads) {
     const uint32_t *xb = (const uint32_t *)x;
@@ -41,35 +50,25 @@ uint32_t nvfp4_block_amax(const float *x, int64_t rows, int64_t cols,
     uint32_t top = 0;
     if (!amax_col) {
         #pragma omp parallel for num_threads(threads) if(threads > 1) reduction(max:top)
-        for (int64_t r = 0; r < rows; r++) {
-            const uint32_t *row = xb + r * cols;
+        for (int64_t r = 0; r < rows; r++)
             for (int64_t j = 0; j < cb; j++) {
-                uint32_t m = 0;
-                for (int i = 0; i < BLOCK; i++) {
-                    uint32_t a = row[j * BLOCK + i] & ABS_MASK;
-                    m = a > m ? a : m;
-                }
-                amax_row[r * cb + j] = m;
+                uint32_t m = amax_row[r * cb + j] = block_max(xb + r * cols + j * BLOCK);
                 top = m > top ? m : top;
             }
-        }
         return top;
     }
     #pragma omp parallel for num_threads(threads) if(threads > 1) reduction(max:top)
-    for (int64_t g = 0; g < rows / BLOCK; g++) {
+    for (int64_t g = 0; g < rows / BLOCK; g++) {      /* 16 rows: one row of column blocks */
         uint32_t *col = amax_col + g * cols;
         memset(col, 0, (size_t)cols * sizeof(uint32_t));
         for (int64_t r = g * BLOCK; r < (g + 1) * BLOCK; r++) {
             const uint32_t *row = xb + r * cols;
+            for (int64_t c = 0; c < cols; c++) {
+                uint32_t a = row[c] & ABS_MASK;
+                col[c] = a > col[c] ? a : col[c];
+            }
             for (int64_t j = 0; j < cb; j++) {
-                uint32_t m = 0;
-                for (int i = 0; i < BLOCK; i++) {
-                    uint32_t a = row[j * BLOCK + i] & ABS_MASK;
-                    m = a > m ? a : m;
-                    uint32_t *c = col + j * BLOCK + i;
-                    *c = a > *c ? a : *c;
-                }
-                amax_row[r * cb + j] = m;
+                uint32_t m = amax_row[r * cb + j] = block_max(row + j * BLOCK);
                 top = m > top ? m : top;
             }
         }
