@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from llama31_405b.precision.nvfp4 import (
-    FLT_MAX, NVFP4Tensor, apply_rht, dequantize, fake_quantize, fake_quantize_rowcol,
-    global_encode_scale, quantize, rht_matrix, round_e2m1, undo_rht)
+    FLT_MAX, apply_rht, fake_quantize, fake_quantize_rowcol, global_encode_scale, rht_matrix,
+    round_e2m1, undo_rht)
+from llama31_405b.precision.packed import NVFP4Tensor, dequantize, quantize
 from llama31_405b.precision.rounding import round_e4m3_
 
 VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]

@@ -16,7 +16,6 @@ from __future__ import annotations
 import ctypes
 import os
 import shutil
-import struct
 import subprocess
 import tempfile
 import threading
@@ -25,8 +24,9 @@ from pathlib import Path
 
 import torch
 
-from . import nvfp4 as q          # imported by nvfp4 too: its names are read at call time
 from .rounding import scratch
+
+BLOCK = 16
 
 SOURCE = Path(__file__).with_name("rowcol.c")
 FLAGS = ["-O3", "-march=native", "-std=c99", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math",
@@ -94,43 +94,31 @@ def kernel() -> Kernel | None:
     return _STATE["kernel"]  # type: ignore[return-value]
 
 
-_U32 = struct.Struct("I")
-
-
-def _amax(bits: int, amax_group, device) -> float:
-    """The global amax from the bits of nvfp4_block_amax, MAX-reduced over the group if any."""
-    amax = q._F32.unpack(_U32.pack(bits))[0]
-    if amax_group is not None:
-        amax = q._reduce_amax(torch.tensor(amax, device=device), amax_group).item()
-    return amax
-
-
-def rowcol(kern: Kernel, x2d: torch.Tensor, work, out: torch.Tensor, amax_group) -> float:
+def rowcol(kern: Kernel, x2d: torch.Tensor, work, out: torch.Tensor, encode) -> float:
     """nvfp4.fake_quantize_rowcol's round-to-nearest case: both layouts into `out` (contiguous,
-    2 * x2d.numel() FP32 values), block temporaries in `work` (rounding.RowColWork); the amax."""
+    2 * x2d.numel() FP32 values), block temporaries in `work` (rounding.RowColWork). encode:
+    the bits of max|x| -> (amax, fl32(S_enc / 6), S_dec) (nvfp4: any group reduction of the
+    amax, then the encode scales). Returns the amax."""
     rows, cols = x2d.shape
     xp, (amax_row, amax_col, s_b, enc) = x2d.data_ptr(), work.pointers
     nt = torch.get_num_threads()
-    amax = _amax(kern.block_amax(xp, rows, cols, amax_row, amax_col, nt), amax_group, x2d.device)
-    s_enc, s_dec = q.encode_scales(amax)
-    kern.rowcol(xp, rows, cols, amax_row, q._fl32(s_enc * q._INV6_F32), s_dec, s_b, enc,
-                out.data_ptr(), nt)
+    amax, k, s_dec = encode(kern.block_amax(xp, rows, cols, amax_row, amax_col, nt))
+    kern.rowcol(xp, rows, cols, amax_row, k, s_dec, s_b, enc, out.data_ptr(), nt)
     return amax
 
 
-def rowwise(kern: Kernel, x2d: torch.Tensor, amax_group, out_slot: str | None
+def rowwise(kern: Kernel, x2d: torch.Tensor, out_slot: str | None, encode
             ) -> tuple[torch.Tensor, float]:
     """nvfp4.fake_quantize_amax's rowwise 1x16 round-to-nearest case: (values, amax); the values
-    in the scratch buffer `out_slot` if given (rounding.scratch), else a new tensor."""
+    in the scratch buffer `out_slot` if given (rounding.scratch), else a new tensor. encode: as
+    for rowcol."""
     rows, cols = x2d.shape
-    m, dev = rows * cols // q.BLOCK, x2d.device
+    m, dev = rows * cols // BLOCK, x2d.device
     amax_b = scratch("native_amax", (m,), torch.int32, dev)
     s_b, enc = (scratch(slot, (m,), torch.float32, dev) for slot in ("native_s_b", "native_enc"))
     out = (scratch(out_slot, (rows, cols), torch.float32, dev) if out_slot
            else torch.empty(rows, cols, device=dev))
     xp, ap, nt = x2d.data_ptr(), amax_b.data_ptr(), torch.get_num_threads()
-    amax = _amax(kern.block_amax(xp, rows, cols, ap, None, nt), amax_group, dev)
-    s_enc, s_dec = q.encode_scales(amax)
-    kern.row(xp, rows, cols, ap, q._fl32(s_enc * q._INV6_F32), s_dec, s_b.data_ptr(),
-             enc.data_ptr(), out.data_ptr(), nt)
+    amax, k, s_dec = encode(kern.block_amax(xp, rows, cols, ap, None, nt))
+    kern.row(xp, rows, cols, ap, k, s_dec, s_b.data_ptr(), enc.data_ptr(), out.data_ptr(), nt)
     return out, amax

@@ -15,14 +15,14 @@ blocks run along the first dimension (what the Dgrad/Wgrad GEMMs consume). With 
 16-element block is first multiplied by the random Hadamard matrix (diag(s) H16 / 4) and rounded
 to BF16, as TE does for the Wgrad operands.
 
-`quantize` returns the packed representation; `fake_quantize` returns `dequantize(quantize(x))`
-directly without packing (bit-identical), and `fake_quantize_rowcol` both layouts of one tensor
-at once (the fast path of the NVFP4 linear layer).
+`fake_quantize` returns the values of `dequantize(quantize(x))` (precision/packed.py: the packed
+format) without packing, bit-identical, and `fake_quantize_rowcol` both layouts of one tensor at
+once (the fast path of the NVFP4 linear layer; its round-to-nearest case, and that of a rowwise
+`fake_quantize_amax`, run in the C kernel of precision/native.py, with the same bits).
 """
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -40,48 +40,6 @@ E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 RHT_SIGNS = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
 
 BlockKind = Literal["1d", "2d"]
-
-
-@dataclass(frozen=True, slots=True)
-class NVFP4Tensor:
-    """A tensor in NVFP4. `data` holds E2M1 codes of the quantized layout (rows, cols), two per
-    byte, element 2i in the low nibble. The quantized layout is the 2D view of the input
-    (leading dims flattened) or, when `columnwise`, its transpose."""
-
-    data: torch.Tensor
-    """uint8 (rows, cols // 2): packed E2M1 codes."""
-    scales: torch.Tensor
-    """float8_e4m3fn block scales: (rows, cols // 16) for 1d, (ceil(rows / 16), cols // 16) for 2d."""
-    amax: torch.Tensor
-    """FP32 scalar: global amax used for the encode scale (after any group reduction)."""
-    scale: torch.Tensor
-    """FP32 scalar: S_enc, the global encode scale (S_dec = 1 / S_enc)."""
-    shape: tuple[int, ...]
-    """Shape of the original tensor."""
-    dtype: torch.dtype
-    """Dtype of the original tensor (dequantize returns FP32 unless asked otherwise)."""
-    block: BlockKind
-    """1d (1x16) or 2d (16x16) scaling blocks."""
-    columnwise: bool
-    """True when the blocks run along the first dimension of the 2D view (quantized transpose)."""
-    rht: bool
-    """True when the values are in the random-Hadamard-transformed domain."""
-
-    @property
-    def scale_inv(self) -> torch.Tensor:
-        """S_dec = 1 / S_enc (FP32)."""
-        return torch.reciprocal(self.scale)
-
-    @property
-    def layout_shape(self) -> tuple[int, int]:
-        """(rows, cols) of the quantized layout."""
-        return (self.data.shape[0], self.data.shape[1] * 2)
-
-    def codes(self) -> torch.Tensor:
-        """Unpacked E2M1 codes 0..15, uint8 (rows, cols) in the quantized layout."""
-        lo = self.data & 0x0F
-        hi = self.data >> 4
-        return torch.stack((lo, hi), dim=-1).reshape(self.layout_shape)
 
 
 # --------------------------------------------------------------------------------------------
@@ -135,12 +93,6 @@ def global_encode_scale(amax: torch.Tensor) -> torch.Tensor:
     return torch.where((amax == 0) | (s == 0), torch.ones_like(s), s)
 
 
-def _magnitude_codes(v: torch.Tensor) -> torch.Tensor:
-    """E2M1 magnitude code 0..7 of exactly representable magnitudes v."""
-    # 0,0.5,1,1.5 -> 0..3 (v*2); 2,3 -> 4,5 (v+2); 4,6 -> 6,7 (v/2+4)
-    return torch.where(v < 2.0, v * 2.0, torch.where(v < 4.0, v + 2.0, v * 0.5 + 4.0)).to(torch.uint8)
-
-
 # --------------------------------------------------------------------------------------------
 # the core: blocks, scales and rounded values of a 2D layout
 # --------------------------------------------------------------------------------------------
@@ -192,7 +144,7 @@ def _block_amax(x2d: torch.Tensor, block: str, axis: int):
 
 
 _INV6_F32 = float(np.float32(1.0 / 6.0))   # fl32(1/6)
-_F32 = struct.Struct("f")
+_F32, _U32 = struct.Struct("f"), struct.Struct("I")
 
 
 def _fl32(v: float) -> float:
@@ -212,6 +164,16 @@ def encode_scales(amax: float) -> tuple[float, float]:
     if s == 0:
         s = 1.0
     return s, _fl32(1.0 / s)
+
+
+def _encode_bits(bits: int, amax_group, device) -> tuple[float, float, float]:
+    """(amax, fl32(S_enc / 6), S_dec) from the bits of max|x| the C kernel found (native.py),
+    the amax MAX-reduced over the group first if any."""
+    amax = _F32.unpack(_U32.pack(bits))[0]
+    if amax_group is not None:
+        amax = _reduce_amax(torch.tensor(amax, device=device), amax_group).item()
+    s_enc, s_dec = encode_scales(amax)
+    return amax, _fl32(s_enc * _INV6_F32), s_dec
 
 
 def _block_scales(amax_b: torch.Tensor, s_enc: float, s_dec: float):
@@ -288,7 +250,8 @@ def fake_quantize_amax(x: torch.Tensor, *, block: BlockKind = "1d", columnwise: 
             and x2d.numel() and x2d.device.type == "cpu" and native.ENABLED):
         kern = native.kernel()
         if kern is not None:                # the same arithmetic, fused (rowcol.c)
-            return native.rowwise(kern, x2d, amax_group, out_slot)
+            return native.rowwise(kern, x2d, out_slot,
+                                  lambda bits: _encode_bits(bits, amax_group, x2d.device))
     _, v, s_b, amax, _, s_dec = _quantize_core(
         x2d, axis=0 if columnwise else 1, block=block, rht=rht, stochastic=stochastic,
         generator=generator, amax_group=amax_group, amax=amax, out_slot=out_slot)
@@ -333,7 +296,8 @@ def fake_quantize_rowcol(x: torch.Tensor, *, stochastic: bool = False,
              y.as_strided((cols, rows), (1, cols), off + n))
     kern = native.kernel() if native.ENABLED and not stochastic and dev.type == "cpu" else None
     if kern is not None and y.is_contiguous():       # the same arithmetic, fused (rowcol.c)
-        return (*views, native.rowcol(kern, x2d, w, y, amax_group))
+        return (*views, native.rowcol(kern, x2d, w, y,
+                                      lambda bits: _encode_bits(bits, amax_group, dev)))
     # The arithmetic of _block_amax, _block_scales, _round_ and fake_quantize_amax, step for
     # step, on a per-shape workspace (rounding.RowColWork) and fixed views of the result.
     torch.abs(x2d, out=w.abs)
@@ -364,69 +328,3 @@ def fake_quantize_rowcol(x: torch.Tensor, *, stochastic: bool = False,
     col.mul_(w.s_b_col)
     y.mul_(s_dec)                                   # (e2m1 * s_b) * S_dec; the first exact
     return (*views, amax)
-
-
-def quantize(x: torch.Tensor, *, block: BlockKind = "1d", rht: bool = False,
-             stochastic: bool = False, generator: torch.Generator | None = None,
-             columnwise: bool = False, amax_group=None) -> NVFP4Tensor:
-    """Quantize x to NVFP4 with TE's arithmetic.
-
-    block: "1d" (1x16 blocks along the last dim of the layout) or "2d" (16x16 tiles, weights).
-    rht: apply the random Hadamard transform to each 16-element block first (1d only).
-    stochastic: stochastic rounding of the E2M1 values (8 random bits each, from `generator`).
-    columnwise: quantize the transpose of the 2D view (blocks along the first dim).
-    amax_group: process group over which the global amax is MAX-all-reduced (sharded tensors).
-    """
-    x2d = _as_2d(x)
-    rows, cols = x2d.shape
-    _check_shape(rows, cols, block, rht, columnwise)
-    axis = 0 if columnwise else 1
-    xr, v, s_b, amax, s_enc, _ = _quantize_core(x2d, axis=axis, block=block, rht=rht,
-                                                stochastic=stochastic, generator=generator,
-                                                amax_group=amax_group)
-    v = v.reshape(-1, cols)[:rows]
-    xr = xr[:rows]
-    if block == "2d":
-        scales = s_b[:, 0, :, 0]                       # (rows/16, cols/16)
-    elif axis == 0:
-        scales = s_b[:, 0, :]                          # (rows/16, cols)
-    else:
-        scales = s_b[:, :, 0]                          # (rows, cols/16)
-    if columnwise:                                     # to the quantized layout
-        v, xr, scales = v.t(), xr.t(), scales.t()
-    codes = _magnitude_codes(v.abs()) | torch.where(v < 0, 8, 0).to(torch.uint8)
-    # a negative element that rounds to zero keeps its sign: code 8 (-0)
-    codes = torch.where((xr < 0) & (v == 0), torch.full_like(codes, 8), codes).contiguous()
-    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
-    return NVFP4Tensor(data=packed.contiguous(), scales=scales.contiguous().to(torch.float8_e4m3fn),
-                       amax=torch.tensor(amax, dtype=torch.float32, device=x2d.device),
-                       scale=torch.tensor(s_enc, dtype=torch.float32, device=x2d.device), shape=tuple(x.shape), dtype=x.dtype,
-                       block=block, columnwise=columnwise, rht=rht)
-
-
-_CODE_VALUES = torch.tensor(E2M1_VALUES + tuple(-v for v in E2M1_VALUES), dtype=torch.float32)
-
-
-def dequantize(q: NVFP4Tensor, *, layout: bool = False, undo_rht_transform: bool = False,
-               dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """x_hat = e2m1(q) * float(s_b) * S_dec (FP32 arithmetic).
-
-    By default the result has the original shape (a columnwise tensor is transposed back);
-    layout=True returns the quantized layout instead. Values of an RHT tensor stay in the
-    transformed domain unless undo_rht_transform=True (x_hat * M^T per block, FP32).
-    """
-    rows, cols = q.layout_shape
-    vals = _CODE_VALUES.to(q.data.device)[q.codes().long()]
-    s = q.scales.float()
-    if q.block == "2d":
-        s = s.repeat_interleave(BLOCK, dim=0)[:rows].repeat_interleave(BLOCK, dim=1)
-    else:
-        s = s.repeat_interleave(BLOCK, dim=1)
-    out = (vals * s) * torch.reciprocal(q.scale)
-    if q.rht and undo_rht_transform:
-        out = undo_rht(out)
-    if layout:
-        return out.to(dtype)
-    if q.columnwise:
-        out = out.t()
-    return out.reshape(q.shape).to(dtype)
