@@ -6,10 +6,10 @@ memory and ~30 ATen calls per tensor, each a parallel region at two intra-op thr
 kernel makes two passes, on torch's intra-op threads. It computes the same IEEE FP32 operations
 in the same order (compiled without FMA contraction or fast-math), so its results are the torch
 code's bits (tests/test_nvfp4_native.py compares them on every kind of input, at 1 and 2
-threads). Without a compiler, or when
-the build fails, `kernel()` returns None and nvfp4.py keeps the torch code (one warning says
-why). The library is built in a private temporary directory, removed once loaded: nothing is
-written into the image or the checkout, and there is no cache to go stale.
+threads). Without a compiler, or when the build fails, `kernel()` returns None and nvfp4.py
+keeps the torch code (one warning says why). The library is built in a private temporary
+directory, removed once loaded: nothing is written into the image or the checkout, and there is
+no cache to go stale.
 """
 from __future__ import annotations
 
@@ -29,9 +29,11 @@ from .rounding import scratch
 BLOCK = 16
 
 SOURCE = Path(__file__).with_name("rowcol.c")
-FLAGS = ["-O3", "-march=native", "-std=c99", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math",
-         "-fno-trapping-math"]
-"""No FMA contraction and no fast-math: every operation rounds as the torch code's does."""
+FLAGS = ["-O3", "-march=native", "-std=c99", "-fPIC", "-shared", "-ffp-contract=off",
+         "-fno-fast-math", "-fno-trapping-math"]
+"""No FMA contraction and no fast-math: every operation rounds as the torch code's does.
+-fno-trapping-math only lets the compiler vectorise the clamps' compare-and-select (floating-point
+exceptions are not observed; no value changes); -march=native: built where it runs."""
 
 ENABLED = True
 """nvfp4 uses the kernel when it can be built (tests switch it off to compare)."""
