@@ -96,6 +96,12 @@ def kernel() -> Kernel | None:
     return _STATE["kernel"]  # type: ignore[return-value]
 
 
+def kernel_for(device: torch.device) -> Kernel | None:
+    """The kernel for tensors on `device`: None off the CPU, when switched off (ENABLED) or when
+    it cannot be built."""
+    return kernel() if ENABLED and device.type == "cpu" else None
+
+
 def rowcol(kern: Kernel, x2d: torch.Tensor, work, out: torch.Tensor, encode) -> float:
     """nvfp4.fake_quantize_rowcol's round-to-nearest case: both layouts into `out` (contiguous,
     2 * x2d.numel() FP32 values), block temporaries in `work` (rounding.RowColWork). encode:

@@ -246,12 +246,10 @@ def fake_quantize_amax(x: torch.Tensor, *, block: BlockKind = "1d", columnwise: 
     x2d = _as_2d(x)
     rows, cols = x2d.shape
     _check_shape(rows, cols, block, rht, columnwise)
-    if (block == "1d" and not (columnwise or rht or stochastic) and amax is None
-            and x2d.numel() and x2d.device.type == "cpu" and native.ENABLED):
-        kern = native.kernel()
-        if kern is not None:                # the same arithmetic, fused (rowcol.c)
-            return native.rowwise(kern, x2d, out_slot,
-                                  lambda bits: _encode_bits(bits, amax_group, x2d.device))
+    if (block == "1d" and not (columnwise or rht or stochastic) and amax is None and x2d.numel()
+            and (kern := native.kernel_for(x2d.device))):     # the same arithmetic, fused
+        return native.rowwise(kern, x2d, out_slot,
+                              lambda bits: _encode_bits(bits, amax_group, x2d.device))
     _, v, s_b, amax, _, s_dec = _quantize_core(
         x2d, axis=0 if columnwise else 1, block=block, rht=rht, stochastic=stochastic,
         generator=generator, amax_group=amax_group, amax=amax, out_slot=out_slot)
@@ -294,8 +292,7 @@ def fake_quantize_rowcol(x: torch.Tensor, *, stochastic: bool = False,
     off = y.storage_offset()
     views = (y.as_strided((rows, cols), (cols, 1), off),
              y.as_strided((cols, rows), (1, cols), off + n))
-    kern = native.kernel() if native.ENABLED and not stochastic and dev.type == "cpu" else None
-    if kern is not None and y.is_contiguous():       # the same arithmetic, fused (rowcol.c)
+    if not stochastic and y.is_contiguous() and (kern := native.kernel_for(dev)):  # fused
         return (*views, native.rowcol(kern, x2d, w, y,
                                       lambda bits: _encode_bits(bits, amax_group, dev)))
     # The arithmetic of _block_amax, _block_scales, _round_ and fake_quantize_amax, step for
