@@ -91,9 +91,21 @@ def test_rejected_gbs(tmp_path, gb200, racks, minibs, gbs):
         load_config(gb200(racks=racks, minibs=minibs))
 
 
-def test_closed_division_cannot_override_rules(gb200):
-    with pytest.raises(ConfigError, match=r"optimizer.lr.*closed division derives"):
-        load_config(gb200(extra="[optimizer]\nlr = 1e-4\n"))
+def test_closed_division_cannot_override_rules(tmp_path, gb200):
+    """Each rule field the config sets is named with the file that sets it (a base file, or
+    --set) and the value the rules give: the LR and step counts from GBS, the rest fixed."""
+    base = gb200(extra="[optimizer]\nlr = 1e-4\n[eval]\ntarget = 5.5\n")  # GBS 8 x 144 = 1152
+    child = write(tmp_path, f'base = "{base}"\n', name="child.toml")
+    with pytest.raises(ConfigError) as e:
+        load_config(child, overrides={"optimizer": {"warmup_steps": 10}})
+    msg = str(e.value)
+    assert (f"optimizer.lr is set in {base}, but in the closed division it is derived from the "
+            "global batch size (8e-05 at GBS 1152) by the llama31_405b rules (config/rules.py): "
+            'remove it, or set run.division = "open"') in msg
+    assert (f"eval.target is set in {base}, but in the closed division it is fixed at 5.6 "
+            "by the llama31_405b rules") in msg
+    assert ("optimizer.warmup_steps is set by --set, but in the closed division it is derived "
+            "from the global batch size (8000 at GBS 1152)") in msg
 
 
 def test_open_division_may_override(gb200):

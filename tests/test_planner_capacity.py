@@ -54,7 +54,7 @@ def test_memory_verdict(configs):
 
 def test_config_check_refuses_it(configs, capsys):
     rc, out, err = run(capsys, "config", "check", str(configs["gb200"]))
-    assert rc == 1
+    assert rc == 2  # a config predicted not to fit: bad input (docs/cli.md)
     assert_refusal(err)
     rc, out, err = run(capsys, "config", "check", str(configs["gb300"]))
     assert rc == 0 and out.startswith("ok")

@@ -1,4 +1,8 @@
-"""`config check PATH...` and `config show PATH [--json]`."""
+"""`config check PATH...` and `config show PATH [--json]`.
+
+Exit status (docs/cli.md): 0 every config is valid; 2 a config is missing, unreadable or
+invalid (rules, file name, or predicted not to fit GPU memory), each named on its own `error:`
+line."""
 from __future__ import annotations
 
 import dataclasses
@@ -20,6 +24,7 @@ def register(sub) -> None:
 
 def check(args) -> int:
     from ..config import ConfigError, load_config
+    from ..failures import EXIT_INPUT, error
     from ..planner.capacity import memory_note, memory_problems
     bad = 0
     for path in args.paths:
@@ -27,19 +32,19 @@ def check(args) -> int:
             cfg = load_config(path)
         except ConfigError as e:
             bad += 1
-            print(f"FAIL {e}", file=sys.stderr)
+            error(str(e))
             continue
         memory = memory_problems(cfg)  # the planner's memory verdict (run.accept_memory_risk)
         if memory:
             bad += 1
-            print(f"FAIL {path}: " + "; ".join(memory), file=sys.stderr)
+            error(f"{path}: " + "; ".join(memory))
             continue
         if memory_note(cfg):
             print(f"note {path}: {memory_note(cfg)}")
         d = cfg.derived
         print(f"ok   {path}: {d.nodes} nodes, TP{cfg.parallel.tp}-PP{cfg.parallel.pp}-VP"
               f"{cfg.parallel.vp}-CP{cfg.parallel.cp} DP{d.dp}, GBS {d.gbs}, lr {d.lr!r}")
-    return 1 if bad else 0
+    return EXIT_INPUT if bad else 0
 
 
 def resolved(cfg) -> dict:
@@ -52,10 +57,8 @@ def resolved(cfg) -> dict:
 
 
 def show(args) -> int:
-    from .options import load_or_report
-    cfg = load_or_report(args.path, None)
-    if cfg is None:
-        return 1
+    from ..config import load_config
+    cfg = load_config(args.path)  # a ConfigError ends the command: one error line, status 2
     data = resolved(cfg)
     if args.json:
         print(json.dumps(data, indent=2))

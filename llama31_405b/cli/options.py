@@ -13,12 +13,13 @@ def add_set_option(p) -> None:
 
 
 def load_or_report(path: str, sets: list[str] | None):
-    """load_with_sets, or None after printing the ConfigError (callers exit with code 2)."""
-    import sys
-
+    """load_with_sets, or None after printing the ConfigError as the one error line (callers exit
+    with EXIT_INPUT, 2: llama31_405b.failures). A command with nothing to do after a bad config
+    can instead let the ConfigError end it (cli.main reports it the same way)."""
     from ..config import ConfigError
+    from ..failures import error
     try:
         return load_with_sets(path, sets)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        error(str(e))
         return None

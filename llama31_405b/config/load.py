@@ -219,11 +219,14 @@ def load_config(path: str | Path, *, validate: bool = True, overrides: dict | No
     """Load, merge, type-check and (by default) validate a config file.
 
     `overrides` is a nested dict merged last (e.g. {"run": {"seed_base": 7}}), checked like a file.
-    A conventional file name (`config_<SYSTEM>_<nodes>x<gpus>x<minibs>x<layout>`) must agree
-    with the content (config.naming): ConfigError naming both, or `warn(message)` when only the
-    overrides make them disagree.
+    Then, in this order: the content is validated (ConfigError listing every rule it breaks), and
+    only a valid content is compared with a conventional file name
+    (`config_<SYSTEM>_<nodes>x<gpus>x<minibs>x<layout>`, config.naming): ConfigError naming each
+    field that differs, or `warn(message)` when only the overrides make them disagree. With
+    `validate=False` an invalid content is returned as it is, its name unchecked.
     """
     from .naming import check_name
+    from .validate import problems
     path = Path(path)
     raw, origin = _read(path)
     if overrides:
@@ -232,11 +235,14 @@ def load_config(path: str | Path, *, validate: bool = True, overrides: dict | No
         origin.update({k: Path("<overrides>") for k in _leaves(overrides)})
     cfg = _build(Config, raw, origin, "")
     cfg.source = str(path)
+    cfg.record_origins({k: str(v) for k, v in origin.items()})
+    if validate:
+        _validate(cfg)
+    elif problems(cfg):
+        return cfg
     errors, warnings = check_name(cfg, path, set(_leaves(overrides or {})))
     if errors:
         raise ConfigError("\n".join(errors))
     for w in warnings:
         warn(w)
-    if validate:
-        _validate(cfg)
     return cfg

@@ -280,9 +280,10 @@ class RunConfig:
 
 
 class _DerivedSlot:
-    """Holds the cached `Config.derived` in a slot that is not a dataclass field, so
-    `dataclasses.asdict`, `replace`, `==` and pickling ignore it (a replaced config recomputes)."""
-    __slots__ = ("_derived",)
+    """Holds the cached `Config.derived`, and the loader's record of which file set each key, in
+    slots that are not dataclass fields, so `dataclasses.asdict`, `replace`, `==` and pickling
+    ignore them (a replaced config recomputes; its keys are then said to come from `source`)."""
+    __slots__ = ("_derived", "_origins")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -335,6 +336,16 @@ class Config(_DerivedSlot):
     """TEST ONLY: delays for the fault tests; leave unset."""
     source: str = field(default="", metadata={"internal": True})
     """Path of the file this config was loaded from (set by the loader, not by files)."""
+
+    def record_origins(self, origins: dict[str, str]) -> None:
+        """The loader's record: dotted key -> the file that set it ('<overrides>': --set)."""
+        self._origins = dict(origins)
+
+    def set_in(self, key: str) -> str:
+        """Where dotted `key` was set, for messages: the file, '--set' for an override, else
+        `source`."""
+        where = getattr(self, "_origins", {}).get(key) or self.source or "<config>"
+        return "--set" if where == "<overrides>" else where
 
     @property
     def derived(self) -> Derived:

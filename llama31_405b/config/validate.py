@@ -21,7 +21,7 @@ from ..systems import load_system
 from .derived import Derived
 from .errors import ConfigError
 from .rcp import MAX_STEPS_ROUNDING, RCP_MULTIPLE, max_steps_for, rcp_mean
-from .rules import lr_passes_checker, rules_for
+from .rules import hparams, lr_passes_checker, rules_for
 from .schema import Config
 from .validate_gpu import cuda_graph_rules, gpu_setting_rules, precision_rules
 
@@ -177,16 +177,33 @@ def gbs_rules(cfg: Config, d: Derived) -> list[str]:
     return out
 
 
+_FROM_GBS = {"optimizer.lr": "lr", "optimizer.warmup_steps": "warmup_steps",
+             "optimizer.decay_steps": "decay_steps", "eval.interval_steps": "eval_interval_steps",
+             "eval.first_step": "first_eval_step"}
+"""Rule-derived keys that the rules compute from the global batch size (config/rules.py
+`hparams`); the other rule fields are constants of the benchmark."""
+
+
 def division_rules(cfg: Config, d: Derived) -> list[str]:
-    """The closed division takes every rule-derived value from the rules."""
+    """The closed division takes every rule-derived value from the rules: one message per key the
+    config sets, naming the file that sets it and the value the rules give."""
     if cfg.run.division != "closed":
         return []
     out = []
-    set_opt = [f"optimizer.{k}" for k in _RULE_FIELDS_OPT if getattr(cfg.optimizer, k) is not None]
-    set_eval = [f"eval.{k}" for k in _RULE_FIELDS_EVAL if getattr(cfg.eval, k) is not None]
-    if set_opt or set_eval:
-        out.append(f"{', '.join(set_opt + set_eval)}: the closed division derives these from GBS "
-                   f"by the {d.rules.name} rules; remove them or set run.division = \"open\"")
+    hp = hparams(d.rules, d.gbs)
+    keys = ([f"optimizer.{k}" for k in _RULE_FIELDS_OPT if getattr(cfg.optimizer, k) is not None]
+            + [f"eval.{k}" for k in _RULE_FIELDS_EVAL if getattr(cfg.eval, k) is not None])
+    for key in keys:
+        name = key.split(".")[1]
+        field = _FROM_GBS.get(key) or {"eval.samples": "eval_samples",
+                                        "eval.target": "target"}.get(key, name)
+        value = getattr(hp, field)
+        how = (f"derived from the global batch size ({value!r} at GBS {d.gbs})" if key in _FROM_GBS
+               else f"fixed at {value!r}")
+        where = cfg.set_in(key)
+        out.append(f"{key} is set {'by --set' if where == '--set' else 'in ' + where}, but in the closed division it is {how} "
+                   f"by the {d.rules.name} rules (config/rules.py): remove it, or set "
+                   f'run.division = "open"')
     if cfg.checkpoint.init_step != 0:
         out.append("checkpoint.init_step must be 0 (MLPerf: init_checkpoint_step 0)")
     return out
