@@ -10,7 +10,7 @@ reports them with `error()` / `fail()` and returns an `EXIT_*` code.
   train ...`) or the environment variable `LLAMA31_405B_DEBUG=1` (for launchers that build the
   command line themselves: torchrun, srun, run_and_time.sh).
 - The exit status says which kind of failure (`EXIT_*` below; run_and_time.sh and `launch
-  check-log` use the same numbers):
+  check-log` use the same numbers; docs/cli.md has the table, and what 1 and 2 mean per command):
 
     0  success
     1  the work failed (a run aborted, a check failed, an unexpected error)
@@ -42,6 +42,7 @@ KINDS = {
     "ConfigError": EXIT_INPUT, "DeviceError": EXIT_INPUT, "CheckpointError": EXIT_INPUT,
     "HFCheckpointError": EXIT_INPUT, "ConversionError": EXIT_INPUT, "DataError": EXIT_INPUT,
     "LogError": EXIT_INPUT, "RecipeEnvError": EXIT_INPUT, "AllocationError": EXIT_INPUT,
+    "PackageError": EXIT_INPUT,   # submission.package refuses its input (logs, config, system)
     "FileNotFoundError": EXIT_INPUT, "FileExistsError": EXIT_INPUT,
     "IsADirectoryError": EXIT_INPUT, "NotADirectoryError": EXIT_INPUT,
     "PermissionError": EXIT_INPUT,

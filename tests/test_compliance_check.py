@@ -59,9 +59,9 @@ def test_truncated_line_and_garbage_bytes_name_file_and_line(tmp_path, capsys):
     where = sorted(p.lineno for p in problems)
     assert where == [301, len(raw)]
     assert "garbage bytes" in str(problems[0]) and "truncated" in str(problems[1])
-    assert main(["compliance", "check", str(log)]) == 1
+    assert main(["compliance", "check", str(log)]) == 2   # the reader refuses it: bad input
     err = capsys.readouterr().err
-    assert f"{log}:301" in err and f"FAIL {log}" in err
+    assert f"{log}:301" in err and err.startswith(f"error: refused: {log}:301")
 
 
 def test_cli_one_verdict_line_per_log(capsys):

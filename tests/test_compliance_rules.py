@@ -86,7 +86,7 @@ def test_tiny_rcp_cli_refuses_non_tiny_logs(capsys):
 
     from llama31_405b.cli import main
     need_fixture()
-    assert main(["compliance", "tiny-rcp", str(LOGS[0]), "--out", "/nonexistent/x.json"]) == 1
+    assert main(["compliance", "tiny-rcp", str(LOGS[0]), "--out", "/nonexistent/x.json"]) == 2
     assert "not tiny_llama31 logs" in capsys.readouterr().err
 
 

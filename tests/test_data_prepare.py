@@ -226,7 +226,7 @@ def test_plain_json_input_and_cli(env, tmp_path, capsys):
     bad = write_shard(tmp_path / "bad.json", docs[:3], extra_lines=["oops"], at=1, gz=False)
     rc = cli_main(["data", "prepare", "--input", str(bad), "--output-prefix", str(prefix) + "2",
                    "--tokenizer", str(tok_path), "--no-progress"])
-    assert rc == 1 and "bad.json:2: malformed JSON" in capsys.readouterr().err
+    assert rc == 2 and "bad.json:2: malformed JSON" in capsys.readouterr().err
 
 
 def test_progress_line():

@@ -245,12 +245,12 @@ def test_a_profile_folder_is_refused(tmp_path, capsys):
     log = out / "ranks" / "result_0.txt"
     log.parent.mkdir()
     log.write_text(':::MLLOG {"key": "run_start"}\n')
-    assert main(["compliance", "check", str(log)]) == 1
-    assert "REFUSED" in capsys.readouterr().err
-    assert main(["compliance", "check", str(out)]) == 1
+    assert main(["compliance", "check", str(log)]) == 2   # refused input (docs/cli.md)
+    assert "error: refused: " in capsys.readouterr().err
+    assert main(["compliance", "check", str(out)]) == 2
     assert "not an MLPerf run" in capsys.readouterr().err
     assert main(["submission", "package", "--logs", str(out / "ranks"), "--org", "x",
-                 "--out", str(tmp_path / "pkg")]) == 1
+                 "--out", str(tmp_path / "pkg")]) == 2
     assert "profile folder" in capsys.readouterr().err
     manifest = json.loads((out / "profile.json").read_text())
     assert manifest["mlperf_run"] is False

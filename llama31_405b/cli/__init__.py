@@ -28,8 +28,18 @@ COMMANDS = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, its usage errors ending like every other failure (llama31_405b.failures):
+    the usage, then one `error: <command>: <what>` line, status 2. Subcommands' parsers are of
+    this class too (argparse makes them with the parent's class)."""
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        self.exit(2, f"error: {self.prog}: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m llama31_405b",
         description="Llama 3.1 405B MLPerf Training reference (NVFP4, GB200 NVL72)")
     parser.add_argument("--debug", action="store_true",

@@ -37,14 +37,15 @@ def precheck(args) -> int:
     from ..config import ConfigError, load_config
     from ..planner.capacity import memory_note, memory_problems
     from ..submission.precheck import cross_config_problems, precheck_config
-    bad = 0
+    from ..failures import EXIT_INPUT, error
+    bad = unreadable = 0
     done = []
     for path in args.configs:
         try:
             cfg = load_config(path, validate=False)
-        except ConfigError as e:
-            print(f"FAIL {e}", file=sys.stderr)
-            bad += 1
+        except ConfigError as e:   # missing, not TOML, unknown key, wrong type, misnamed: status 2
+            error(str(e))
+            unreadable += 1
             continue
         res = precheck_config(cfg, ruleset=args.ruleset)
         res.errors += [f"memory: {p}" for p in memory_problems(cfg)]
@@ -64,7 +65,7 @@ def precheck(args) -> int:
     for problem in cross_config_problems(done):
         # alternatives for one system are fine; submitting both for the same system is not
         print(f"warning: {problem}: do not submit both for the same system")
-    return 1 if bad else 0
+    return EXIT_INPUT if unreadable else 1 if bad else 0
 
 
 def check(args) -> int:
@@ -72,13 +73,20 @@ def check(args) -> int:
     the rules pass AND the run converged (an aborted run_stop passes the checker's rules)."""
     from ..mlperf.checker import check_log
     from ..mlperf.checker import judge
+    from ..failures import EXIT_INPUT, error
+    from ..mlperf.log import LogError, load_run
     from ..profile.marker import refusal
-    bad = 0
+    bad = refused = 0
     for path in args.logs:
         why = refusal(path)
+        try:
+            if not why:
+                load_run(path)   # the one reader: unreadable, damaged, or not an MLPerf log
+        except LogError as e:
+            why = str(e)
         if why:
-            print(f"REFUSED: {why}", file=sys.stderr)
-            bad += 1
+            error(f"refused: {why}")
+            refused += 1
             continue
         res = check_log(path, ruleset=args.ruleset, config=args.config)
         ok, line, _ = judge(res)
@@ -88,7 +96,7 @@ def check(args) -> int:
         if not res.ok:
             for line in (res.details().splitlines() if args.verbose else res.summary()[1:]):
                 print(f"  {line}", file=sys.stderr)
-    return 1 if bad else 0
+    return EXIT_INPUT if refused else 1 if bad else 0
 
 
 def tiny_rules(args) -> int:
@@ -116,7 +124,7 @@ def tiny_rcp(args) -> int:
                                 f"{len(runs)} runs: " + ", ".join(args.logs))
     except (LogError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2
     path = write_rcps(recs, args.out or TINY_RCP_FILE)
     for name, rec in recs.items():
         n = len(rec["Epochs to converge"])

@@ -3,7 +3,8 @@
     python -m llama31_405b data verify CONFIG [--set SECTION.KEY=VALUE ...] [--full]
                                               [--write-manifest]
 
-exits 0 when the data passed (a passing verification is then recorded in the manifest,
+`data prepare` exits 2 on bad input (arguments, config, a missing or malformed shard or
+tokenizer). `data verify` exits 0 when the data passed (a passing verification is then recorded in the manifest,
 `data.manifest`, by default DATA_DIR/manifest.json, which `train` requires), 1 when the data failed a check (the message names the file and the
 fix), 2 when CONFIG or a --set override is invalid.
 """
@@ -66,6 +67,12 @@ def _fail(msg: str) -> int:
     return 1
 
 
+def _bad(msg: str) -> int:
+    """`data prepare`'s refusals are about its input (arguments, config, shards, tokenizer): 2."""
+    print(f"error: {msg}", file=sys.stderr)
+    return 2
+
+
 def prepare(args) -> int:
     from ..config import ConfigError
     from ..data import DataError
@@ -74,23 +81,23 @@ def prepare(args) -> int:
     try:
         if args.config:
             if args.input or args.output_prefix:
-                return _fail("use either --config/--raw-dir or --input/--output-prefix")
+                return _bad("use either --config/--raw-dir or --input/--output-prefix")
             if not args.raw_dir:
-                return _fail("--config needs --raw-dir (the folder of the raw C4 json.gz shards)")
+                return _bad("--config needs --raw-dir (the folder of the raw C4 json.gz shards)")
             from ..data.layout import benchmark_outputs, data_paths
             cfg = load_with_sets(args.config, args.set)
             if cfg.run.benchmark != "llama31_405b":
-                return _fail(f"{args.config}: the {cfg.run.benchmark} data is built by "
-                             "`python -m llama31_405b data tiny`, not from raw C4")
+                return _bad(f"{args.config}: the {cfg.run.benchmark} data is built by "
+                            "`python -m llama31_405b data tiny`, not from raw C4")
             outputs = benchmark_outputs(cfg, args.raw_dir)
             paths = data_paths(cfg)
             tokenizer, data_dir, manifest = paths.tokenizer, paths.data_dir, paths.manifest
         else:
             if args.set:
-                return _fail("--set overrides a config: use it with --config")
+                return _bad("--set overrides a config: use it with --config")
             if not (args.input and args.output_prefix and args.tokenizer):
-                return _fail("give --config CFG --raw-dir DIR, or --input FILE... "
-                             "--output-prefix PREFIX --tokenizer MODEL")
+                return _bad("give --config CFG --raw-dir DIR, or --input FILE... "
+                            "--output-prefix PREFIX --tokenizer MODEL")
             prefix = Path(args.output_prefix).absolute()
             outputs = [Output(prefix=prefix, inputs=tuple(Path(x) for x in args.input),
                               max_docs=args.max_docs, min_tokens=args.min_tokens)]
@@ -101,7 +108,7 @@ def prepare(args) -> int:
                       skip_bad=args.skip_bad, progress=not args.no_progress, force=args.force,
                       append_eod=args.append_eod, manifest=manifest)
     except (DataError, ConfigError) as e:
-        return _fail(str(e))
+        return _bad(str(e))
     describe(results, sys.stdout)
     if args.config:
         print(f"next: python -m llama31_405b data verify {args.config}")

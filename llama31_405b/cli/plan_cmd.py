@@ -127,7 +127,7 @@ def run(args) -> int:
         from .options import load_or_report
         cfg = load_or_report(args.config, None)
         if cfg is None:
-            return 1
+            return 2
         p = predict(cfg)
         print(json.dumps(p.as_dict(), indent=2)) if args.json else _print_prediction(p)
         if memory_note(cfg):

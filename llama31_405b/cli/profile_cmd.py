@@ -71,7 +71,7 @@ def run(args) -> int:
         cfg = load_or_report(path, args.set) if path else None
         if path and cfg is None:
             return 2
-        return _analyze(Path(args.analyze), cfg, threshold)
+        return _analyze(Path(args.analyze), cfg, threshold, refused=2)  # a folder given: input
     if not path:
         print("error: profile: give a config (CONFIG or --config), or --analyze DIR",
               file=sys.stderr)
@@ -140,14 +140,15 @@ def _wait_for_ranks(out: Path, world: int, timeout_s: float) -> bool:
         time.sleep(0.2)
 
 
-def _analyze(out: Path, cfg, threshold: float) -> int:
+def _analyze(out: Path, cfg, threshold: float, refused: int = 1) -> int:
+    """Analyse a profile folder; `refused`: the status when the folder cannot be analysed."""
     from ..profile.report import ProfileError, analyze_folder
     print(f"[profile] analysing {out} ...", file=sys.stderr, flush=True)
     try:
         res = analyze_folder(out, cfg=cfg, threshold=threshold)
     except ProfileError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return refused
     print((out / "analysis.txt").read_text(), end="")
     print(f"analysis: {out / 'analysis.json'}, {out / 'analysis.txt'}; plot: {res.get('plot')} "
           f"(analysed in {res['analysis_s']:.1f} s)")

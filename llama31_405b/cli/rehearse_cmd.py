@@ -49,7 +49,7 @@ def run(args) -> int:
             opts.ranks = parse_ranks(args.ranks, world)
         rep = rehearse(args.config, opts)
     except (ConfigError, AllocationError, ValueError) as e:
-        print(f"rehearse: error: {e}", file=sys.stderr)
+        print(f"error: {e}", file=sys.stderr)
         return report.EXIT_CONFIG
     if args.json:
         print(json.dumps(rep, indent=1))

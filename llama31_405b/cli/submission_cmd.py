@@ -23,21 +23,19 @@ def register(sub) -> None:
 
 
 def package(args) -> int:
-    from ..config import ConfigError, load_config
+    from ..config import load_config
+    from ..failures import EXIT_INPUT, error
     from ..profile.marker import refusal
-    from ..submission.package import PackageError, package as build
+    from ..submission.package import package as build
     for path in (args.logs, args.out):
         why = refusal(path)
         if why:
-            print(f"REFUSED: {why}", file=sys.stderr)
-            return 1
-    try:
-        cfg = load_config(args.config) if args.config else None
-        res = build(args.logs, out=args.out, org=args.org, cfg=cfg, system_desc=args.system_desc,
-                    system=args.system, impl=args.impl, ruleset=args.ruleset)
-    except (ConfigError, PackageError) as e:
-        print(f"REFUSED: {e}", file=sys.stderr)
-        return 1
+            error(f"refused: {why}")
+            return EXIT_INPUT
+    # a ConfigError or PackageError (input refused) ends the command: one error line, status 2
+    cfg = load_config(args.config) if args.config else None
+    res = build(args.logs, out=args.out, org=args.org, cfg=cfg, system_desc=args.system_desc,
+                system=args.system, impl=args.impl, ruleset=args.ruleset)
     print(f"package {res.org_dir} ({res.benchmark} on {res.system}, ruleset {args.ruleset})")
     for n in res.notes:
         print(f"note: {n}")
