@@ -20,6 +20,16 @@ evaluation pass, each keyed by the wrapper's stage ("training", "validation"). H
 - it is called with keyword arguments only (model, data_iterator, num_microbatches,
   seq_length, forward_only, ...), as train.step.run_schedule does.
 
+What a capture records depends on Python state: the wrapper does not set megatron-core's
+`_IS_GRAPH_CAPTURING`, so the DDP forward pre-hooks run during the capture, and at VP 1 (no
+`align_param_gather`) they issue a bucket's parameter all-gather only while its
+`param_gather_dispatched` is false (`_ParamAndGradBucketGroup.finish_param_sync`). A forced
+gather (the restore's, an evaluation's `sync_params`) sets it true and only a training step's
+`finish_grad_sync` resets it, so a training capture right after one would record no gather and
+every replay would train on the other ranks' stale shards. `FullIterationGraphs.train` therefore
+resets the dispatch state (`DistributedDataParallel.reset_param_sync_dispatch_state`) right
+before the training capture, whatever came before it (`reset_gather_dispatch`).
+
 The training graph is captured at iteration `model.builder.graph_capture_iteration(cfg)` (the
 last warm-up iteration when run.warmup_iters >= 2), the evaluation graph at the second
 evaluation pass; the warm-up runs two synthetic evaluation passes so both exist before
@@ -33,6 +43,40 @@ from __future__ import annotations
 
 EVAL_CAPTURE_PASS = 1
 """The evaluation pass (0-based) that is captured: one eager pass first."""
+
+
+def reset_gather_dispatch(model) -> int:
+    """Mark every DDP bucket group's parameter all-gather as not dispatched, so the next forward
+    pre-hooks gather (megatron-core 0.19.2 `DistributedDataParallel.reset_param_sync_dispatch_state`).
+    A gather still in flight is finished first (`start_param_sync(force_sync=True)` on its bucket
+    group waits for it): the reset refuses to run over one. Returns the bucket groups reset."""
+    n = 0
+    for chunk in model if isinstance(model, list) else [model]:
+        if not getattr(chunk, "use_forward_hook", False):
+            continue                     # no overlapped gather: the optimizer step gathers
+        groups = chunk.bucket_groups + chunk.expert_parallel_bucket_groups
+        for group in groups:
+            if group.param_gather_handle is not None:
+                group.start_param_sync(force_sync=True)
+        chunk.reset_param_sync_dispatch_state()
+        n += len(groups)
+    return n
+
+
+class _GatheringCapture:
+    """The training FullCudaGraphWrapper, called with the gather dispatch state reset right
+    before its capture call (module docstring); every other call passes straight through."""
+
+    def __init__(self, wrapper):
+        self.wrapper = wrapper
+
+    def __call__(self, **kwargs):
+        w = self.wrapper
+        cls = type(w)
+        if cls.cuda_graph["training"] is None and \
+                cls.curr_iteration["training"] == w.cuda_graph_warmup_steps:
+            reset_gather_dispatch(kwargs["model"])
+        return w(**kwargs)
 
 
 class FullIterationGraphs:
@@ -51,9 +95,9 @@ class FullIterationGraphs:
         FullCudaGraphWrapper.curr_iteration = {"training": 0, "validation": 0}
         schedule = get_forward_backward_func()
         single_pool = getattr(tcfg, "cuda_graph_use_single_mempool", True)
-        self.train = FullCudaGraphWrapper(
+        self.train = _GatheringCapture(FullCudaGraphWrapper(
             schedule, cuda_graph_warmup_steps=graph_capture_iteration(cfg),
-            use_single_mempool=single_pool)
+            use_single_mempool=single_pool))
         self.eval = FullCudaGraphWrapper(
             schedule, cuda_graph_warmup_steps=EVAL_CAPTURE_PASS, use_single_mempool=single_pool)
 
