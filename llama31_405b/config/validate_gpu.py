@@ -153,7 +153,9 @@ def cuda_graph_rules(cfg: Config, d: Derived) -> list[str]:
         # model.builder.graph_capture_iteration: the captured training iteration follows at least
         # one eager one (NCCL communicators, cuBLAS handles and compiled fusions are created
         # lazily and cannot be created inside a capture); with fewer than 2 warm-up iterations
-        # the capture would fall inside the timed run
+        # the capture would fall inside the timed run. (Whether the captured step gathers the
+        # parameters does not depend on this rule: train.graphs resets the DDP gather dispatch
+        # state before the capture.)
         out.append(f"performance.cuda_graphs = \"full_iteration\" needs run.warmup_iters >= 2 "
                    f"(found {cfg.run.warmup_iters}): one eager iteration, then the capture, both "
                    "before run_start; set run.warmup_iters = 2")
