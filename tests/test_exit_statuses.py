@@ -87,13 +87,14 @@ def run(capsys, argv: list[str]) -> tuple[int, str]:
 
 
 def assert_one_error_line(err: str, *names: str) -> str:
-    """stderr ends with one `error:` line, continued only by indented lines; returns it."""
+    """stderr ends with one `error:` line, continued only by indented lines, that names each of
+    `names`; returns it."""
     lines = [ln for ln in err.splitlines() if ln.strip()]
     heads = [i for i, ln in enumerate(lines) if ln.startswith("error:")]
     assert len(heads) == 1, err
     assert all(ln.startswith(" ") for ln in lines[heads[0] + 1:]), err
     message = "\n".join(lines[heads[0]:])
-    assert any(n in message for n in names), (names, message)
+    assert all(n in message for n in names), (names, message)
     return message
 
 
@@ -102,9 +103,11 @@ def test_missing_and_invalid_input_exit_2_with_one_error_line(capsys, inputs, te
     argv = [a.format(**inputs) for a in template.split()]
     rc, err = run(capsys, argv)
     assert rc == 2, err
-    # the input at fault: a config before a log or folder (each command reads its config first)
-    given = [str(inputs[k]) for k in ("mc", "bc", "ml", "bl", "md") if f"{{{k}}}" in template]
-    names = given[:1] + ["batch.minbs"] if given else [argv[-1]]
+    # the input at fault: a config before a log or folder (each command reads its config first);
+    # the invalid config is named with its bad key
+    at_fault = next((k for k in ("mc", "bc", "ml", "bl", "md") if f"{{{k}}}" in template), None)
+    names = ([str(inputs[at_fault])] + (["batch.minbs"] if at_fault == "bc" else [])
+             if at_fault else [argv[-1]])
     assert_one_error_line(err, *names)
 
 
