@@ -119,7 +119,7 @@ def check_name(cfg, path: str | Path, overridden: set[str] | frozenset = frozens
     if errors:
         fix = expected_name(cfg, path)
         todo = (f"fix the content, or rename the file to {fix}" if fix else
-                "fix the content (`config check` on a copy named otherwise lists its problems)")
+                "fix the content first (it breaks the config rules), then the name")
         err = [f"{where}: the file name does not say what the file runs:\n"
                + "".join(f"  - {m.describe()}\n" for m in errors)
                + f"the name must agree (logs, plans and `sbatch -N` read it): {todo}"]
