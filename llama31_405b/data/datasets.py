@@ -6,13 +6,16 @@ with the run's seed. Its document/sample/shuffle index caches are built here (ra
 other ranks wait on a barrier when torch.distributed is initialised; that is megatron-core's
 builder) under `data.index_cache_dir`, so call this before run_start.
 
-No .bin is opened or memory-mapped here (MLPerf: nothing touches the dataset before run_start;
-the .idx metadata may be read). megatron-core 0.19.2's `IndexedDataset` maps its .bin in its
-constructor when `GPTDatasetConfig.mmap_bin_files` is true (`_MMapBinReader`), and opens it at
-every read when false (`_FileBinReader`); so the blend is built with mmap_bin_files=False and each
-IndexedDataset then gets a `LazyMMapBinReader`, which maps the .bin at its first read, once per
-process (a pickled copy, e.g. in a DataLoader worker, gets megatron's `_FileBinReader` back from
-`IndexedDataset.__setstate__`: lazy too). The validation set maps its .bin at its first item.
+No .bin is opened here (MLPerf: nothing touches the dataset before run_start; the .idx metadata
+and the files' stat may be read), and none is ever memory-mapped: megatron-core 0.19.2's
+`IndexedDataset` maps its .bin in its constructor when `GPTDatasetConfig.mmap_bin_files` is true
+(`_MMapBinReader`), and opens it at every read when false (`_FileBinReader`); so the blend is
+built with mmap_bin_files=False and each IndexedDataset then gets a `PreadBinReader`
+(data.binfile.BinFile: pread at the first read, once per process, and a stat check before every
+read), as does the validation set. A file changed or shrunk under the run is then a DataError
+naming it, where a mapped file that shrank killed the process with SIGBUS (a pickled copy, e.g.
+in a DataLoader worker, gets megatron's `_FileBinReader` back from `IndexedDataset.__setstate__`:
+lazy too, unmapped, unchecked; the project's loader is a thread, train.prefetch).
 
 Validation: the validation file's documents concatenated in order and cut
 into exactly `eval_samples` sequences: sample i is tokens [i*S, (i+1)*S) with labels shifted by
@@ -24,8 +27,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .binfile import BinFile, FileStamp, changed_error
 from .errors import DataError
-from .indexed import read_index, token_stream
+from .indexed import read_index
 from .layout import data_paths, min_valid_tokens
 from .tokenizer import load_tokenizer
 
@@ -33,14 +37,15 @@ from .tokenizer import load_tokenizer
 class PackedValidationDataset(torch.utils.data.Dataset):
     """`num_samples` consecutive sequences of `seq_length` tokens from one indexed dataset."""
 
-    def __init__(self, prefix: str, *, num_samples: int, seq_length: int) -> None:
+    def __init__(self, prefix: str, *, num_samples: int, seq_length: int,
+                 stamp: FileStamp | None = None) -> None:
         self.info = read_index(prefix, deep=False)
         self.num_samples, self.seq_length = num_samples, seq_length
         need = num_samples * seq_length + 1
         if self.info.tokens < need:
             raise DataError(f"{prefix}.bin: {self.info.tokens} tokens, {num_samples} sequences of "
                             f"{seq_length} need {need}; prepare more validation documents")
-        self._stream = None
+        self._bin = BinFile(f"{prefix}.bin", stamp)   # opened at the first item
         self._loss_mask = torch.ones(seq_length, dtype=torch.float)
         self._position_ids = torch.arange(seq_length, dtype=torch.long)
 
@@ -50,17 +55,12 @@ class PackedValidationDataset(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         if not 0 <= i < self.num_samples:
             raise IndexError(f"validation sample {i} out of range 0..{self.num_samples - 1}")
-        if self._stream is None:  # opened lazily: DataLoader workers each map the file
-            self._stream = token_stream(self.info)
         s = self.seq_length
-        text = torch.from_numpy(np.asarray(self._stream[i * s:(i + 1) * s + 1], dtype=np.int64))
+        itemsize = np.dtype(self.info.dtype).itemsize
+        text = torch.from_numpy(self._bin.read(self.info.dtype, s + 1, i * s * itemsize)
+                                .astype(np.int64))
         return {"tokens": text[:-1].contiguous(), "labels": text[1:].contiguous(),
                 "loss_mask": self._loss_mask.clone(), "position_ids": self._position_ids.clone()}
-
-    def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        state["_stream"] = None
-        return state
 
 
 def gpt_dataset_config(cfg, *, seed: int, tokenizer=None):
@@ -79,22 +79,14 @@ def gpt_dataset_config(cfg, *, seed: int, tokenizer=None):
         create_attention_mask=False, mmap_bin_files=False)
 
 
-def _lazy_bin_reader_class():
-    from megatron.core.datasets.indexed_dataset import _BinReader, _MMapBinReader
+def _pread_bin_reader_class():
+    from megatron.core.datasets.indexed_dataset import _BinReader
 
-    class LazyMMapBinReader(_BinReader):
-        """megatron-core's `_MMapBinReader`, created at the first read instead of up front."""
+    class PreadBinReader(BinFile, _BinReader):
+        """data.binfile.BinFile (pread, opened at the first read, the file's stat checked) as
+        megatron-core's `_BinReader`: `read(dtype, count, offset)`."""
 
-        def __init__(self, bin_path: str) -> None:
-            self.bin_path = bin_path
-            self._reader = None
-
-        def read(self, dtype, count: int, offset: int) -> np.ndarray:
-            if self._reader is None:
-                self._reader = _MMapBinReader(self.bin_path)
-            return self._reader.read(dtype, count, offset)
-
-    return LazyMMapBinReader
+    return PreadBinReader
 
 
 def indexed_datasets(ds) -> list:
@@ -109,16 +101,40 @@ def indexed_datasets(ds) -> list:
     return out
 
 
-def make_bin_reads_lazy(ds) -> None:
-    """Give every IndexedDataset under `ds` a reader that maps its .bin at the first read."""
+def make_bin_reads_checked(ds, stamps: dict[str, FileStamp] | None = None) -> None:
+    """Give every IndexedDataset under `ds` a reader that preads its .bin from the first read
+    on and checks before each read that the file still matches `stamps[path]` (default: its stat
+    now)."""
     from megatron.core.datasets.indexed_dataset import get_bin_path
-    lazy = _lazy_bin_reader_class()
+    reader = _pread_bin_reader_class()
     for ix in indexed_datasets(ds):
-        ix.bin_reader = lazy(get_bin_path(ix.path_prefix))
+        path = get_bin_path(ix.path_prefix)
+        ix.bin_reader = reader(path, (stamps or {}).get(path))  # BinFile(path, stamp)
 
 
-def build_datasets(cfg, *, seed: int, train_samples: int):
-    """(train_ds, valid_ds): the blended training set and the packed validation set."""
+def bin_stamps(cfg, verified: dict | None = None) -> dict[str, FileStamp]:
+    """The stat of every .bin the run reads, taken now (before run_start); with `verified`
+    (require_verified's records by manifest key), a file whose size or mtime differs from its
+    verification is refused here, naming it."""
+    from .manifest import rel
+    p = data_paths(cfg)
+    out = {}
+    for prefix in (*p.train, p.valid):
+        path = f"{prefix}.bin"
+        stamp = out[path] = FileStamp.of(path)
+        rec = ((verified or {}).get(rel(prefix, p.data_dir)) or {}).get("files", {}).get(".bin")
+        if rec:
+            what = [f"size {rec.get('size')} -> {stamp.size} bytes"] * (rec.get("size") != stamp.size)
+            what += ["modified (mtime changed)"] * (rec.get("mtime_ns") != stamp.mtime_ns)
+            if what:
+                raise changed_error(path, what, "its verification")
+    return out
+
+
+def build_datasets(cfg, *, seed: int, train_samples: int, verified: dict | None = None):
+    """(train_ds, valid_ds): the blended training set and the packed validation set. Their
+    reads check the .bin files against their stat of now (and, with `verified`, the
+    verification's record of them; see bin_stamps)."""
     import logging
 
     from megatron.core.datasets.blended_megatron_dataset_builder import (
@@ -142,8 +158,10 @@ def build_datasets(cfg, *, seed: int, train_samples: int):
     if train is None or len(train) < train_samples:
         raise DataError(f"training blend built {0 if train is None else len(train)} samples, "
                         f"{train_samples} requested")
-    make_bin_reads_lazy(train)
+    stamps = bin_stamps(cfg, verified)
+    make_bin_reads_checked(train, stamps)
     valid = PackedValidationDataset(str(p.valid), num_samples=cfg.derived.eval_samples,
-                                    seq_length=cfg.model.seq_length)
+                                    seq_length=cfg.model.seq_length,
+                                    stamp=stamps[f"{p.valid}.bin"])
     assert min_valid_tokens(cfg) <= valid.info.tokens
     return train, valid

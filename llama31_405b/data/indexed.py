@@ -7,6 +7,7 @@ holds the tokens of all sequences back to back. Prepared C4 data has one sequenc
 """
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,8 +45,10 @@ def read_index(prefix: str | Path, *, deep: bool = True) -> IndexInfo:
 
     Raises DataError naming the file when anything disagrees (header, version, dtype, counts,
     file sizes, pointers, document indices). Only the .idx is read; of the .bin, its size.
-    `deep=False` reads the 34-byte header only and checks the counts against both file sizes:
-    cheap on the multi-GB C4 index files, for code that runs on every rank."""
+    `deep=False` reads the 34-byte header and the last sequence's length and pointer only, and
+    checks the counts against both file sizes and the .bin's size against where the last
+    sequence ends: cheap on the multi-GB C4 index files, for code that runs on every rank (a
+    truncated .bin is refused before run_start, with require_verified off too)."""
     prefix = str(prefix)
     idx, bin_ = Path(prefix + ".idx"), Path(prefix + ".bin")
     for p in (idx, bin_):
@@ -73,6 +76,13 @@ def read_index(prefix: str | Path, *, deep: bool = True) -> IndexInfo:
             raise DataError(f"{bin_}: {bin_size} bytes is not a whole number of "
                             f"{np.dtype(dtype).name} tokens, or {idx.name} has no document "
                             "index: the pair does not belong together or one file is damaged")
+        need = _bin_end(idx, seqs, itemsize)
+        if need != bin_size:
+            raise DataError(f"{bin_}: {bin_size} bytes, but {idx.name} says its last sequence "
+                            f"ends at byte {need}: the .bin is "
+                            f"{'truncated' if bin_size < need else 'longer than its index'} or "
+                            "the pair does not belong together; copy or prepare it again (then "
+                            "`python -m llama31_405b data verify CONFIG`)")
         return IndexInfo(prefix=prefix, dtype=dtype, sequences=int(seqs), documents=int(docs - 1),
                          tokens=bin_size // itemsize, bin_size=bin_size, idx_size=idx_size,
                          max_sequence=-1)
@@ -95,6 +105,18 @@ def read_index(prefix: str | Path, *, deep: bool = True) -> IndexInfo:
     return IndexInfo(prefix=prefix, dtype=dtype, sequences=int(seqs), documents=int(docs - 1),
                      tokens=tokens, bin_size=bin_size, idx_size=idx_size,
                      max_sequence=int(lengths.max()) if seqs else 0)
+
+
+def _bin_end(idx: Path, seqs: int, itemsize: int) -> int:
+    """Where the .bin must end by the .idx: the last sequence's pointer plus its length (12
+    bytes of the index, read without mapping it: metadata, allowed before run_start)."""
+    if not seqs:
+        return 0
+    with open(idx, "rb") as f:
+        length = np.frombuffer(os.pread(f.fileno(), 4, 34 + 4 * (seqs - 1)), dtype=np.int32)
+        pointer = np.frombuffer(os.pread(f.fileno(), 8, 34 + 4 * seqs + 8 * (seqs - 1)),
+                                dtype=np.int64)
+    return int(pointer[0]) + int(length[0]) * itemsize
 
 
 def token_stream(info: IndexInfo) -> np.ndarray:

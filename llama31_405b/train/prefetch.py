@@ -5,7 +5,9 @@ while step k computes. It calls the same function the loop would call, for the s
 so the content and order are exactly the synchronous ones: a run with the loader is bitwise the
 run without it. The queue holds at most `depth` steps; `close()` stops the thread promptly, also
 while it waits on a full queue or the run ends early (target, NaN, signal), and an error in the
-thread is raised in the loop at the step that needed the batch.
+thread is raised in the loop at the step that needed the batch (as a RuntimeError naming the
+step, or, for the classes in `keep_types`, e.g. the DataError of a file changed under the run,
+as its own class, so that the run's reason and exit status say what it is).
 
 Started lazily by the first training step, so nothing reads the dataset before run_start.
 """
@@ -21,8 +23,9 @@ _POLL_S = 0.1
 
 class Prefetcher:
     def __init__(self, make: Callable[[int], Any], *, start: int, stop: int, depth: int = 2,
-                 name: str = "batch-prefetch"):
+                 name: str = "batch-prefetch", keep_types: tuple = ()):
         self._make = make
+        self._keep_types = keep_types
         self._next = start
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
         self._stop = threading.Event()
@@ -63,6 +66,8 @@ class Prefetcher:
                 if not self._thread.is_alive() and self._queue.empty():
                     raise RuntimeError(f"prefetcher: the loader thread ended before step {step}")
         if err is not None:
+            if isinstance(err, self._keep_types):
+                raise type(err)(f"reading the batch of step {k}: {err}") from err
             raise RuntimeError(f"reading the batch of step {k} failed: {err}") from err
         self._next = k + 1
         return item
