@@ -14,6 +14,7 @@ from conftest import REPO, py_env
 from llama31_405b import failures
 from llama31_405b.config import load_config
 from llama31_405b.mlperf.log import log_events
+from test_data_verify import prepared  # noqa: F401  (a small prepared data_dir, module-scoped)
 
 
 class PlacementError(RuntimeError):     # matched by name, like the real one
@@ -123,17 +124,21 @@ def _lying_checkpoint(path: Path, cfg) -> Path:
     return path
 
 
-def test_train_refuses_a_checkpoint_whose_tensors_contradict_its_record(tmp_path):
+def test_train_refuses_a_checkpoint_whose_tensors_contradict_its_record(prepared, tmp_path):
     """`train` with that checkpoint: exit 2, one error line naming tensor and both shapes, no
-    traceback, and the same reason in the log's last event (run_stop aborted)."""
+    traceback, and the same reason in the log's last event (run_stop aborted). The data is
+    checked before the model is built (train.inputs): a small prepared data_dir passes those
+    checks (metadata only; the run stops at the load, before reading it)."""
     cfg = load_config("configs/tiny_cpu.toml")
     ck = _lying_checkpoint(tmp_path / "ck", cfg)
     log = tmp_path / "result.txt"
     env = {k: v for k, v in py_env().items() if k != failures.DEBUG_ENV}
     r = subprocess.run([sys.executable, "-m", "llama31_405b", "train", "--config",
                         "configs/tiny_cpu.toml", "--seed", "1", "--log", str(log),
-                        "--init-checkpoint", str(ck)], cwd=REPO, env=env, capture_output=True,
-                       text=True, timeout=300)
+                        "--init-checkpoint", str(ck), "--set", f"data.data_dir={prepared}",
+                        "--set", 'data.tokenizer="tokenizer/tok.model"', "--set",
+                        'data.pretrain_prefix=""', "--set", "data.require_verified=false"],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     h = cfg.model.hidden_size
     want = (f"tensor decoder.final_layernorm.weight is [{2 * h}] in the checkpoint but [{h}] in "
             "the model of")

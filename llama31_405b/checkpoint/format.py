@@ -102,19 +102,29 @@ def write_model_info(path: str | Path, cfg, *, stored_vocab_rows: int,
     tmp.replace(p / MODEL_INFO)
 
 
-def check_compatible(path: str | Path, cfg) -> dict:
-    """The checkpoint's model info, after checking that it is complete and of cfg's model."""
+def check_compatible(path: str | Path, cfg, *, key: str = "") -> dict:
+    """The checkpoint's model info, after checking that it is complete and of cfg's model (its
+    files' presence and MODEL_INFO, no tensor). `key`: what named the path (a config key or an
+    option), put in front of it in messages."""
     p = Path(path)
+    where = f"{key} = {p}" if key else str(p)
     lacking = missing_files(p)
     if lacking:
-        raise CheckpointError(f"{p}: no complete Megatron distributed checkpoint (missing "
+        raise CheckpointError(f"{where}: no complete Megatron distributed checkpoint (missing "
                               f"{', '.join(lacking)}); set checkpoint.ckpt_dir/init, or convert "
                               "or pre-train it first (docs/checkpoint.md)")
-    info = json.loads((p / MODEL_INFO).read_text())
+    try:
+        info = json.loads((p / MODEL_INFO).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(f"{where}: {MODEL_INFO} cannot be read ({e}); the checkpoint is "
+                              "damaged: convert or pre-train it again (docs/checkpoint.md)") from None
+    if not isinstance(info, dict):
+        raise CheckpointError(f"{where}: {MODEL_INFO} is not a JSON object; the checkpoint is "
+                              "damaged: convert or pre-train it again (docs/checkpoint.md)")
     diff = [f"{k}: checkpoint {info.get(k)} vs config {getattr(cfg.model, k)}"
             for k in SHAPE_KEYS if info.get(k) != getattr(cfg.model, k)]
     if diff:
-        raise CheckpointError(f"{p}: checkpoint does not match the model of {cfg.source}: "
+        raise CheckpointError(f"{where}: checkpoint does not match the model of {cfg.source}: "
                               + "; ".join(diff))
     return info
 

@@ -52,7 +52,8 @@ def register(sub) -> None:
     v.add_argument("--full", action="store_true", help="whole-file sha256 and token-id scan")
     v.add_argument("--write-manifest", action="store_true",
                    help="record files that have no manifest entry yet (e.g. MLCommons' "
-                   "ready-made files) after checking their structure")
+                   "ready-made files), and files that no longer match their entry (a warning "
+                   "names each), after checking their structure and contents")
     add_set_option(v)
     v.set_defaults(func=verify)
 
@@ -123,7 +124,7 @@ def verify(args) -> int:
         return 2
     try:
         res = verify_data(cfg, full=args.full, write_manifest=args.write_manifest,
-                          log=lambda m: print(m, file=sys.stderr))
+                          log=lambda m: print(m, file=sys.stderr), sets=args.set)
     except DataError as e:
         return _fail(str(e))
     print(f"data verified for {args.config} (documents end with EOD: "

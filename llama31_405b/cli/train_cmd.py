@@ -95,7 +95,7 @@ def run(args) -> int:
     if seed is None:
         return 2
     return train(cfg, seed=seed, log_file=args.log, init_checkpoint=args.init_checkpoint,
-                 timeout_s=args.timeout_s, cache_cleared=args.cache_cleared)
+                 timeout_s=args.timeout_s, cache_cleared=args.cache_cleared, sets=args.set)
 
 
 def run_seed(cfg, given: int | None, environ=None) -> int | None:
@@ -118,7 +118,10 @@ def run_seed(cfg, given: int | None, environ=None) -> int | None:
 
 
 def train(cfg, *, seed: int, log_file: str | None = None, init_checkpoint: str | None = None,
-          timeout_s: float = 600.0, cache_cleared: bool = False, extra_hooks=()) -> int:
+          timeout_s: float = 600.0, cache_cleared: bool = False, extra_hooks=(),
+          sets=()) -> int:
+    """One run of cfg on this rank; `sets`: the --set overrides cfg was loaded with (carried into
+    the commands that messages suggest, e.g. `data verify`). Returns the exit status."""
     from ..parallel.distributed import dist_env_from_environ
     from ..parallel.setup import teardown_parallel
     from ..train.loop import Run
@@ -129,7 +132,7 @@ def train(cfg, *, seed: int, log_file: str | None = None, init_checkpoint: str |
                            cache_cleared=cache_cleared),
              ProgressHook(cfg, rank=de.rank), *extra_hooks]
     run = Run(cfg, seed=seed, hooks=hooks, dist_env=de, timeout_s=timeout_s,
-              init_checkpoint=init_checkpoint)
+              init_checkpoint=init_checkpoint, sets=sets)
     status = run.execute()
     try:
         teardown_parallel()

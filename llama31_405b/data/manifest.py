@@ -61,10 +61,12 @@ def file_record(path: str | Path, *, full: bool = True) -> dict:
     return rec
 
 
-def check_file(path: Path, rec: dict, *, full: bool, where: Path) -> None:
-    """Raise DataError when `path` does not match its manifest record."""
+def check_file(path: Path, rec: dict, *, full: bool, where: Path,
+               fix: str = "python -m llama31_405b data verify CONFIG --write-manifest") -> None:
+    """Raise DataError when `path` does not match its manifest record; `fix`: the command that
+    records the file as it is now (suggested for when the new file is right)."""
     fix = (f"the file changed since {where} was written: copy or prepare it again (or, if the new "
-           "file is right, run `python -m llama31_405b data verify CONFIG --write-manifest`)")
+           f"file is right, run `{fix}`)")
     size = path.stat().st_size
     if size != rec.get("size"):
         raise DataError(f"{path}: size {size} bytes, manifest says {rec.get('size')}; {fix}")

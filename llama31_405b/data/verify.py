@@ -75,9 +75,9 @@ CHECKS = ["structure", "validation_size", "dtype", "ids_below_vocab", "eod_conve
           "manifest_record", "tokenizer"]
 
 
-def _fix_unverified(cfg_src: str) -> str:
-    return (f"if these are MLCommons' ready-made files (or files you trust), run `python -m "
-            f"llama31_405b data verify {cfg_src or 'CONFIG'} --write-manifest` once to record "
+def _fix_unverified(cfg, sets=()) -> str:
+    return (f"if these are MLCommons' ready-made files (or files you trust), run "
+            f"`{verify_command(cfg, sets, '--write-manifest')}` once to record "
             "them; otherwise build them with `python -m llama31_405b data prepare`")
 
 
@@ -86,11 +86,26 @@ def _stat(path: str | Path) -> dict:
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
+def verify_command(cfg, sets=(), *flags: str) -> str:
+    """The `data verify` command line for this config as the user gave it: its --set overrides
+    (`sets`, as on the command line) carried over, shell-quoted."""
+    import shlex
+    words = ["python", "-m", "llama31_405b", "data", "verify", cfg.source or "CONFIG"]
+    for item in sets or ():
+        words += ["--set", item]
+    return " ".join(shlex.quote(w) for w in [*words, *flags])
+
+
 def _tokenizer(cfg, p) -> SentencePieceTokenizer:
     if not p.data_dir.is_dir():
-        raise DataError(f"data.data_dir {p.data_dir}: folder not found; point [data] data_dir (or "
-                        "the launcher's DATADIR) at the prepared data, or for the tiny benchmark "
-                        "run `python -m llama31_405b data tiny`")
+        raise DataError(f"data.data_dir = {p.data_dir}: folder not found; point [data] data_dir "
+                        "(or the launcher's DATADIR) at the prepared data, or for the tiny "
+                        "benchmark run `python -m llama31_405b data tiny`")
+    if not p.tokenizer.is_file():
+        raise DataError(f"data.tokenizer = {p.tokenizer}: not found (the key is relative to "
+                        "data.data_dir). Full scale: put the Mixtral 8x22B tokenizer.model there "
+                        "(it ships with MLCommons' data) or point data.tokenizer at it; tiny: run "
+                        "`python -m llama31_405b data tiny`")
     tok = SentencePieceTokenizer(p.tokenizer)
     if tok.vocab_size > cfg.model.vocab_size:
         raise DataError(f"{p.tokenizer}: tokenizer vocab {tok.vocab_size} is larger than "
@@ -163,10 +178,13 @@ def _write(data_dir: Path, new_files: dict, new_sets: dict, verified: dict,
 
 
 def verify_data(cfg, *, full: bool = False, write_manifest: bool = False,
-                log: Callable[[str], None] | None = None) -> dict:
+                log: Callable[[str], None] | None = None, sets=()) -> dict:
     """Check the data cfg names and record a passing verification per dataset in the manifest;
-    raise DataError naming the file and the fix otherwise. Returns {"eod": "none"|"appended",
-    "datasets": {manifest key: verification record}}."""
+    raise DataError naming the file and the fix otherwise. `write_manifest`: record files that
+    have no manifest entry, and re-record (origin "accepted", after the same content checks)
+    files whose entry they no longer match, saying so: the fix the mismatch message suggests.
+    `sets`: the user's --set overrides, carried into the commands messages suggest. Returns
+    {"eod": "none"|"appended", "datasets": {manifest key: verification record}}."""
     say = log or (lambda msg: None)
     p = data_paths(cfg)
     tok = _tokenizer(cfg, p)
@@ -179,9 +197,22 @@ def verify_data(cfg, *, full: bool = False, write_manifest: bool = False,
     new_sets: dict[str, dict] = {}
     verified: dict[str, dict] = {}
     unverified: list[str] = []
+    rerecord = verify_command(cfg, sets, *(["--full"] if full else []), "--write-manifest")
+
+    def changed(e: DataError) -> None:
+        """A recorded file no longer matches its record: an error, or with --write-manifest
+        (the user says the new file is right) a warning, and the file is recorded anew."""
+        if not write_manifest:
+            raise e
+        say(f"warning: {e}; --write-manifest: recording it as it is now (origin accepted)")
+
     tkey = mf.rel(p.tokenizer, p.data_dir)
     if tkey in m["files"]:
-        mf.check_file(p.tokenizer, m["files"][tkey], full=full, where=where)
+        try:
+            mf.check_file(p.tokenizer, m["files"][tkey], full=full, where=where, fix=rerecord)
+        except DataError as e:
+            changed(e)
+            new_files[tkey] = mf.file_record(p.tokenizer)
     elif write_manifest:
         new_files[tkey] = mf.file_record(p.tokenizer)
     else:
@@ -195,19 +226,26 @@ def verify_data(cfg, *, full: bool = False, write_manifest: bool = False,
             if not write_manifest:
                 unverified.append(f"{prefix}.bin/.idx")
             continue
-        for ext, rec in zip((".bin", ".idx"), recs):
-            mf.check_file(Path(f"{prefix}{ext}"), rec, full=full, where=where)
         if ds.get("tokenizer_sha256") not in (None, tok.sha256):
             raise DataError(f"{prefix}: prepared with a different tokenizer (sha256 "
-                            f"{ds['tokenizer_sha256'][:12]}..., configured {p.tokenizer} is "
-                            f"{tok.sha256[:12]}...); prepare the data again or fix data.tokenizer")
-        if (ds.get("documents"), ds.get("tokens")) != (info.documents, info.tokens):
-            raise DataError(f"{prefix}: holds {info.documents} documents / {info.tokens} "
-                            f"tokens, {where} says {ds.get('documents')} / {ds.get('tokens')}")
+                            f"{ds['tokenizer_sha256'][:12]}..., data.tokenizer = {p.tokenizer} "
+                            f"is {tok.sha256[:12]}...); prepare the data again or fix "
+                            "data.tokenizer")
+        try:
+            for ext, rec in zip((".bin", ".idx"), recs):
+                mf.check_file(Path(f"{prefix}{ext}"), rec, full=full, where=where, fix=rerecord)
+            if (ds.get("documents"), ds.get("tokens")) != (info.documents, info.tokens):
+                raise DataError(f"{prefix}: holds {info.documents} documents / {info.tokens} "
+                                f"tokens, {where} says {ds.get('documents')} / "
+                                f"{ds.get('tokens')}; if the new files are right, run "
+                                f"`{rerecord}`")
+        except DataError as e:
+            changed(e)
+            continue
         recorded[prefix] = ds
     if unverified:
         msg = (f"not verified against {where}: {', '.join(unverified)}; "
-               + _fix_unverified(cfg.source))
+               + _fix_unverified(cfg, sets))
         if cfg.data.require_verified:
             raise DataError(msg)
         say("warning: " + msg + " (data.require_verified = false: continuing)")
@@ -243,24 +281,52 @@ def verify_data(cfg, *, full: bool = False, write_manifest: bool = False,
     return {"eod": conv, "datasets": verified}
 
 
-def require_verified(cfg) -> dict:
-    """Raise DataError unless every dataset cfg names has a passing verification record in the
-    manifest and its files are unchanged since (size and mtime). Reads the manifest, the
-    tokenizer, .idx headers and stat only: safe before run_start. Returns
-    {"eod": "none"|"appended", "datasets": {manifest key: verification record}}."""
+def prefix_keys(cfg, p) -> dict[Path, str]:
+    """Each dataset prefix -> the config key that names it (for messages)."""
+    d = cfg.data
+    keys = {prefix: f"data.train_prefixes[{i}] = {name}"
+            for i, (prefix, name) in enumerate(zip(p.train, d.train_prefixes))}
+    keys[p.valid] = f"data.valid_prefix = {d.valid_prefix}"
+    if p.pretrain:
+        keys[p.pretrain] = f"data.pretrain_prefix = {d.pretrain_prefix}"
+    return keys
+
+
+def check_metadata(cfg):
+    """The checks `train` can afford before run_start and before any expensive work: data_dir
+    and the tokenizer exist, the tokenizer loads and fits the model's vocab, every .bin/.idx
+    exists and agrees with its .idx header (sizes: a truncated .bin is refused here), the
+    validation set is large enough. Reads the tokenizer, the .idx headers and stat, never a .bin.
+    Returns (data paths, tokenizer, {prefix: IndexInfo}); DataError names the config key and the
+    file."""
     p = data_paths(cfg)
     tok = _tokenizer(cfg, p)
+    infos = {}
+    for prefix, key in prefix_keys(cfg, p).items():
+        try:
+            infos[prefix] = read_index(prefix, deep=False)
+        except DataError as e:
+            raise DataError(f"{key}: {e}") from None
+    _check_validation(cfg, infos[p.valid])
+    return p, tok, infos
+
+
+def require_verified(cfg, sets=()) -> dict:
+    """Raise DataError unless every dataset cfg names has a passing verification record in the
+    manifest and its files are unchanged since (size and mtime). Reads the manifest, the
+    tokenizer, .idx headers and stat only: safe before run_start. `sets`: the user's --set
+    overrides, carried into the `data verify` command it suggests. Returns
+    {"eod": "none"|"appended", "datasets": {manifest key: verification record}}."""
+    p, tok, infos = check_metadata(cfg)
     where = p.manifest
     m = mf.load_manifest(p.data_dir, where)
-    fix = (f"run `python -m llama31_405b data verify {cfg.source or 'CONFIG'}` first "
+    fix = (f"run `{verify_command(cfg, sets)}` first "
            "(run_and_time.sh does, once per job before the runs)")
     trec = m["files"].get(mf.rel(p.tokenizer, p.data_dir))
     if trec and trec.get("sha256") not in (None, tok.sha256):
-        raise DataError(f"{p.tokenizer}: changed since {where} was written (sha256 "
-                        f"{tok.sha256[:12]}..., recorded {trec['sha256'][:12]}...); restore it or "
-                        "prepare the data again")
-    infos = {prefix: read_index(prefix, deep=False) for prefix in p.prefixes()}
-    _check_validation(cfg, infos[p.valid])
+        raise DataError(f"data.tokenizer = {p.tokenizer}: changed since {where} was written "
+                        f"(sha256 {tok.sha256[:12]}..., recorded {trec['sha256'][:12]}...); "
+                        "restore it or prepare the data again")
     records: dict[str, dict] = {}
     problems: list[str] = []
     for prefix, info in infos.items():

@@ -5,7 +5,9 @@ rules' steps, and a stop at the target (status success) or at max steps (status 
     status = run.execute()      # "success" | "aborted"; run_stop is always logged
 
 Init, in order (all before run_start, MLPerf "init"): device decision -> process groups ->
-placement check -> seeds -> model build -> initial checkpoint load -> DDP + distributed
+placement check -> the cheap checks of the inputs (train.inputs: the data's manifest, tokenizer,
+files and sizes, the checkpoint's record; no tensor, nothing of the dataset's contents) -> seeds
+-> model build -> initial checkpoint load -> DDP + distributed
 optimizer -> datasets and their index caches -> CUDA graph wrappers -> warm-up on synthetic
 tokens (training steps with optimizer updates, evaluation passes; train.warmup) and the in-place
 restore (from the master weights: the checkpoint is read once) -> manual GC start. After
@@ -46,8 +48,10 @@ class RunState:
 class Run:
     def __init__(self, cfg, *, seed: int, hooks: list[Hook], dist_env=None,
                  timeout_s: float = 600.0, signal_grace_s: float = 20.0,
-                 init_checkpoint: str | None = None, datasets=None):
+                 init_checkpoint: str | None = None, datasets=None, sets=()):
         self.cfg, self.seed = cfg, seed
+        self.sets = tuple(sets)
+        """The user's --set overrides: carried into the commands that messages suggest."""
         self.hooks = Hooks(hooks)
         self.dist_env, self.timeout_s = dist_env, timeout_s
         self.signal_grace_s = signal_grace_s
@@ -101,6 +105,9 @@ class Run:
         from megatron.core.optimizer import get_megatron_optimizer
         self.info = setup_parallel(cfg, self.dist_env, timeout_s=self.timeout_s, device=device)
         self._check_placement()
+        from .inputs import check_inputs
+        self._inputs = check_inputs(cfg, init_checkpoint=self.init_checkpoint, sets=self.sets,
+                                    data=self._datasets is None)
         seed_model_parallel(self.seed,
                             cuda_graphs=device.gpu and cfg.performance.cuda_graphs != "none")
         if device.gpu and cfg.performance.tp_comm_overlap:
@@ -109,11 +116,7 @@ class Run:
         if gpu_quant:
             from ..precision.te_recipe import verify_te_recipe
             verify_te_recipe(cfg)
-        ckpt = self.init_checkpoint
-        if ckpt is None:
-            from pathlib import Path
-            ckpt = str(Path(cfg.checkpoint.ckpt_dir) / cfg.checkpoint.init)
-        self._init_ckpt = ckpt
+        ckpt = self._init_ckpt = self._inputs.checkpoint
         if ckpt:
             from ..checkpoint import format as ckpt_format
             from .warmup import quantized_values
@@ -131,6 +134,11 @@ class Run:
             from .graphs import FullIterationGraphs
             self._graphs = FullIterationGraphs(cfg, tcfg)
         self._warmup_and_restore(tcfg)
+        if device.gpu:   # what TE chose in the warm-up and the norm settings in effect
+            from ..precision.te_recipe import te_kernel_line, te_kernel_record
+            self.te_kernels = te_kernel_record()
+            if self.info.is_rank0 and "transformer_engine" in sys.modules:
+                print(f"[train] {te_kernel_line(self.te_kernels)}", file=sys.stderr, flush=True)
 
     def _init_tp_comm_overlap(self):
         """Transformer Engine userbuffers for TP communication/GEMM overlap (GPU), created
@@ -160,11 +168,9 @@ class Run:
         if self._datasets is not None:
             return self._datasets
         from ..data.datasets import build_datasets
-        if self.cfg.data.require_verified:
-            from ..data.verify import require_verified
-            require_verified(self.cfg)
-        d = self.cfg.derived
-        return build_datasets(self.cfg, seed=self.seed, train_samples=d.max_steps * d.gbs)
+        d = self.cfg.derived   # the data was checked first (train.inputs, self._inputs)
+        return build_datasets(self.cfg, seed=self.seed, train_samples=d.max_steps * d.gbs,
+                              verified=self._inputs.verified)
 
     def _warmup_and_restore(self, tcfg):
         """Warm-up on synthetic tokens, then per-layer graph capture ("layers"), then
@@ -230,8 +236,9 @@ class Run:
     def _train_batch(self, step: int) -> list[dict[str, torch.Tensor]]:
         if self._loader is None:
             from .prefetch import Prefetcher
+            from ..data.errors import DataError
             self._loader = Prefetcher(self._read_train_batch, start=step,
-                                      stop=self.cfg.derived.max_steps)
+                                      stop=self.cfg.derived.max_steps, keep_types=(DataError,))
         return self._loader.get(step)
 
     def close(self) -> None:
