@@ -88,7 +88,8 @@ def test_require_te_env():
     assert env["NVTE_NVFP4_DISABLE_RHT"] == "1"           # the submissions' "vanilla" NVFP4
     got = require_te_env(cfg, environ=env)
     assert set(got) == {"NVTE_NVFP4_DISABLE_RHT", "NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING",
-                        "NVTE_NVFP4_DISABLE_2D_QUANTIZATION", "NVTE_DPA_FP8_RECIPE"}
+                        "NVTE_NVFP4_DISABLE_2D_QUANTIZATION", "NVTE_DPA_FP8_RECIPE",
+                        "NVTE_NORM_FWD_USE_CUDNN", "NVTE_NORM_BWD_USE_CUDNN"}   # kernel knobs
     bad = dict(env, NVTE_NVFP4_DISABLE_RHT="0")
     del bad["NVTE_NVFP4_DISABLE_2D_QUANTIZATION"]
     with pytest.raises(RecipeEnvError, match=r"DISABLE_2D_QUANTIZATION=1 \(missing\).*"

@@ -12,7 +12,11 @@ TransformerConfig fields and checks the recipe environment:
   TE attention's FP8 recipe knobs) against the config's values; a knob the config does not set
   must be unset. Call it before the first `import megatron.core` / `import transformer_engine`
   of the training process.
+  It also checks TE's kernel-choice knobs (TE_KERNEL_KNOBS: attention backend, determinism,
+  fused softmax, torch.compile, the cuDNN norm switches) the same way.
 - `verify_te_recipe(cfg)`: after TE is imported, checks the recipe object Megatron will build.
+- `te_kernel_record()` / `te_kernel_line`: the attention backend TE selected and the kernel
+  knobs in effect, for first-contact and the start of a training run.
 - `ub_quantization_modes(cfg)`: the TE userbuffer modes for TP communication overlap.
 - `high_precision_load_targets` / `keep_checkpoint_master_values`: with fp8/fp4 parameters
   (performance.fp8/fp4_param_gather) the initial checkpoint is read in BF16 and its values
@@ -83,6 +87,38 @@ TE_RECIPE_KNOBS: dict[str, tuple[tuple[str, ...], str, bool]] = {
 }
 
 
+# Environment variables with which Transformer Engine 2.20.2 chooses kernels for every run that
+# uses its layers, whatever the recipe: which attention implementation, its determinism, fused
+# softmax, torch.compile of TE's fusions, cuDNN's norm kernels. A run must carry the config's
+# value (its [env] table; the GB200 base sets the two norm switches as the proven run did) or
+# none: TE's default. Where TE 2.20.2 reads each (its published Python sources and
+# libtransformer_engine.so):
+_DPA_UTILS = f"{_DPA}utils.py get_attention_backend"
+TE_KERNEL_KNOBS: dict[str, str] = {
+    "NVTE_FLASH_ATTN": f"{_DPA_UTILS} (and the module's _NVTE_FLASH_ATTN)",
+    "NVTE_FLASH_ATTN_V2": _DPA_UTILS,
+    "NVTE_FLASH_ATTN_V3": _DPA_UTILS,
+    "NVTE_FLASH_ATTN_V4": _DPA_UTILS,
+    "NVTE_FUSED_ATTN": _DPA_UTILS,
+    "NVTE_UNFUSED_ATTN": _DPA_UTILS,
+    "NVTE_FUSED_ATTN_USE_FAv2_BWD": f"{_DPA}backends.py FusedAttention.__init__",
+    "NVTE_APPLY_QK_LAYER_SCALING": f"{_DPA}backends.py UnfusedDotProductAttention.__init__",
+    "NVTE_ALLOW_NONDETERMINISTIC_ALGO": f"{_DPA}dot_product_attention.py "
+                                        "DotProductAttention.__init__ (deterministic)",
+    "NVTE_MASKED_SOFTMAX_FUSION": f"{_DPA}softmax.py FusedScaleMaskSoftmax.__init__",
+    "NVTE_TORCH_COMPILE": "transformer_engine/pytorch/jit.py (module: jit_fuser)",
+    "NVTE_NORM_FWD_USE_CUDNN": "libtransformer_engine.so transformer_engine::normalization::"
+                               "use_cudnn_norm_fwd (C++, read once per process)",
+    "NVTE_NORM_BWD_USE_CUDNN": "libtransformer_engine.so transformer_engine::normalization::"
+                               "use_cudnn_norm_bwd (C++, read once per process)",
+}
+NORM_KNOBS = ("NVTE_NORM_FWD_USE_CUDNN", "NVTE_NORM_BWD_USE_CUDNN")
+
+
+def _where(name: str) -> str:
+    return TE_RECIPE_KNOBS[name][1] if name in TE_RECIPE_KNOBS else TE_KERNEL_KNOBS[name]
+
+
 def te_recipes(cfg: Config) -> set[str]:
     """The TE recipe classes (and TE's attention) a GPU run of `cfg` builds: Megatron's
     fp4_utils.get_fp4_recipe (NVFP4BlockScaling) or fp8_utils.get_fp8_recipe (DelayedScaling;
@@ -115,6 +151,13 @@ def expected_te_env(cfg: Config) -> dict[str, str | None]:
     env = launch_env(cfg)
     return {name: env.get(name) for name, (readers, _, _) in TE_RECIPE_KNOBS.items()
             if recipes & set(readers)}
+
+
+def expected_kernel_env(cfg: Config) -> dict[str, str | None]:
+    """Every knob of TE_KERNEL_KNOBS -> the value the process must carry: launch_env(cfg)'s (the
+    config's [env] table), else None (unset, TE 2.20.2's default)."""
+    env = launch_env(cfg)
+    return {name: env.get(name) for name in TE_KERNEL_KNOBS}
 
 
 class RecipeEnvError(RuntimeError):
@@ -173,15 +216,17 @@ def transformer_config_kwargs(cfg: Config) -> dict:
 
 
 def require_te_env(cfg: Config, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Check every recipe knob TE 2.20.2 reads for cfg's recipe (`expected_te_env`) against the
-    environment: a config value missing or different, or a knob set that the config leaves
-    unset, stops the run naming the variable. Returns the knobs that must be set.
+    """Check every recipe knob TE 2.20.2 reads for cfg's recipe (`expected_te_env`) and every
+    kernel-choice knob (`expected_kernel_env`: attention backend, determinism, fused softmax,
+    torch.compile, the cuDNN norm switches) against the environment: a config value missing or
+    different, or a knob set that the config leaves unset, stops the run naming the variable.
+    Returns the knobs that must be set.
 
     Must run before transformer_engine is imported (megatron.core imports it when installed):
-    TE turns these variables into the recipe's defaults at import time.
+    TE turns some of these variables into defaults at import time.
     """
     env = os.environ if environ is None else environ
-    want = expected_te_env(cfg)
+    want = {**expected_te_env(cfg), **expected_kernel_env(cfg)}
     bad = []
     for k, v in sorted(want.items()):
         have = env.get(k)
@@ -189,20 +234,63 @@ def require_te_env(cfg: Config, environ: Mapping[str, str] | None = None) -> dic
             continue
         if v is None:
             bad.append(f"{k} is set to {have!r} but must be unset (Transformer Engine 2.20.2's "
-                       f"default; read by {TE_RECIPE_KNOBS[k][1]}): unset it, or set it in the "
-                       "config's [env] table if the run is meant to change the recipe")
+                       f"default; read by {_where(k)}): unset it, or set it in the config's "
+                       "[env] table if the run is meant to change the recipe or kernels")
         else:
             bad.append(f"{k}={v} (" + ("missing" if have is None else f"found {have!r}") + ")")
     if bad:
         imported = "transformer_engine" in sys.modules
         raise RecipeEnvError(
             f"{cfg.source or '<config>'}: precision.compute = {cfg.precision.compute}: the "
-            "Transformer Engine recipe environment differs from the config: " + "; ".join(bad)
+            "Transformer Engine recipe and kernel environment differs from the config: "
+            + "; ".join(bad)
             + (" (TE is already imported in this process, so changing them now is too late)"
                if imported else "")
             + ". Launch through the project's launcher (it exports launch_env(cfg)) or export "
             "them in the job script.")
     return {k: v for k, v in want.items() if v is not None}
+
+
+_DPA_MODULE = "transformer_engine.pytorch.attention.dot_product_attention.dot_product_attention"
+
+
+def te_attention_backend() -> str | None:
+    """The attention backend Transformer Engine selected for this process's last attention
+    shape: TE 2.20.2 `DotProductAttention.forward` keeps what `get_attention_backend` returned
+    in its module's `_attention_backends` (and logs "Running with ... backend" at INFO). None
+    before any TE attention forward (or without TE)."""
+    mod = sys.modules.get(_DPA_MODULE)
+    chosen = getattr(mod, "_attention_backends", None) if mod is not None else None
+    if not chosen or chosen.get("attention_params") is None:
+        return None
+    if chosen.get("use_flash_attention"):
+        return f"FlashAttention (version {chosen.get('flash_attention_backend')})"
+    if chosen.get("use_fused_attention"):
+        return f"FusedAttention (sub-backend {chosen.get('fused_attention_backend')})"
+    if chosen.get("use_unfused_attention"):
+        return "UnfusedDotProductAttention"
+    return "none available"
+
+
+def te_kernel_record(environ: Mapping[str, str] | None = None) -> dict[str, str | None]:
+    """What chose this process's TE kernels, for the run's record: the attention backend TE
+    selected (`te_attention_backend`, None before the first attention forward) and every
+    kernel-choice knob as the process carries it (None: unset, TE's default). TE 2.20.2 picks
+    the norm kernels in its C++ library from NVTE_NORM_*_USE_CUDNN and gives Python no record
+    of the choice: the settings in effect are what the record can show."""
+    env = os.environ if environ is None else environ
+    return {"attention_backend": te_attention_backend(),
+            **{k: env.get(k) for k in TE_KERNEL_KNOBS}}
+
+
+def te_kernel_line(record: Mapping[str, str | None]) -> str:
+    """One line of `te_kernel_record`: the backend, the norm switches, and any other knob set."""
+    parts = [f"attention backend {record.get('attention_backend') or 'not selected yet'}"]
+    parts += [f"{k}={record.get(k) if record.get(k) is not None else '<unset>'}"
+              for k in NORM_KNOBS]
+    parts += [f"{k}={v}" for k, v in record.items()
+              if k in TE_KERNEL_KNOBS and k not in NORM_KNOBS and v is not None]
+    return "Transformer Engine kernels: " + ", ".join(parts)
 
 
 def verify_te_recipe(cfg: Config) -> None:

@@ -296,9 +296,15 @@ def _run_loop(rep: Report, run, initial: dict) -> None:
             graphs = "training and evaluation graphs captured"
         else:
             graphs = "no CUDA graphs on the CPU"
+        # what Transformer Engine chose in the warm-up (train.loop records it at every run's
+        # start): its attention backend and the norm settings in effect
+        kernels = getattr(run, "te_kernels", None) if gpu else None
+        from ...precision.te_recipe import te_kernel_line
         rep.passed("warmup_and_graphs", f"{run.cfg.run.warmup_iters} warm-up steps with optimizer "
                    f"updates and 2 evaluation passes; {graphs}; weights bitwise the "
-                   "checkpoint's, Adam state zero")
+                   "checkpoint's, Adam state zero"
+                   + (f"; {te_kernel_line(kernels)}" if kernels else ""),
+                   **({"te_kernels": kernels} if kernels else {}))
     if not rep.ok("warmup_and_graphs"):
         rep.rest_not_run("needs the warmup_and_graphs check", slice_checks)
         return
