@@ -14,7 +14,8 @@ def register(sub) -> None:
                        description="Without a full layout, sweep every feasible layout ranked by "
                                    "predicted time-to-train; with --tp --pp --vp --cp --minibs, "
                                    "predict that layout.")
-    p.add_argument("--system", default="gb200-nvl72", help="system id (llama31_405b/systems/*.toml)")
+    p.add_argument("--system", default=None,
+                   help="system id (llama31_405b/systems/*.toml; default gb200-nvl72)")
     p.add_argument("--racks", type=int, help="NVLink domains (racks); nodes for 8-GPU systems")
     p.add_argument("--nodes", type=int,
                    help="nodes instead of racks (8-GPU systems: the same; GB200 NVL72: 16 per rack)")
@@ -35,6 +36,13 @@ def register(sub) -> None:
     p.add_argument("--explain", action="store_true",
                    help="table of the per-scale configs' predictions and a PNG (see --out)")
     p.add_argument("--out", default="out/planner_scaling.png", help="PNG path for --explain")
+    p.add_argument("--calibrate", metavar="PROFILE_DIR",
+                   help="fit the model's constants to a `profile` folder (or first contact's JSON "
+                        "report: a partial calibration) and write them to --calibration-out")
+    p.add_argument("--calibration-out", metavar="FILE", help="the calibration file --calibrate "
+                   "writes (TOML; never overwritten)")
+    p.add_argument("--calibration", metavar="FILE",
+                   help="use the constants of a calibration file instead of the published fit")
     p.set_defaults(func=run)
 
 
@@ -94,6 +102,24 @@ def _print_prediction(p) -> None:
         f"{k[:-2]} {v:.4f}" for k, v in b.items() if k.endswith("_s") and k != "dp_unoverlapped_s"))
 
 
+def _calibration(args, cfg=None):
+    """(Calibration or None, exit status or None): --calibration read and checked against `cfg`."""
+    if not args.calibration:
+        return None, None
+    from ..planner import calibrated
+    try:
+        cal = calibrated.read(args.calibration)
+    except ValueError as e:
+        print(f"error: --calibration: {e}", file=sys.stderr)
+        return None, 2
+    if cfg is not None:
+        bad = calibrated.mismatches(cal, cfg)
+        if bad:
+            print("error: " + "\n  ".join(bad), file=sys.stderr)
+            return None, 2
+    return cal, None
+
+
 def run(args) -> int:
     from ..config.load import ConfigError
     from ..planner import explain as ex
@@ -103,9 +129,26 @@ def run(args) -> int:
     from ..planner.capacity import memory_note
     from ..planner.sweep import Fixed, sweep
 
+    if args.calibrate:
+        from .calibrate import calibrate
+        return calibrate(args)
+    cal, rc = _calibration(args)
+    if rc is not None:
+        return rc
+    fit = cal.fit if cal else None
     if args.write_configs:
+        targets = writer.TARGETS
+        if cal is not None:
+            targets = tuple(t for t in writer.TARGETS if t.system == cal.summary.system)
+            if not targets or cal.summary.model != "llama3.1-405b":
+                print(f"error: --calibration {cal.path}: calibrated for system "
+                      f"{cal.summary.system!r}, model {cal.summary.model!r}; --write-configs writes "
+                      f"llama3.1-405b configs of {', '.join(t.system for t in writer.TARGETS)}",
+                      file=sys.stderr)
+                return 2
         try:
-            written, deleted = writer.write_configs(Path(args.configs_dir))
+            written, deleted = writer.write_configs(Path(args.configs_dir), targets, fit=fit,
+                                                    note=f"calibration {cal.path}" if cal else "")
         except (ConfigError, ValueError, FileNotFoundError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
@@ -128,12 +171,16 @@ def run(args) -> int:
         cfg = load_or_report(args.config, None)
         if cfg is None:
             return 2
-        p = predict(cfg)
+        cal, rc = _calibration(args, cfg)
+        if rc is not None:
+            return rc
+        p = predict(cfg, fit)
         print(json.dumps(p.as_dict(), indent=2)) if args.json else _print_prediction(p)
         if memory_note(cfg):
             print(f"note: {memory_note(cfg)}", file=sys.stderr if args.json else sys.stdout)
         return 0
     from ..systems import load_system
+    args.system = args.system or "gb200-nvl72"
     try:
         spec = load_system(args.system)
     except ValueError as e:
@@ -157,13 +204,22 @@ def run(args) -> int:
             print("error: the config validator rejects this layout:\n  - " + "\n  - ".join(found),
                   file=sys.stderr)
             return 2
-        p = predict(cfg)
+        cal, rc = _calibration(args, cfg)
+        if rc is not None:
+            return rc
+        p = predict(cfg, fit)
         print(json.dumps(p.as_dict(), indent=2)) if args.json else _print_prediction(p)
         return 0
     fixed = Fixed(tp=args.tp, pp=args.pp, vp=args.vp, cp=args.cp, minibs=args.minibs, mbs=args.mbs,
                   precision=args.precision,
                   recompute=("none", "full") if args.recompute == "any" else (args.recompute,))
-    ranked = sweep(args.system, args.racks, fixed)
+    if cal is not None:
+        probe = make_config(args.system, args.racks, tp=1, pp=1, vp=1, cp=1, minibs=1,
+                            precision=args.precision)
+        cal, rc = _calibration(args, probe)
+        if rc is not None:
+            return rc
+    ranked = sweep(args.system, args.racks, fixed, fit=fit)
     if not ranked:
         probe = make_config(args.system, args.racks, tp=args.tp or 1, pp=args.pp or 1, vp=args.vp or 1,
                             cp=args.cp or 1, minibs=args.minibs or (args.pp or 1) * args.mbs,

@@ -41,6 +41,9 @@ def register(sub) -> None:
                    help="override checkpoint.ckpt_dir/checkpoint.init")
     p.add_argument("--timeout-s", type=float, default=600.0,
                    help="collective timeout, and how long rank 0 waits for the others' files")
+    p.add_argument("--calibration", metavar="FILE", default=None,
+                   help="the planner's constants for the predicted column: a calibration file "
+                        "(plan --calibrate); default the published fit")
     p.add_argument("--analyze", metavar="DIR", default=None,
                    help="only analyse an existing profile folder (CONFIG optional: the "
                         "prediction)")
@@ -71,7 +74,11 @@ def run(args) -> int:
         cfg = load_or_report(path, args.set) if path else None
         if path and cfg is None:
             return 2
-        return _analyze(Path(args.analyze), cfg, threshold, refused=2)  # a folder given: input
+        fit = _fit(args, cfg)
+        if fit == 2:
+            return 2
+        return _analyze(Path(args.analyze), cfg, threshold, refused=2,  # a folder given: input
+                        fit=fit, calibration=args.calibration)
     if not path:
         print("error: profile: give a config (CONFIG or --config), or --analyze DIR",
               file=sys.stderr)
@@ -86,6 +93,9 @@ def run(args) -> int:
     ranks = _ranks(args.ranks, cfg.derived.world_size)
     if isinstance(ranks, str):
         print(f"error: {ranks}", file=sys.stderr)
+        return 2
+    fit = _fit(args, cfg)  # before the run: a wrong calibration costs nothing
+    if fit == 2:
         return 2
     seed = run_seed(cfg, args.seed)
     if seed is None:
@@ -117,7 +127,25 @@ def run(args) -> int:
         return 0
     if not _wait_for_ranks(out, de.world_size, args.timeout_s):
         return 1
-    return _analyze(out, cfg, threshold)
+    return _analyze(out, cfg, threshold, fit=fit, calibration=args.calibration)
+
+
+def _fit(args, cfg):
+    """The calibration's constants (None: the published fit), or 2 after printing why the file
+    cannot be used for this config."""
+    if not getattr(args, "calibration", None):
+        return None
+    from ..planner import calibrated
+    try:
+        cal = calibrated.read(args.calibration)
+    except ValueError as e:
+        print(f"error: --calibration: {e}", file=sys.stderr)
+        return 2
+    bad = calibrated.mismatches(cal, cfg) if cfg is not None else []
+    if bad:
+        print("error: " + "\n  ".join(bad), file=sys.stderr)
+        return 2
+    return cal.fit
 
 
 def argparse_ns(**kw):
@@ -140,12 +168,15 @@ def _wait_for_ranks(out: Path, world: int, timeout_s: float) -> bool:
         time.sleep(0.2)
 
 
-def _analyze(out: Path, cfg, threshold: float, refused: int = 1) -> int:
-    """Analyse a profile folder; `refused`: the status when the folder cannot be analysed."""
+def _analyze(out: Path, cfg, threshold: float, refused: int = 1, fit=None,
+             calibration: str | None = None) -> int:
+    """Analyse a profile folder; `refused`: the status when the folder cannot be analysed; the
+    predicted column with `fit` (the constants of the file `calibration`)."""
     from ..profile.report import ProfileError, analyze_folder
     print(f"[profile] analysing {out} ...", file=sys.stderr, flush=True)
     try:
-        res = analyze_folder(out, cfg=cfg, threshold=threshold)
+        res = analyze_folder(out, cfg=cfg, threshold=threshold, fit=fit,
+                             calibration=calibration or "")
     except ProfileError as e:
         print(f"error: {e}", file=sys.stderr)
         return refused

@@ -5,7 +5,9 @@ an argument.
 
 * `CALIBRATION`: the one published measurement the model is fitted to, the 128-rack step of
   Azure's MLPerf Training v6.0 write-up (GB200 NVL72, TP4-PP8-VP8-CP2, DP 128, MiniBS 8, GBS
-  1024, NVFP4): step time, compute time and the compute's GEMM and FFN shares.
+  1024, NVFP4): step time, compute time and the compute's GEMM and FFN shares. It is a profile
+  summary (`Summary`) written from the published figures (published_128racks.toml), the same
+  kind of input `plan --calibrate PROFILE_DIR` fits to (measured.py).
 * `ASSUMED`: engineering priors that are *not* fitted (collective latencies, NCCL's SMs, HBM
   efficiency of streaming kernels, ...). Each says where it comes from. Changing one changes the fit.
 * `Fitted`: the constants `fitting.fitted()` solves so that the simulated calibration step
@@ -17,35 +19,98 @@ tests/test_planner.py and bench/planner_vs_published.py.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import tomllib
+from dataclasses import MISSING, dataclass
+from pathlib import Path
+
+
+PUBLISHED = Path(__file__).with_name("published_128racks.toml")
+"""The published calibration point, as a profile summary (data; `Summary`)."""
+
+KINDS = ("TP", "CP", "PP", "DP")
+"""Communication kinds a summary may measure (the profile's parallel dimensions)."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
-class CalibrationPoint:
-    system: str = "gb200-nvl72"
-    racks: int = 128
-    tp: int = 4
-    pp: int = 8
-    vp: int = 8
-    cp: int = 2
-    minibs: int = 8
-    step_s: float = 1.27
-    """One step at GBS 1024 takes about 1.27 s (Azure's write-up, 128 racks)."""
-    compute_s: float = 0.733
-    """About 57% of the step is compute (~733 ms)."""
-    gemm_share_of_compute: float = 0.74
-    """GEMMs are 74% of the compute."""
-    ffn_share_of_compute: float = 0.54
-    """The FFN up/down GEMMs are about 54% of the compute."""
-    dp_exposed_s: float = 0.016 * 1.27
-    """Cross-rack DP traffic on the critical path: ~1.6% (~20 ms) of the step. Not fitted: the
-    simulation predicts it from the scale-out bandwidth (a test, see docs/planner.md)."""
-    nvlink_critical_s: float = 0.500
-    """~500 ms of communication on the critical path, almost all NVLink (TP/PP/CP and pipeline
-    bubbles). Implied by the figures above (step - compute - DP - optimizer); a consistency check."""
+class Summary:
+    """What the solver fits to: one measured step of one layout, from a profile folder
+    (`measured.from_profile`) or from published figures (`PUBLISHED`). The four figures every
+    summary has (step, compute, GEMM and FFN shares of compute) are what the published write-up
+    gives; a profile adds what it measures (each compute part, exposed communication by kind,
+    the DP collectives' total, host gaps)."""
+    source: str
+    """Where the figures come from (a profile folder, or the publication)."""
+    system: str
+    model: str
+    """The model's name (`model.name`)."""
+    precision: str
+    """The GEMM precision of the run (`precision.compute`)."""
+    racks: int
+    tp: int
+    pp: int
+    vp: int
+    cp: int
+    minibs: int
+    mbs: int = 1
+    config: str = ""
+    """The profiled config file (a profile); empty: the planner's config of this layout."""
+    step_s: float
+    compute_s: float
+    gemm_share_of_compute: float
+    """GEMMs (with the attention core: the fused kernels count as GEMMs) in the compute."""
+    ffn_share_of_compute: float
+    parts: tuple[tuple[str, float], ...] = ()
+    """Seconds per step of each compute part (compute.PARTS + "elementwise"), when measured."""
+    exposed: tuple[tuple[str, float], ...] = ()
+    """Exposed communication per step by kind (KINDS; PP includes the bubble), when measured."""
+    dp_total_s: float | None = None
+    """The DP collectives' total time per step, overlapped or not, when measured."""
+    host_s: float | None = None
+    """Host gaps per step (nothing running), when measured."""
+    dp_exposed_s: float | None = None
+    """Published only: exposed cross-rack DP (a check, never fitted)."""
+    nvlink_critical_s: float | None = None
+    """Published only: NVLink communication and bubbles on the critical path (a check)."""
+
+    @property
+    def closes(self) -> str:
+        """The constant that closes the step: the host time per layer pass when the host gaps
+        were measured (a profile), else the NVLink efficiency (the publication)."""
+        return "host_s_per_layer_pass" if self.host_s is not None else "nvlink_bus_efficiency"
+
+    @property
+    def layout(self) -> str:
+        return f"TP{self.tp}-PP{self.pp}-VP{self.vp}-CP{self.cp} MiniBS {self.minibs} MBS {self.mbs}"
 
 
-CALIBRATION = CalibrationPoint()
+def summary_from_dict(d: dict, source: str) -> Summary:
+    """A Summary from its TOML/JSON form ([run] identity and layout, [measured] figures); a
+    missing or unknown key is an error naming it and `source`."""
+    from dataclasses import fields
+    flat = dict(d.get("run", {}))
+    meas = dict(d.get("measured", {}))
+    for k in ("parts", "exposed"):
+        if k in meas:
+            meas[k] = tuple(sorted((str(a), float(b)) for a, b in meas[k].items()))
+    flat.update(meas)
+    names = {f.name for f in fields(Summary)}
+    unknown = sorted(set(flat) - names)
+    required = {f.name for f in fields(Summary) if f.default is MISSING}
+    missing = sorted(required - set(flat) - {"source"})
+    if unknown or missing:
+        raise ValueError(f"{source}: not a profile summary: unknown keys {unknown}, missing keys "
+                         f"{missing} (sections [run] and [measured])")
+    flat.setdefault("source", source)
+    return Summary(**flat)
+
+
+def load_summary(path: Path) -> Summary:
+    with Path(path).open("rb") as f:
+        return summary_from_dict(tomllib.load(f), str(path))
+
+
+CALIBRATION = load_summary(PUBLISHED)
+CalibrationPoint = Summary
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -135,6 +200,22 @@ class Fitted:
     """Achieved fraction of NVLink bandwidth by the collectives and sends inside a rack (TP's
     sequence-parallel all-gathers and reduce-scatters, CP's ring, pipeline sends), from closing
     the simulated 1.27 s step."""
+    # What a profile measures beyond the published figures (neutral when absent: the published
+    # calibration leaves them at their defaults, and so reproduces the four constants alone).
+    gemm_fraction: tuple[tuple[str, float], ...] = ()
+    """GEMM efficiency of the profiled precision when it is not native NVFP4 (precision ->
+    fraction of its peak; `ASSUMED.gemm_peak_fraction` for the others)."""
+    gemm_part_scale: tuple[tuple[str, float], ...] = ()
+    """Time of the QKV, output-projection and LM-head GEMMs relative to the FFN GEMMs' rate
+    (part -> factor, 1 when absent): their shapes run at another rate than the FFN's."""
+    comm_scale: tuple[tuple[str, float], ...] = ()
+    """Measured / modelled time of each communication kind (TP, CP, PP, DP), 1 when absent."""
+    host_s_per_layer_pass: float | None = None
+    """Host time (nothing running) per layer and microbatch pass, forward or backward; None:
+    the system's `host_s_per_layer_pass`."""
+
+    def scale(self, table: str, key: str) -> float:
+        return dict(getattr(self, table)).get(key, 1.0)
 
 
 # Starting point of the solver (close to the solution, so it converges in a few rounds).

@@ -39,6 +39,7 @@ def tp_collective_s(ctx: Context, fit: Fitted) -> float:
     if ctx.tp == 1:
         return 0.0
     t = collective_s(ctx, tp_bytes(ctx), tp_span(ctx), fit.nvlink_bus_efficiency)
+    t *= fit.scale("comm_scale", "TP")
     return t * (1 - ASSUMED.tp_overlap_hidden) if ctx.cfg.performance.tp_comm_overlap else t
 
 
@@ -67,7 +68,8 @@ def cp_layer_s(ctx: Context, attention_s: float, fit: Fitted) -> tuple[float, fl
     fwd_step, bwd_step = attention_s / 3 / ctx.cp, 2 * attention_s / 3 / ctx.cp
     fwd = steps * (ASSUMED.cp_step_overhead_s + max(0.0, kv / bw - fwd_step))
     bwd = steps * (ASSUMED.cp_step_overhead_s + max(0.0, 2 * kv / bw - bwd_step))
-    return fwd, bwd
+    k = fit.scale("comm_scale", "CP")
+    return fwd * k, bwd * k
 
 
 def p2p_bytes(ctx: Context) -> float:
@@ -82,7 +84,9 @@ def p2p_s(ctx: Context, rank: int, fit: Fitted) -> float:
         return 0.0
     link = p2p_link(ctx, rank)
     eff = fit.nvlink_bus_efficiency if link == NVLINK else 1.0
-    return ASSUMED.p2p_latency_s + p2p_bytes(ctx) / bandwidth(ctx, link, eff)
+    lat = ctx.system.collective_latency_s or ASSUMED.p2p_latency_s
+    t = lat + p2p_bytes(ctx) / bandwidth(ctx, link, eff)
+    return t * fit.scale("comm_scale", "PP")
 
 
 OPERAND_NVFP4 = 0.5625
@@ -114,7 +118,8 @@ def dp_reduce_s(ctx: Context, params: float, fit: Fitted, buckets: int = 1) -> f
         return 0.0
     sp = dp_cp_span(ctx)
     t = collective_s(ctx, params * grad_bytes_per_param(ctx), sp, fit.nvlink_bus_efficiency)
-    t += (buckets - 1) * latency(group_link(sp))
+    t += (buckets - 1) * latency(group_link(sp), ctx)
+    t *= fit.scale("comm_scale", "DP")
     return t if ctx.cfg.optimizer.distributed else 2 * t
 
 
@@ -124,7 +129,7 @@ def dp_gather_s(ctx: Context, params: float, fit: Fitted, buckets: int = 1) -> f
         return 0.0
     sp = dp_cp_span(ctx)
     t = collective_s(ctx, params * param_gather_bytes_per_param(ctx), sp, fit.nvlink_bus_efficiency)
-    return t + (buckets - 1) * latency(group_link(sp))
+    return (t + (buckets - 1) * latency(group_link(sp), ctx)) * fit.scale("comm_scale", "DP")
 
 
 def dp_hbm_share(ctx: Context) -> float:
@@ -137,10 +142,11 @@ def dp_hbm_share(ctx: Context) -> float:
 
 
 def dp_sm_share(ctx: Context) -> float:
-    """Share of the SMs a running DP collective takes from compute-bound kernels."""
+    """Share of the SMs (cores) a running DP collective takes from compute-bound kernels: NCCL's
+    CTAs, or the system's `comm_units` (a CPU: gloo's worker thread on one core)."""
     if ctx.dp * ctx.cp == 1:
         return 0.0
-    return min(0.5, ASSUMED.nccl_dp_ctas / ctx.system.sm_count)
+    return min(0.5, (ctx.system.comm_units or ASSUMED.nccl_dp_ctas) / ctx.system.sm_count)
 
 
 def dp_nvlink_share(ctx: Context, fit: Fitted) -> float:

@@ -53,16 +53,34 @@ def gemm_shapes(ctx: Context) -> dict[str, tuple[int, int, int]]:
             "ffn_up": (T, 2 * f // t, h), "ffn_down": (T, h, f // t), "logits": (T, ctx.vocab // t, h)}
 
 
-def wave_efficiency(M: int, N: int, sms: int) -> float:
-    """Useful share of the SM time: padding of partial tiles x the last wave's idle SMs."""
-    tm, tn = ASSUMED.gemm_tile_m, ASSUMED.gemm_tile_n
+def wave_efficiency(M: int, N: int, sms: int, tile: tuple[int, int] = (0, 0)) -> float:
+    """Useful share of the SM time: padding of partial tiles x the last wave's idle SMs (`tile`:
+    the system's output tile, (0, 0) for ASSUMED's)."""
+    tm, tn = tile[0] or ASSUMED.gemm_tile_m, tile[1] or ASSUMED.gemm_tile_n
     tiles_m, tiles_n = math.ceil(M / tm), math.ceil(N / tn)
     tiles = tiles_m * tiles_n
     waves = math.ceil(tiles / sms)
     return (M * N) / (tiles_m * tm * tiles_n * tn) * tiles / (waves * sms)
 
 
+def executed_precision(precision: str, system) -> str:
+    """The precision GEMMs of `precision` execute in on `system` (a SystemSpec): emulated NVFP4
+    dequantizes and multiplies in FP32 (systems: `nvfp4 = "emulated"`)."""
+    if precision == "nvfp4" and system.nvfp4 == "emulated":
+        return "fp32"
+    return precision
+
+
+def gemm_precision(ctx: Context) -> str:
+    return executed_precision(ctx.precision, ctx.system)
+
+
 def gemm_peak_fraction(precision: str, fit: Fitted) -> float:
+    """Achievable fraction of `precision`'s peak: fitted for native NVFP4 and for a profiled
+    precision (`Fitted.gemm_fraction`), else the assumed one."""
+    measured = dict(fit.gemm_fraction)
+    if precision in measured:
+        return measured[precision]
     if precision == "nvfp4":
         return fit.nvfp4_gemm_peak_fraction
     return dict(ASSUMED.gemm_peak_fraction)[precision]
@@ -73,16 +91,17 @@ def gemm_passes(ctx: Context, M: int, N: int, K: int, fit: Fitted) -> tuple[floa
     layer: compute at the achievable peak and wave efficiency, or the HBM time of the operands if
     longer."""
     sysm, prec = ctx.system, ctx.precision
-    return _gemm_passes(sysm.peak_tflops(prec) * 1e12 * gemm_peak_fraction(prec, fit),
-                        OPERAND_BYTES[prec], sysm.hbm_tbs * 1e12, sysm.sm_count, M, N, K)
+    return _gemm_passes(sysm.peak_tflops(prec) * 1e12 * gemm_peak_fraction(gemm_precision(ctx), fit),
+                        OPERAND_BYTES[prec], sysm.hbm_tbs * 1e12, sysm.sm_count,
+                        (sysm.gemm_tile_m, sysm.gemm_tile_n), M, N, K)
 
 
 @cache
-def _gemm_passes(peak: float, b_in: float, hbm: float, sms: int, M: int, N: int,
-                 K: int) -> tuple[float, float, float]:
+def _gemm_passes(peak: float, b_in: float, hbm: float, sms: int, tile: tuple[int, int], M: int,
+                 N: int, K: int) -> tuple[float, float, float]:
     out = []
     for m_, n_, k_ in ((M, N, K), (M, K, N), (N, K, M)):  # fwd, dgrad, wgrad
-        t_compute = 2.0 * m_ * n_ * k_ / (peak * wave_efficiency(m_, n_, sms))
+        t_compute = 2.0 * m_ * n_ * k_ / (peak * wave_efficiency(m_, n_, sms, tile))
         t_memory = ((m_ * k_ + k_ * n_) * b_in + m_ * n_ * 2.0) / hbm
         out.append(max(t_compute, t_memory))
     return out[0], out[1], out[2]
@@ -91,6 +110,16 @@ def _gemm_passes(peak: float, b_in: float, hbm: float, sms: int, M: int, N: int,
 def gemm_time(ctx: Context, M: int, N: int, K: int, fit: Fitted) -> float:
     """Forward + data-gradient + weight-gradient GEMMs of a (M, N, K) linear layer, seconds."""
     return sum(gemm_passes(ctx, M, N, K, fit))
+
+
+def part_passes(ctx: Context, fit: Fitted) -> dict[str, tuple[float, float, float]]:
+    """(forward, data-gradient, weight-gradient) seconds of each linear part, with the part's
+    measured rate relative to the FFN's (`Fitted.gemm_part_scale`, a profile's shape classes)."""
+    out = {}
+    for k, shape in gemm_shapes(ctx).items():
+        f = fit.scale("gemm_part_scale", k)
+        out[k] = tuple(t * f for t in gemm_passes(ctx, *shape, fit))
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,10 +146,18 @@ class PartTimes:
         return PartTimes(**{f.name: getattr(self, f.name) * k for f in fields(self)})
 
 
-def attention_time(ctx: Context, fit: Fitted) -> float:
-    """Causal fused attention of one layer and microbatch on one GPU (forward + backward)."""
+def attention_flops(ctx: Context) -> float:
+    """FLOPs the attention core executes for one layer and microbatch on one GPU, forward +
+    backward: a fused causal kernel skips the masked half (half the convention's), the unfused
+    attention computes every score (systems: `attention_kernel`)."""
     m = ctx.model
-    executed = 3 * 2.0 * m.seq_length ** 2 * m.hidden_size * ctx.mbs / (ctx.cp * ctx.tp)
+    causal = 3 * 2.0 * m.seq_length ** 2 * m.hidden_size * ctx.mbs / (ctx.cp * ctx.tp)
+    return causal * (2 if ctx.system.attention_kernel == "unfused" else 1)
+
+
+def attention_time(ctx: Context, fit: Fitted) -> float:
+    """Attention core of one layer and microbatch on one GPU (forward + backward)."""
+    executed = attention_flops(ctx)
     peak = ctx.system.peak_tflops(ctx.cfg.precision.attention) * 1e12
     return executed / (peak * fit.attention_bf16_fraction)
 
@@ -132,14 +169,15 @@ def elementwise_width(ctx: Context, logits: bool) -> tuple[float, float]:
     m = ctx.model
     qkv = (m.num_attention_heads + 2 * m.num_query_groups) * m.kv_channels
     width = (4 * m.hidden_size + qkv + 3 * m.ffn_hidden_size) / ctx.tp
+    if ctx.system.attention_kernel == "unfused":  # the scores: masked, soft-maxed, in memory
+        width += m.num_attention_heads * m.seq_length / (ctx.cp * ctx.tp)
     return width, (2.0 * ctx.vocab / ctx.tp if logits else 0.0)
 
 
 def stage_parts(ctx: Context, st: Stage, fit: Fitted) -> PartTimes:
     """Compute of one microbatch on one GPU of pipeline rank `st`."""
-    shapes = gemm_shapes(ctx)
     n = st.layers
-    g = {k: gemm_time(ctx, *shape, fit) for k, shape in shapes.items()}
+    g = {k: sum(t) for k, t in part_passes(ctx, fit).items()}
     layer_w, loss_w = elementwise_width(ctx, st.logits)
     ew = fit.elementwise_passes * ctx.tokens * 2.0 * (n * layer_w + loss_w) / (ctx.system.hbm_tbs * 1e12)
     return PartTimes(qkv=n * g["qkv"], attention=n * attention_time(ctx, fit), proj=n * g["proj"],
@@ -153,8 +191,7 @@ def chunk_parts(ctx: Context, layers: int, embedding: bool, logits: bool,
     one GPU, with the embedding and/or the output layer and loss when the chunk holds them. The
     backward holds the data- and weight-gradient GEMMs, 2/3 of the attention and of the
     elementwise work (the convention's 3 x forward)."""
-    shapes = gemm_shapes(ctx)
-    g = {k: gemm_passes(ctx, *shape, fit) for k, shape in shapes.items()}
+    g = part_passes(ctx, fit)
     att = attention_time(ctx, fit)
     layer_w, loss_w = elementwise_width(ctx, logits)
     emb_w = ctx.model.hidden_size if embedding else 0.0  # lookup and its gradient, unsharded rows
@@ -173,9 +210,7 @@ def chunk_parts(ctx: Context, layers: int, embedding: bool, logits: bool,
 def part_rates(ctx: Context, fit: Fitted) -> dict[str, float]:
     """Predicted TFLOP/s of each part of one layer on one GPU (convention FLOPs for GEMMs,
     executed causal FLOPs for attention), forward + backward."""
-    shapes = gemm_shapes(ctx)
-    out = {k: 6.0 * M * N * K / gemm_time(ctx, M, N, K, fit) / 1e12 for k, (M, N, K) in shapes.items()}
-    m = ctx.model
-    executed = 3 * 2.0 * m.seq_length ** 2 * m.hidden_size * ctx.mbs / (ctx.cp * ctx.tp)
-    out["attention"] = executed / attention_time(ctx, fit) / 1e12
+    shapes, g = gemm_shapes(ctx), part_passes(ctx, fit)
+    out = {k: 6.0 * M * N * K / sum(g[k]) / 1e12 for k, (M, N, K) in shapes.items()}
+    out["attention"] = attention_flops(ctx) / attention_time(ctx, fit) / 1e12
     return out

@@ -42,9 +42,12 @@ class ChunkCost:
     """Extra work of the chunk's first forward in a step: with NVFP4 parameters gathered, TE
     derives the transposed (column-wise) copy of each gathered weight (`_create_columnwise`)."""
     work_fwd: float
-    """Forward compute + TP + CP."""
+    """Forward compute + TP + CP + host."""
     work_bwd: float
-    """Backward compute + TP + CP."""
+    """Backward compute + TP + CP + host."""
+    host_fwd: float = 0.0
+    host_bwd: float = 0.0
+    """Host time of the pass with nothing running (`host_pass_s` per layer)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +89,7 @@ class Plan:
             return 0.0
         a, b, c = self.sm_share, self.hbm_share, self.nvlink_share
         bound = parts.total - parts.elementwise
-        comm_s = work - parts.total
+        comm_s = work - parts.total  # with the host time: both wait on the same links/cores
         return (bound * a / (1 - a) + parts.elementwise * b / (1 - b) + comm_s * c / (1 - c)) / work
 
 
@@ -117,6 +120,12 @@ def chunk_params(ctx: Context, layers: int, embedding: bool, logits: bool) -> fl
             + (h if logits else 0))
 
 
+def host_pass_s(ctx: Context, fit: Fitted) -> float:
+    """Host time per layer and microbatch pass: fitted from a profile, else the system's prior."""
+    h = fit.host_s_per_layer_pass
+    return ctx.system.host_s_per_layer_pass if h is None else h
+
+
 def chunk_cost(ctx: Context, rank: int, chunk: int, fit: Fitted) -> ChunkCost:
     layers = chunk_layers(ctx, rank, chunk) if ctx.pp > 1 else ctx.model.num_layers
     emb = rank == 0 and chunk == 0
@@ -134,11 +143,13 @@ def chunk_cost(ctx: Context, rank: int, chunk: int, fit: Fitted) -> ChunkCost:
     buckets = 1
     if rank == 0 and chunk == 0:
         buckets = max(1, math.ceil(params / comm.dp_bucket_params(ctx)))
+    host = host_pass_s(ctx, fit) * (layers + emb + logits)  # the embedding and loss as layers
+    host_b = host * (2 if ctx.cfg.performance.recompute == "full" else 1)
     return ChunkCost(fwd=fwd, bwd=bwd, tp_fwd=tp_f, tp_bwd=tp_b, cp_fwd=cp_f, cp_bwd=cp_b,
                      params=params, reduce_s=comm.dp_reduce_s(ctx, params, fit, buckets),
                      gather_s=comm.dp_gather_s(ctx, params, fit, buckets), buckets=buckets,
-                     first_fwd_s=first, work_fwd=fwd.total + tp_f + cp_f,
-                     work_bwd=bwd.total + tp_b + cp_b)
+                     first_fwd_s=first, work_fwd=fwd.total + tp_f + cp_f + host,
+                     work_bwd=bwd.total + tp_b + cp_b + host_b, host_fwd=host, host_bwd=host_b)
 
 
 _PLANS: dict[tuple, Plan] = {}
@@ -174,13 +185,13 @@ def _plan(ctx: Context, fit: Fitted) -> Plan:
     for r in range(pp):
         params = sum(c.params for c in chunks[r])
         t = stream_s(ctx, 2 * params * grad_b)  # grad_data *= 1/num_tokens, read + write
-        t += latency(NVLINK) if ctx.tp > 1 and ctx.cfg.parallel.sequence_parallel else 0.0
+        t += latency(NVLINK, ctx) if ctx.tp > 1 and ctx.cfg.parallel.sequence_parallel else 0.0
         t += ASSUMED.p2p_latency_s if pp > 1 else 0.0  # num_tokens broadcast over PP
-        t += latency(dp_link) if ctx.dp * ctx.cp > 1 else 0.0  # and all-reduce over DP x CP
+        t += latency(dp_link, ctx) if ctx.dp * ctx.cp > 1 else 0.0  # and all-reduce over DP x CP
         finalize.append(t)
     most = max(sum(c.params for c in row) for row in chunks)
     shard = most / (ctx.dp * ctx.cp) if dist else most
-    opt = 2 * latency(world_link) + stream_s(ctx, shard * ASSUMED.optimizer_bytes_per_param)
+    opt = 2 * latency(world_link, ctx) + stream_s(ctx, shard * ASSUMED.optimizer_bytes_per_param)
     if dist and not perf.overlap_param_gather:
         opt += max(sum(c.gather_s for c in row) for row in chunks)
     return Plan(pp=pp, vp=vp, chunks=chunks, p2p=tuple(comm.p2p_s(ctx, r, fit) for r in range(pp)),

@@ -1,70 +1,193 @@
-"""Solve the fitted constants (`calibration.Fitted`) so that the simulated calibration step
-reproduces the published one: the compute of the busiest GPU (733 ms, with the contention of
-the overlapped DP collectives; a pipeline rank with a full share of the layers, `step.busiest_rank`),
-its GEMM (74%) and FFN (54%) shares, and the 1.27 s step.
+"""Solve the fitted constants (`calibration.Fitted`) so that the simulated step of a measured
+layout reproduces its measurement (`calibration.Summary`): the published 128-rack step
+(`calibration.CALIBRATION`, four figures) or a profile folder's (`measured.from_profile`, which
+adds each compute part, communication by kind and host gaps). One solver for both:
 
-The compute constants follow from the time each part takes at the current constants (GEMM and
-attention time are inversely proportional to their efficiency, elementwise time proportional to
-its passes); the NVLink efficiency closes the step (secant on 1/efficiency, which the
-communication time is proportional to). The slowdown depends on the constants, so the two are
-repeated until nothing moves (a handful of rounds, each a few simulations of the 8-microbatch
-step). This module imports the model; the model never imports it: the constants reach it as an
-argument.
+* compute: of the busiest GPU (a pipeline rank with a full share of the layers,
+  `step.busiest_rank`; the measurement includes the contention of the overlapped DP
+  collectives). GEMM and attention time are inversely proportional to their efficiency,
+  elementwise time proportional to its passes: the FFN share gives the GEMM efficiency of the
+  run's precision, the rest of the GEMM share the attention (the published write-up counts the
+  fused attention as GEMMs; a profile measures the attention and each linear part apart, whose
+  rate relative to the FFN's is `gemm_part_scale`), the non-GEMM share the elementwise passes;
+* communication a profile measures: a scale per kind (TP, CP, PP, DP: measured / modelled time,
+  latency and bytes alike, since a profile sees one message size per kind); a kind the profiled
+  layout lacks takes the geometric mean of the measured ones (the same links, measured through
+  other collectives); the NVLink efficiency stays the published fit's;
+* the step is closed by one constant: the NVLink efficiency for the publication (secant on
+  1/efficiency, which the communication time is proportional to), the host time per layer pass
+  for a profile (it measured the host gaps).
+
+The contention depends on the constants, so this repeats until nothing moves (a handful of
+rounds, each a few simulations). This module imports the model; the model never imports it: the
+constants reach it as an argument.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+import math
+from dataclasses import fields, replace
 from functools import cache
 
-from .calibration import CALIBRATION, INITIAL, CalibrationPoint, Fitted
+from . import compute
+from .calibration import ASSUMED, CALIBRATION, INITIAL, KINDS, Fitted, Summary
 from .context import Context
 from .costs import plan
 from .spec import make_config
-from .step import breakdown, rank_compute
+from .step import Breakdown, breakdown, rank_compute
+
+LINEAR = ("qkv", "proj", "logits")
+"""Linear parts other than the FFN: their rate relative to the FFN's is fitted when measured."""
 
 
-def _close_step(ctx: Context, fit: Fitted, target: float) -> Fitted:
-    """The NVLink efficiency for which the simulated step is `target` seconds."""
-    x0 = 1 / fit.nvlink_bus_efficiency
-    y0 = breakdown(ctx, fit).step_s - target
-    x1 = x0 * 1.05
+def config_of(c: Summary, cfg=None):
+    """The config of the measured layout: `cfg` if given, the profiled config file, or the
+    planner's config of the published layout."""
+    if cfg is not None:
+        return cfg
+    if c.config:
+        from ..config.load import load_config
+        return load_config(c.config)
+    return make_config(c.system, c.racks, tp=c.tp, pp=c.pp, vp=c.vp, cp=c.cp, minibs=c.minibs,
+                       mbs=c.mbs, precision=c.precision)
+
+
+def _secant(f, x0: float, what: str) -> float:
+    """x with f(x) = 0, from x0 (f monotonic and nearly linear in x)."""
+    y0 = f(x0)
+    x1 = x0 * 1.05 if x0 else 1e-6
     for _ in range(30):
-        y1 = breakdown(ctx, replace(fit, nvlink_bus_efficiency=1 / x1)).step_s - target
+        y1 = f(x1)
         if abs(y1) < 1e-9 or y1 == y0:
-            break
+            return x1
         x0, y0, x1 = x1, y1, x1 - y1 * (x1 - x0) / (y1 - y0)
         if x1 <= 0:
-            raise ValueError("calibration: the step leaves no time for NVLink communication")
-    return replace(fit, nvlink_bus_efficiency=1 / x1)
+            raise ValueError(f"calibration: no positive {what} reproduces the measured step")
+    return x1
 
 
-def solve(c: CalibrationPoint = CALIBRATION) -> Fitted:
-    cfg = make_config(c.system, c.racks, tp=c.tp, pp=c.pp, vp=c.vp, cp=c.cp, minibs=c.minibs)
-    ctx = Context.of(cfg)
-    fit = INITIAL
-    for _ in range(20):
+def _close_step(ctx: Context, fit: Fitted, c: Summary) -> Fitted:
+    """The closing constant (`Summary.closes`) for which the simulated step is the measured."""
+    if c.closes == "nvlink_bus_efficiency":
+        x = _secant(lambda x: breakdown(ctx, replace(fit, nvlink_bus_efficiency=1 / x)).step_s
+                    - c.step_s, 1 / fit.nvlink_bus_efficiency, "NVLink time")
+        return replace(fit, nvlink_bus_efficiency=1 / x)
+    def f(x):
+        return breakdown(ctx, replace(fit, host_s_per_layer_pass=x)).step_s - c.step_s
+    if f(0.0) >= 0:  # the rest of the model leaves no host time (the check shows the miss)
+        return replace(fit, host_s_per_layer_pass=0.0)
+    return replace(fit, host_s_per_layer_pass=_secant(f, fit.host_s_per_layer_pass or 1e-6,
+                                                      "host time per layer pass"))
+
+
+def _modelled(ctx: Context, fit: Fitted, b: Breakdown, kind: str) -> float:
+    """The model's time of a communication kind, as the profile measures it (DP: the
+    collectives' total, with the parameter gather the optimizer runs when it is not overlapped)."""
+    if kind == "DP":
+        p = plan(ctx, fit)
+        gather = 0.0 if p.overlap_param else sum(c.gather_s for c in p.chunks[b.rank])
+        return b.dp_total_s + gather
+    return {"TP": b.tp_s, "CP": b.cp_s, "PP": b.pp_s + b.bubble_s}[kind]
+
+
+def _comm(ctx: Context, fit: Fitted, c: Summary, b: Breakdown) -> Fitted:
+    """One round of the communication constants: each measured kind's time ratio applied."""
+    exposed = dict(c.exposed)
+    target = {k: exposed.get(k) for k in KINDS}
+    target["DP"] = c.dp_total_s
+    present = {"TP": ctx.tp > 1, "CP": ctx.cp > 1, "PP": ctx.pp > 1, "DP": ctx.dp * ctx.cp > 1}
+    scale = dict(fit.comm_scale)
+    ratios = {}
+    for k in KINDS:
+        model = _modelled(ctx, fit, b, k)
+        if not present[k] or not target[k] or model <= 0:
+            continue
+        if k == "PP":  # the bubble is waiting for compute: only the sends scale
+            sends = b.pp_s
+            r = max(1e-3, (target[k] - b.bubble_s) / sends) if sends > 0 else 1.0
+        else:
+            r = target[k] / model
+        ratios[k] = r
+    for k, r in ratios.items():
+        scale[k] = scale.get(k, 1.0) * r
+    measured = set(ratios) | {k for k in scale if present[k]}
+    if measured and len(measured) < len(KINDS):
+        # the kinds the layout lacks: the same machine's links, measured through the other
+        # collectives
+        mean = math.exp(sum(math.log(scale[k]) for k in measured) / len(measured))
+        for k in KINDS:
+            if k not in measured:
+                scale[k] = mean
+    return replace(fit, comm_scale=tuple(sorted(scale.items())))
+
+
+def _initial(c: Summary, ctx: Context) -> Fitted:
+    if not c.parts:
+        return INITIAL
+    prior = fitted()
+    prec = compute.gemm_precision(ctx)
+    start = replace(prior, host_s_per_layer_pass=ctx.system.host_s_per_layer_pass)
+    if prec != "nvfp4":
+        start = replace(start, gemm_fraction=((prec, dict(ASSUMED.gemm_peak_fraction)[prec]),))
+    return start
+
+
+def solve(c: Summary = CALIBRATION, cfg=None) -> Fitted:
+    ctx = Context.of(config_of(c, cfg))
+    prec = compute.gemm_precision(ctx)
+    parts = dict(c.parts)
+    fit = _initial(c, ctx)
+    for _ in range(30):
         b = breakdown(ctx, fit)
         clean = c.compute_s - b.dp_slowdown_s
+        k = clean / c.compute_s
         now = rank_compute(ctx, fit, b.rank)  # seconds of each part per step
         fixed = sum(ch.first_fwd_s for ch in plan(ctx, fit).chunks[b.rank])
-        unit = {k: v * fit.nvfp4_gemm_peak_fraction for k, v in now.items()}
+        eta0 = compute.gemm_peak_fraction(prec, fit)
+        unit = {p: now[p] * eta0 for p in (*LINEAR, "ffn_up", "ffn_down")}
         unit["attention"] = now["attention"] * fit.attention_bf16_fraction
         unit["elementwise"] = (now["elementwise"] - fixed) / fit.elementwise_passes
         ffn = c.ffn_share_of_compute * clean
         eta = (unit["ffn_up"] + unit["ffn_down"]) / ffn
-        other = (unit["qkv"] + unit["proj"] + unit["logits"]) / eta
-        attn = c.gemm_share_of_compute * clean - ffn - other
+        scales = dict(fit.gemm_part_scale)
+        if parts:  # a profile: each linear part's rate and the attention measured apart
+            for p in LINEAR:
+                if parts.get(p, 0.0) > 0 and unit[p] > 0:
+                    scales[p] = parts[p] * k / (unit[p] / scales.get(p, 1.0) / eta)
+            attn = parts.get("attention", 0.0) * k
+        else:
+            other = (unit["qkv"] + unit["proj"] + unit["logits"]) / eta
+            attn = c.gemm_share_of_compute * clean - ffn - other
         if attn <= 0:
-            raise ValueError("calibration: the GEMM share leaves no time for attention")
+            raise ValueError(f"{c.source}: the GEMM share leaves no time for attention")
         passes = ((1 - c.gemm_share_of_compute) * clean - fixed) / unit["elementwise"]
-        new = replace(fit, nvfp4_gemm_peak_fraction=eta, elementwise_passes=passes,
-                      attention_bf16_fraction=unit["attention"] / attn)
-        new = _close_step(ctx, new, c.step_s)
-        done = all(abs(getattr(new, f) / getattr(fit, f) - 1) < 1e-10 for f in Fitted.__slots__)
+        new = replace(fit, elementwise_passes=passes, attention_bf16_fraction=unit["attention"] / attn,
+                      gemm_part_scale=tuple(sorted(scales.items())))
+        new = (replace(new, nvfp4_gemm_peak_fraction=eta) if prec == "nvfp4"
+               else replace(new, gemm_fraction=((prec, eta),)))
+        if c.exposed or c.dp_total_s:
+            new = _comm(ctx, new, c, breakdown(ctx, new))
+        new = _close_step(ctx, new, c)
+        done = _same(new, fit)
         fit = new
         if done:
             break
     return fit
+
+
+def _numbers(f: Fitted) -> list[float]:
+    out = []
+    for fl in fields(f):
+        v = getattr(f, fl.name)
+        if isinstance(v, tuple):
+            out += [x for _, x in v]
+        elif v is not None:
+            out.append(v)
+    return out
+
+
+def _same(a: Fitted, b: Fitted) -> bool:
+    x, y = _numbers(a), _numbers(b)
+    return len(x) == len(y) and all(abs(p / q - 1) < 1e-10 for p, q in zip(x, y) if q)
 
 
 @cache

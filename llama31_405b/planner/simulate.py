@@ -60,6 +60,8 @@ class Sim:
     sync_s: float = 0.0
     """Waiting at the step's end for the last rank to finish (the gradient-norm all-reduce
     synchronises the ranks): zero on the critical rank."""
+    host_s: float = 0.0
+    """Host time of this rank's passes (nothing running: a CPU's Python between ops)."""
 
     def scaled(self, other: "Sim", k: float) -> "Sim":
         """self + k x (self - other), field by field (linear extrapolation)."""
@@ -272,6 +274,7 @@ def _ranks(plan: Plan, m: int) -> tuple[Sim, ...]:  # noqa: C901 (one event loop
         out.append(Sim(step_s=fin[crit] + tail, critical_rank=crit, compute_s=comp,
                        slowdown_s=slow[r], tp_s=m * sum(c.tp_fwd + c.tp_bwd for c in row),
                        cp_s=m * sum(c.cp_fwd + c.cp_bwd for c in row), pp_s=wait_pp[r],
+                       host_s=m * sum(c.host_fwd + c.host_bwd for c in row),
                        bubble_s=wait_bub[r], dp_wait_s=wait_dp[r],
                        dp_drain_s=max(0.0, free[r] - t[r]), finalize_s=plan.finalize_s[r],
                        optimizer_s=tail, dp_total_s=sum(e - s for s, e in busy[r]),

@@ -56,6 +56,8 @@ class Breakdown:
     """The pipeline rank this breakdown describes: the busiest one (`busiest_rank`)."""
     recompute_s: float = 0.0
     """Forward recomputation (full recompute), included in compute_s parts."""
+    host_s: float = 0.0
+    """Host time of the passes with nothing running (systems/fitted `host_s_per_layer_pass`)."""
 
     @property
     def compute_total_s(self) -> float:
@@ -64,7 +66,7 @@ class Breakdown:
     @property
     def step_s(self) -> float:
         return (self.compute_total_s + self.tp_s + self.cp_s + self.pp_s + self.bubble_s
-                + self.dp_exposed_s + self.optimizer_s)
+                + self.dp_exposed_s + self.optimizer_s + self.host_s)
 
     @property
     def bubble_fraction(self) -> float:
@@ -75,7 +77,7 @@ class Breakdown:
         out = {f"compute_{k}_s": v for k, v in self.compute_s.items()}
         out.update(compute_total_s=self.compute_total_s, dp_slowdown_s=self.dp_slowdown_s,
                    tp_s=self.tp_s, cp_s=self.cp_s, pp_s=self.pp_s, bubble_s=self.bubble_s,
-                   dp_s=self.dp_exposed_s, optimizer_s=self.optimizer_s,
+                   dp_s=self.dp_exposed_s, optimizer_s=self.optimizer_s, host_s=self.host_s,
                    bubble_fraction=self.bubble_fraction, dp_unoverlapped_s=self.dp_total_s,
                    critical_rank=self.critical_rank, rank=self.rank)
         return out
@@ -137,7 +139,8 @@ def breakdown(ctx: Context, fit: Fitted) -> Breakdown:
                      tp_s=s.tp_s, cp_s=s.cp_s, pp_s=s.pp_s, bubble_s=s.bubble_s + s.sync_s,
                      dp_exposed_s=s.dp_wait_s + s.dp_drain_s,
                      optimizer_s=s.finalize_s + s.optimizer_s, dp_total_s=s.dp_total_s,
-                     critical_rank=s.critical_rank, rank=rank, recompute_s=recompute)
+                     critical_rank=s.critical_rank, rank=rank, recompute_s=recompute,
+                     host_s=s.host_s)
 
 
 def estimate_step_s(ctx: Context, fit: Fitted) -> float:

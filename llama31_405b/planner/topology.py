@@ -65,7 +65,11 @@ def bandwidth(ctx: Context, link: str, nvlink_efficiency: float) -> float:
     return ctx.system.scaleout_gbs * 1e9 * ASSUMED.scaleout_bus_efficiency
 
 
-def latency(link: str) -> float:
+def latency(link: str, ctx: Context | None = None) -> float:
+    """Per-collective latency on a link: the system's `collective_latency_s` where it sets one
+    (a CPU's gloo), else the assumed NVLink or scale-out latency."""
+    if ctx is not None and ctx.system.collective_latency_s:
+        return ctx.system.collective_latency_s
     return ASSUMED.nvlink_latency_s if link == NVLINK else ASSUMED.scaleout_latency_s
 
 
@@ -81,8 +85,8 @@ def collective_s(ctx: Context, nbytes: float, sp: Span, nvlink_efficiency: float
     t = 0.0
     if sp.inside > 1:
         t += (nbytes * (sp.inside - 1) / sp.inside / bandwidth(ctx, NVLINK, nvlink_efficiency)
-              + latency(NVLINK))
+              + latency(NVLINK, ctx))
     if sp.across > 1:
         t += (nbytes / sp.inside * (sp.across - 1) / sp.across / bandwidth(ctx, SCALEOUT, 1.0)
-              + latency(SCALEOUT))
+              + latency(SCALEOUT, ctx))
     return t

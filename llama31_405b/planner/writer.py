@@ -28,6 +28,7 @@ from pathlib import Path
 from ..config.naming import format_name
 from ..config.rcp import MAX_STEPS_ROUNDING, RCP_MULTIPLE, max_steps_for, rcp_mean
 from ..systems import load_system
+from .calibration import Fitted
 from .step import Prediction
 from .sweep import Fixed, sweep
 
@@ -125,19 +126,20 @@ def same(a: Prediction, b: Prediction) -> bool:
 
 
 @cache
-def candidates(racks: int, system: str = SYSTEM) -> tuple[tuple[Prediction, ...], tuple[Prediction, ...]]:
+def candidates(racks: int, system: str = SYSTEM,
+               fit: Fitted | None = None) -> tuple[tuple[Prediction, ...], tuple[Prediction, ...]]:
     """(every fitting candidate, ranked, with the measured TP on 8-GPU systems; every valid
     batch size of the measured layout, ranked, fitting first), both from the schedule simulation
     (the measured layout is swept on its own so that all its batch sizes are simulated)."""
     node = load_system(system).node_nvlink_domain
-    ranked = tuple(p for p in sweep(system, racks, Fixed(tp=MEASURED["tp"]) if node else Fixed())
-                   if p.fits)
-    layout = tuple(sweep(system, racks, Fixed(**MEASURED)))
+    ranked = tuple(p for p in sweep(system, racks, Fixed(tp=MEASURED["tp"]) if node else Fixed(),
+                                    fit=fit) if p.fits)
+    layout = tuple(sweep(system, racks, Fixed(**MEASURED), fit=fit))
     return ranked, layout
 
 
-def plan_scale(racks: int, target: Target = GB200) -> ScalePlan:
-    ranked, everything = candidates(racks, target.system)
+def plan_scale(racks: int, target: Target = GB200, fit: Fitted | None = None) -> ScalePlan:
+    ranked, everything = candidates(racks, target.system, fit)
     layout = [p for p in everything if p.fits]
     name = "TP{tp}-PP{pp}-VP{vp}-CP{cp}".format(**MEASURED)
     if not layout:
@@ -217,18 +219,21 @@ def render(sp: ScalePlan) -> str:
         f"{MAX_STEPS_ROUNDING} steps\n")
 
 
-def plans(racks: tuple[int, ...] | None = None, target: Target = GB200) -> list[ScalePlan]:
+def plans(racks: tuple[int, ...] | None = None, target: Target = GB200,
+          fit: Fitted | None = None) -> list[ScalePlan]:
     """The ScalePlans of one target (default: the GB200 configs) at its scales or `racks`."""
-    return [plan_scale(r, target) for r in (racks or target.scales)]
+    return [plan_scale(r, target, fit) for r in (racks or target.scales)]
 
 
-def all_plans(targets: tuple[Target, ...] = TARGETS) -> list[ScalePlan]:
-    return [sp for t in targets for sp in plans(target=t)]
+def all_plans(targets: tuple[Target, ...] = TARGETS, fit: Fitted | None = None) -> list[ScalePlan]:
+    return [sp for t in targets for sp in plans(target=t, fit=fit)]
 
 
-def write_configs(configs_dir: Path, targets: tuple[Target, ...] = TARGETS) -> tuple[list[Path], list[Path]]:
-    """Write the per-scale configs of `targets`; delete their stale config_<PREFIX>_*.toml.
-    Returns (written, deleted)."""
+def write_configs(configs_dir: Path, targets: tuple[Target, ...] = TARGETS, fit: Fitted | None = None,
+                  note: str = "") -> tuple[list[Path], list[Path]]:
+    """Write the per-scale configs of `targets` (with the constants `fit`, default the published
+    fit; `note` names a calibration in each file's first line); delete their stale
+    config_<PREFIX>_*.toml. Returns (written, deleted)."""
     from ..config.load import load_config
     configs_dir = Path(configs_dir)
     for t in targets:
@@ -236,7 +241,9 @@ def write_configs(configs_dir: Path, targets: tuple[Target, ...] = TARGETS) -> t
             raise FileNotFoundError(f"{configs_dir / t.base}: the base config the per-scale files "
                                     "inherit is missing; pass --configs-dir pointing at the "
                                     "repository's configs/")
-    out = expected_files(targets)
+    out = expected_files(targets, fit)
+    if note:
+        out = {k: f"# Predictions with the constants of {note}.\n{v}" for k, v in out.items()}
     written = []
     for name, text in out.items():
         path = configs_dir / name
@@ -251,9 +258,9 @@ def write_configs(configs_dir: Path, targets: tuple[Target, ...] = TARGETS) -> t
     return written, deleted
 
 
-def expected_files(targets: tuple[Target, ...] = TARGETS) -> dict[str, str]:
+def expected_files(targets: tuple[Target, ...] = TARGETS, fit: Fitted | None = None) -> dict[str, str]:
     """File name -> content the writer produces (the config consistency test compares)."""
-    return {sp.filename: render(sp) for sp in all_plans(targets)}
+    return {sp.filename: render(sp) for sp in all_plans(targets, fit)}
 
 
 def with_scales(target: Target, scales: tuple[int, ...]) -> Target:

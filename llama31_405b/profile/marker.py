@@ -42,6 +42,8 @@ def mark_folder(out: Path, cfg, plan) -> None:
         (out / name).unlink(missing_ok=True)
     (out / MARKER).write_text(TEXT)
     manifest = dict(kind=KIND, mlperf_run=False, config=cfg.source, system=cfg.system.id,
+                    model=cfg.model.name, precision=cfg.precision.compute,
+                    batch=dict(minibs=cfg.batch.minibs, mbs=cfg.batch.micro_batch_size),
                     layout=dict(tp=cfg.parallel.tp, pp=cfg.parallel.pp, vp=cfg.parallel.vp,
                                 cp=cfg.parallel.cp, dp=cfg.derived.dp),
                     world_size=cfg.derived.world_size, skip=plan.skip, baseline=plan.baseline,

@@ -30,10 +30,11 @@ ROWS = (
     ("PP exposed (incl. bubble)", ("exposed.PP",), ("pp_s", "bubble_s")),
     ("DP exposed", ("exposed.DP",), ("dp_s",)),
     ("other comm exposed", ("exposed.other",), ()),
-    ("host gaps", ("host_gap",), ()),
+    ("host gaps", ("host_gap",), ("host_s",)),
 )
 CPU_NOTE = ("on CPU the planner's peaks are nominal (systems/cpu.toml), so this comparison checks "
-            "the plumbing (every component measured and mapped), not the performance model")
+            "the plumbing (every component measured and mapped), not the performance model; "
+            "with --calibration (plan --calibrate) it checks the calibrated model")
 
 
 class ProfileError(RuntimeError):
@@ -50,10 +51,12 @@ def _rows(components: dict, predicted: dict | None) -> list[dict]:
     return out
 
 
-def predicted_breakdown(cfg) -> dict | None:
+def predicted_breakdown(cfg, fit=None) -> dict | None:
+    """The planner's prediction for `cfg`, with the constants `fit` (a calibration's; default the
+    published fit)."""
     try:
         from ..planner import predict
-        p = predict(cfg)
+        p = predict(cfg, fit)
     except Exception as e:  # noqa: BLE001 - the measurement stands without a prediction
         return {"error": f"{type(e).__name__}: {e}"}
     return dict(step_time_s=p.step_time_s, **p.breakdown)
@@ -89,9 +92,10 @@ def _map(fn, items: list, workers: int | None = None) -> list:
 
 
 def analyze_folder(out: str | Path, *, cfg=None, threshold: float = straggler.DEFAULT_THRESHOLD,
-                   workers: int | None = None) -> dict:
+                   workers: int | None = None, fit=None, calibration: str = "") -> dict:
     """Analyse every trace of a profile folder (`workers` processes, default: the CPUs) and
-    write analysis.json, analysis.txt and breakdown.png."""
+    write analysis.json, analysis.txt and breakdown.png; the predicted column with the constants
+    `fit` (the calibration file `calibration`; default the published fit)."""
     out = Path(out)
     t0 = time.perf_counter()
     manifest_path = out / MANIFEST
@@ -115,7 +119,7 @@ def analyze_folder(out: str | Path, *, cfg=None, threshold: float = straggler.DE
                  tp_rank=rec.get("tp_rank", 0), cp_rank=rec.get("cp_rank", 0))
         per_rank[m["rank"]] = m
     busiest = max(per_rank, key=lambda r: (per_rank[r]["compute_s"], -r))
-    predicted = predicted_breakdown(cfg) if cfg is not None else None
+    predicted = predicted_breakdown(cfg, fit) if cfg is not None else None
     pred_ok = predicted if predicted and "error" not in predicted else None
     # like with like: the planner describes its busiest pipeline stage; the measured side is
     # the mean of the profiled ranks of that stage (else the rank with the most compute)
@@ -135,6 +139,7 @@ def analyze_folder(out: str | Path, *, cfg=None, threshold: float = straggler.DE
         compared_stage=per_rank[compared[0]]["pp_rank"],
         measured_step_s=sum(per_rank[r]["step_s"] for r in compared) / len(compared),
         predicted_step_s=pred_ok["step_time_s"] if pred_ok else None,
+        calibration=calibration or "published (planner/published_128racks.toml)",
         prediction_error=predicted.get("error") if predicted else None,
         comparison=rows,
         note=CPU_NOTE if cfg is not None and not cfg.derived.system.is_gpu else "",
@@ -188,6 +193,8 @@ def render(r: dict) -> str:
         lines.append(f"  no prediction: {r['prediction_error']}")
     if r.get("note"):
         lines.append(f"  note: {r['note']}")
+    if r.get("predicted_step_s") is not None and r.get("calibration"):
+        lines.append(f"  planner constants: {r['calibration']}")
     first = r["compared_ranks"][0]
     b = r["ranks"][first]
     lines += ["", f"Communication of rank {first} by process group (ms per step; every rank's "

@@ -10,7 +10,7 @@ parallel/placement.py, planner/topology.py).
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from functools import cache
 from pathlib import Path
 from typing import Literal
@@ -68,6 +68,27 @@ class SystemSpec:
     """Link between accelerator and host CPU (systems/<system>.json)."""
     cooling: str
     """Cooling of the system: liquid or air (systems/<system>.json)."""
+    # How the planner's model describes the machine where it differs from a GPU (optional keys;
+    # the defaults describe the GPUs: docs/planner.md, "The CPU as data").
+    attention_kernel: Literal["fused", "unfused"] = "fused"
+    """The attention core: a fused causal kernel (executes half the non-causal FLOPs, no score
+    matrix in memory) or megatron-core's unfused attention (every score computed, masked and
+    soft-maxed in memory: the full FLOPs plus passes over the scores)."""
+    comm_units: int = 0
+    """Compute units (SMs, cores) a running overlapped collective takes from compute; 0: the
+    CTAs NCCL's DP communicators are capped at (planner ASSUMED.nccl_dp_ctas)."""
+    gemm_tile_m: int = 0
+    gemm_tile_n: int = 0
+    """Output tile of one GEMM work unit for the wave-quantisation factor; 0: the GPU tiles of
+    planner ASSUMED (128 x 256). 1 x 1: no tiles (a CPU's BLAS)."""
+    collective_latency_s: float = 0.0
+    """Time of one collective or send beyond its bytes; 0: the planner's assumed NVLink,
+    scale-out and send latencies (microseconds on GPUs). On a CPU, gloo's per-call cost with the
+    ranks sharing the cores."""
+    host_s_per_layer_pass: float = 0.0
+    """Host time per layer and microbatch pass (forward or backward) with nothing running on the
+    device, the prior a calibration replaces: 0 on GPUs (CUDA graphs, launches ahead of the
+    kernels); on a CPU, Python between the ops."""
 
     @property
     def node_nvlink_domain(self) -> bool:
@@ -102,7 +123,8 @@ def load_system(system_id: str) -> SystemSpec:
         raw = tomllib.load(f)
     names = {f.name for f in fields(SystemSpec)}
     unknown = sorted(set(raw) - names)
-    missing = sorted(names - set(raw) - {"id"})
+    optional = {f.name for f in fields(SystemSpec) if f.default is not MISSING}
+    missing = sorted(names - set(raw) - {"id"} - optional)
     if unknown or missing:
         raise ValueError(f"{path}: unknown keys {unknown}, missing keys {missing}")
     return SystemSpec(id=system_id, **raw)

@@ -1,0 +1,79 @@
+"""`plan --calibrate PROFILE_DIR --calibration-out FILE`: the planner's constants fitted to a
+measured profile (docs/planner.md, "Calibrating from a profile"). A file instead of a folder is
+first contact's JSON report: a partial calibration (the BF16 GEMM rate of one layer)."""
+from __future__ import annotations
+
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+
+def _err(lines) -> int:
+    print("error: " + "\n  ".join(lines), file=sys.stderr)
+    return 2
+
+
+def _first_contact(args, src: Path, out: str) -> int:
+    from ..planner import calibrated, fitting, measured
+    fit, summary, check = measured.first_contact(src, fitting.fitted())
+    if args.system and args.system != summary.system:
+        return _err([f"{src}: first contact ran on system {summary.system!r}, --system asks for "
+                     f"{args.system!r}"])
+    path = calibrated.write(out, summary, fit, "bf16", check, partial=True)
+    print(f"partial calibration of {summary.system} (first contact's layer phase: BF16 GEMM "
+          f"efficiency {dict(fit.gemm_fraction)['bf16']:.3f}) written to {path}")
+    for k, v in check.items():
+        print(f"  {k} {v * 1e3:.1f} ms")
+    return 0
+
+
+def calibrate(args) -> int:
+    from ..planner import calibrated, fitting, measured
+    from ..planner.compute import gemm_precision
+    from ..planner.context import Context
+    from ..planner.step import breakdown
+    from .options import load_or_report
+    src, out = Path(args.calibrate), args.calibration_out
+    if not out:
+        return _err(["--calibrate needs --calibration-out FILE (the calibration file to write)"])
+    if Path(out).exists():
+        return _err([f"--calibration-out {out}: the file exists; a calibration is never "
+                     "overwritten: give another name"])
+    try:
+        if src.is_file():
+            return _first_contact(args, src, out)
+        m = measured.manifest(src)
+    except measured.ProfileSummaryError as e:
+        return _err([str(e)])
+    cfg_path = args.config or m.get("config")
+    if not cfg_path or not Path(cfg_path).is_file():
+        return _err([f"{src}/profile.json: its config {cfg_path!r} is not there; give the "
+                     "profiled config with --config"])
+    cfg = load_or_report(cfg_path, None)
+    if cfg is None:
+        return 2
+    bad = [f"{src}: {x}" for x in measured.layout_mismatches(src, cfg)]
+    for flag, field, mine, theirs in (("--system", "system", args.system, cfg.system.id),
+                                      ("--precision", "precision", args.precision,
+                                       cfg.precision.compute)):
+        if mine and mine != theirs:
+            bad.append(f"{src}: a profile of {field} {theirs!r}, {flag} asks for {mine!r}")
+    if bad:
+        return _err(["the profile is not of the run asked for:", *bad])
+    try:
+        summary = measured.from_profile(src, cfg)
+        fit = fitting.solve(summary, cfg)
+    except ValueError as e:
+        return _err([str(e)])
+    ctx = Context.of(cfg)
+    b = breakdown(ctx, fit)
+    check = {"simulated_step_s": b.step_s, "measured_step_s": summary.step_s,
+             "simulated_compute_s": b.compute_total_s, "measured_compute_s": summary.compute_s}
+    path = calibrated.write(out, summary, fit, gemm_precision(ctx), check)
+    print(f"calibration of {cfg.system.id} / {cfg.model.name} / {gemm_precision(ctx)} GEMMs from "
+          f"{src} ({summary.layout}) written to {path}")
+    for f in fields(fit):
+        print(f"  {f.name} = {getattr(fit, f.name)}")
+    print(f"  the profiled step: simulated {b.step_s * 1e3:.1f} ms, measured "
+          f"{summary.step_s * 1e3:.1f} ms")
+    return 0
