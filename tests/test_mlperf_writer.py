@@ -102,3 +102,28 @@ def test_a_broken_echo_is_dropped_with_one_warning_when_the_file_is_the_log(tmp_
     w.write("init_stop")
     assert capsys.readouterr().err.count("warning:") == 1
     assert [e.key for e in load_run(tmp_path / "log.txt").events] == ["init_start", "init_stop"]
+
+
+def test_a_file_holding_mlperf_events_is_refused_and_kept(tmp_path):
+    """A result file is never appended to: a log that holds events is refused when the writer
+    is made (exit status 2 through failures.exit_code), naming the file; it stays byte for byte.
+    An empty file (a launcher may create it) is taken."""
+    from llama31_405b.failures import EXIT_INPUT, exit_code
+    from llama31_405b.mlperf.writer import LogExistsError
+    path = tmp_path / "result_0.txt"
+    w = MLLogWriter(path, echo=False)
+    w.write("init_start")
+    w.run_stop({"status": "aborted"})
+    w.close()
+    before = path.read_bytes()
+    with pytest.raises(LogExistsError, match=f"the MLPerf log {path} already holds MLPerf events"
+                                             ".*pass a new --mlperf-log path") as e:
+        MLLogWriter(path, echo=False)
+    assert exit_code(e.value) == EXIT_INPUT
+    assert path.read_bytes() == before
+    empty = tmp_path / "empty.txt"
+    empty.touch()
+    w = MLLogWriter(empty, echo=False)
+    w.write("init_start")
+    w.close()
+    assert [e.key for e in load_run(empty).events] == ["init_start"]

@@ -12,6 +12,9 @@ a signal while the main thread may be anywhere (inside a collective, or inside a
 - The first failed write (full disk, lost mount, permission) raises `LogWriteError`, once, naming
   the path and the cause. After it the writer takes nothing but one last run_stop attempt (on a
   fresh line, in case the failed write left half a line).
+- A file that already holds MLPerf events (`:::MLLOG`) is refused when the writer is made
+  (`LogExistsError`, exit status 2): a result file is never appended to, so no file holds two
+  runs. An empty file is taken (a launcher may create it).
 - `run_stop` is written exactly once, whichever thread comes first (the training loop or the
   signal watchdog); every event after it is dropped, so the log ends with it.
 - Each line is copied to `echo` (stdout by default, where the launcher collects it). A copy that
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import sys
 import threading
 import time
@@ -47,6 +51,26 @@ class LogWriteError(RuntimeError):
         self.path, self.cause = path, cause
 
 
+class LogExistsError(FileExistsError):
+    """The MLPerf log file already holds events; the message names it and what to do."""
+
+
+def refuse_existing_log(path: str) -> None:
+    """Raise LogExistsError when `path` already holds an MLPerf event (a `:::MLLOG` line)."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return  # a device or a pipe (/dev/stdout): nothing to keep
+        with open(path, "rb") as f:
+            held = any(b":::MLLOG" in chunk for chunk in iter(lambda: f.read(1 << 20), b""))
+    except OSError:
+        return      # nothing there yet; a folder or an unreadable file fails at the open
+    if held:
+        raise LogExistsError(
+            f"the MLPerf log {path} already holds MLPerf events (an earlier run's log): a result "
+            "file is never appended to or replaced; pass a new --mlperf-log path, or move that "
+            "file away first")
+
+
 def _caller(depth: int) -> dict:
     """{"file", "lineno"} of the frame `depth` levels above the caller of this function; the file
     relative to the repository when it lies inside it (MLLogger's root_dir trimming)."""
@@ -62,9 +86,12 @@ def _caller(depth: int) -> dict:
 class MLLogWriter:
     def __init__(self, path: str | os.PathLike | None, *, echo: Any = None,
                  sync_interval_s: float = 2.0):
-        """path: the log file (appended to; None: `echo` is the log). echo: a text stream that
-        gets a copy of every line (default sys.stdout; False for none)."""
+        """path: the log file (None: `echo` is the log); refused (LogExistsError) when it holds
+        MLPerf events already. echo: a text stream that gets a copy of every line (default
+        sys.stdout; False for none)."""
         self.path = os.fspath(path) if path else None
+        if self.path is not None:
+            refuse_existing_log(self.path)
         self.echo = sys.stdout if echo is None else (echo or None)
         if self.path is None and self.echo is None:
             raise ValueError("an MLPerf log needs a file or an echo stream")
