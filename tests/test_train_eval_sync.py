@@ -82,6 +82,8 @@ def test_the_gb200_ddp_settings_are_in_effect_on_every_rank(rec):
     assert [r["layers"] for r in ranks] == [[1, 2], [2, 1], [1, 2], [2, 1]]
     # Megatron buckets only the first chunk of pipeline rank 0 (DistributedDataParallel.__init__:
     # no bucketing on later chunks and later pipeline ranks), as on GB200; there the scaled
-    # bucket size gives several buckets, whose gathers chain (next_param_gather_bucket_group)
+    # bucket size gives several buckets. Their chain (next_param_gather_bucket_group) is built,
+    # but at VP > 1 the schedule dispatches a chunk's gathers together (docs/gpu_settings.md);
+    # the chain itself runs at VP 1 (tests/test_train_graph_gather.py)
     for r in (ranks[0], ranks[2]):
         assert r["chunks"][0]["buckets"] >= 2 and r["chunks"][0]["chained_gathers"] >= 1

@@ -8,8 +8,9 @@ restore's forced gather (`run.warmup_iters = 1`, set past the validator). Every 
 step, checked before the optimizer step that follows it, holds on every rank the parameters a
 forced synchronous gather gives. Without the reset the capture records no gather and the
 replays train on the other ranks' stale shards: the worker's `no-reset` argument runs the same
-with the reset disabled (measured: every rank's capture flags true, stale elements after the
-first replay), the check that this test can fail."""
+with the reset disabled (measured: every rank captured with every flag true, and 302,942 to
+536,034 elements per rank and replay differed from the forced gather), the check that this test
+can fail."""
 import json
 
 import pytest
