@@ -101,14 +101,14 @@ def _comm(ctx: Context, fit: Fitted, c: Summary, b: Breakdown) -> Fitted:
         model = _modelled(ctx, fit, b, k)
         if not present[k] or not target[k] or model <= 0:
             continue
-        if k == "PP":  # the bubble is waiting for compute: only the sends scale
-            sends = b.pp_s
-            r = max(1e-3, (target[k] - b.bubble_s) / sends) if sends > 0 else 1.0
-        else:
-            r = target[k] / model
-        ratios[k] = r
+        if k != "PP":
+            ratios[k] = target[k] / model
     for k, r in ratios.items():
         scale[k] = scale.get(k, 1.0) * r
+    if present["PP"] and target["PP"]:  # the sends and the bubble they cause, solved together
+        scale["PP"] = _pp_scale(ctx, replace(fit, comm_scale=tuple(sorted(scale.items()))),
+                                target["PP"], scale.get("PP", 1.0))
+        ratios["PP"] = 1.0
     measured = set(ratios) | {k for k in scale if present[k]}
     if measured and len(measured) < len(KINDS):
         # the kinds the layout lacks: the same machine's links, measured through the other
@@ -118,6 +118,19 @@ def _comm(ctx: Context, fit: Fitted, c: Summary, b: Breakdown) -> Fitted:
             if k not in measured:
                 scale[k] = mean
     return replace(fit, comm_scale=tuple(sorted(scale.items())))
+
+
+def _pp_scale(ctx: Context, fit: Fitted, target: float, start: float) -> float:
+    """The pipeline sends' scale for which the exposed PP time (sends and the bubble, which the
+    sends lengthen) is the measured one; the smallest when even free sends leave more bubble."""
+    def f(x):
+        table = dict(fit.comm_scale) | {"PP": x}
+        b = breakdown(ctx, replace(fit, comm_scale=tuple(sorted(table.items()))))
+        return b.pp_s + b.bubble_s - target
+    floor = 1e-3
+    if f(floor) >= 0:
+        return floor
+    return _secant(f, start, "pipeline send time")
 
 
 def _initial(c: Summary, ctx: Context) -> Fitted:

@@ -143,3 +143,39 @@ def first_contact(path: str | Path, prior):
                 precision="bf16", racks=1, tp=1, pp=1, vp=1, cp=1, minibs=1, step_s=measured,
                 compute_s=measured, gemm_share_of_compute=1.0, ffn_share_of_compute=0.0)
     return fit, s, check
+
+
+def synthetic_profile(folder: str | Path, cfg, fit) -> Path:
+    """Write a profile folder of the planner's own prediction for `cfg` with the constants
+    `fit` (profile.json and analysis.json, the rows `profile` writes): what the calibration's
+    round trip is tested on. It holds no trace: not an MLPerf run, and nothing to re-analyse."""
+    from .context import Context
+    from .costs import plan
+    from .step import breakdown
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=False)
+    ctx = Context.of(cfg)
+    b = breakdown(ctx, fit)
+    p = plan(ctx, fit)
+    gather = 0.0 if p.overlap_param else sum(c.gather_s for c in p.chunks[b.rank])
+    comp = {f"compute_{k}_s": v for k, v in b.compute_s.items()}
+    values = {"GEMM QKV": comp["compute_qkv_s"], "attention core": comp["compute_attention_s"],
+              "GEMM attention out proj": comp["compute_proj_s"],
+              "GEMM FFN up/gate": comp["compute_ffn_up_s"], "GEMM FFN down": comp["compute_ffn_down_s"],
+              "GEMM LM head": comp["compute_logits_s"], "other compute": comp["compute_elementwise_s"],
+              "optimizer": b.optimizer_s, "TP exposed": b.tp_s, "CP exposed": b.cp_s,
+              "PP exposed (incl. bubble)": b.pp_s + b.bubble_s, "DP exposed": b.dp_exposed_s,
+              "other comm exposed": 0.0, "host gaps": b.host_s}
+    lay = cfg.parallel
+    (folder / "profile.json").write_text(json.dumps({
+        "kind": "synthetic profile written by the planner (not a measurement)", "mlperf_run": False,
+        "config": cfg.source, "system": cfg.system.id, "model": cfg.model.name,
+        "precision": cfg.precision.compute,
+        "layout": {"tp": lay.tp, "pp": lay.pp, "vp": lay.vp or 1, "cp": lay.cp, "dp": cfg.derived.dp}},
+        indent=1))
+    (folder / "analysis.json").write_text(json.dumps({
+        "measured_step_s": b.step_s, "compared_ranks": [0],
+        "comparison": [{"component": k, "measured_s": v} for k, v in values.items()],
+        "ranks": {"0": {"comm": {"DP": {"role": "DP", "total_s": b.dp_total_s + gather}}}}},
+        indent=1))
+    return folder
