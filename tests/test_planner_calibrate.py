@@ -120,6 +120,9 @@ def test_a_profile_or_calibration_of_another_system_model_or_precision_is_refuse
     rc, _, err = run(capsys, "--write-configs", "--configs-dir", str(tmp_path), "--calibration",
                      str(cal))
     assert rc == 2 and "--write-configs writes llama3.1-405b configs" in err
+    rc, _, err = run(capsys, "--explain", "--out", str(tmp_path / "x.png"), "--calibration", str(cal))
+    assert rc == 2 and "--explain tabulates the GB200 configs" in err
+    assert not (tmp_path / "x.png").exists()
     rc, _, err = run(capsys, "--config", str(GB200_128), "--calibration", str(tmp_path / "none.toml"))
     assert rc == 2 and "no such calibration file" in err
 

@@ -158,7 +158,13 @@ def run(args) -> int:
             print(f"deleted {path} (stale: not a scale the planner writes)")
         return 0
     if args.explain:
-        data = ex.explain()
+        if cal is not None and (cal.summary.system, cal.summary.model) != ("gb200-nvl72",
+                                                                            "llama3.1-405b"):
+            print(f"error: --calibration {cal.path}: calibrated for {cal.summary.system} / "
+                  f"{cal.summary.model}; --explain tabulates the GB200 configs (gb200-nvl72 / "
+                  "llama3.1-405b)", file=sys.stderr)
+            return 2
+        data = ex.explain(fit=fit)
         if args.json:
             print(json.dumps(data, indent=2))
         else:

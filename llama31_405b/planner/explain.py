@@ -81,5 +81,7 @@ def plot(data: list[dict], path: Path) -> Path:
     return path
 
 
-def explain(racks: tuple[int, ...] = RACKS) -> list[dict]:
-    return rows(plans(racks))
+def explain(racks: tuple[int, ...] = RACKS, fit=None) -> list[dict]:
+    """The GB200 configs' scaling (with the constants `fit`: a calibration's; default the
+    published fit)."""
+    return rows(plans(racks, fit=fit))
