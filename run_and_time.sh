@@ -92,8 +92,56 @@ read -r -a PROFILE_OPTS <<< "${PROFILE_ARGS:-}"
 # a profile folder is not a runs folder (compliance check refuses it and anything above it)
 [ "$PROFILE" = 1 ] && logs_root=out/profile || logs_root=runs
 LOGDIR=${LOGDIR:-$REPO/$logs_root/$(basename "$CONFIG" .toml)-${SLURM_JOB_ID:-$(date -u +%Y%m%d-%H%M%S)}}
-mkdir -p "$LOGDIR"
+
+# --- the log folder, before anything that costs: the one folder the job writes. Then the lock
+# (one campaign per LOGDIR at a time) and the earlier results (never replaced): docs/launch.md,
+# "Folders and results" ----------------------------------------------------------------------
+cause() { local m=${1##*: }; echo "${m,,}"; }     # a failed shell command's cause, lower case
+LOGDIR_MIN_MB=64    # the logs of NEXP runs: MLPerf logs, consoles, compliance verdicts
+[ ! -e "$LOGDIR" ] || [ -d "$LOGDIR" ] \
+  || die "LOGDIR=$LOGDIR: not a directory (a file is in the way); choose another LOGDIR"
+err=$(mkdir -p -- "$LOGDIR" 2>&1) \
+  || die "LOGDIR=$LOGDIR: cannot be created ($(cause "$err")); choose another LOGDIR"
 LOGDIR=$(cd "$LOGDIR" && pwd)
+probe=$LOGDIR/.write-test.$$
+err=$( { : > "$probe"; } 2>&1 ) \
+  || die "LOGDIR=$LOGDIR: not writable ($(cause "$err")); choose another LOGDIR"
+rm -f -- "$probe"
+free_kb=$(df -Pk -- "$LOGDIR" 2>/dev/null | awk 'NR == 2 {print $4}') || free_kb=
+[ -z "$free_kb" ] || [ "$free_kb" -ge $((LOGDIR_MIN_MB * 1024)) ] \
+  || die "LOGDIR=$LOGDIR: $((free_kb / 1024)) MB free, the runs' logs need $LOGDIR_MIN_MB MB;" \
+         "free some space or choose another LOGDIR"
+# the lock: held (flock, on fd 9, inherited by every step) while this script or any process it
+# started lives; the kernel drops it when the last of them ends, so a dead holder leaves none.
+# The file stays (removing it would let two holders lock two files); it names its last holder.
+LOCK=$LOGDIR/.run_and_time.lock
+if command -v flock >/dev/null 2>&1; then
+  exec 9>>"$LOCK" || die "LOGDIR=$LOGDIR: cannot open its lock file $LOCK; choose another LOGDIR"
+  lrc=0; flock -n -E 75 9 || lrc=$?
+  if [ "$lrc" = 75 ]; then
+    die "LOGDIR=$LOGDIR: in use by another run_and_time.sh ($(head -c 300 "$LOCK" 2>/dev/null ||
+         true)); wait for it to end, or choose another LOGDIR"
+  elif [ "$lrc" != 0 ]; then
+    say "warning: LOGDIR=$LOGDIR: its filesystem takes no flock lock: a second job given the" \
+        "same LOGDIR at once would not be refused"
+  else
+    printf 'job %s, host %s, pid %s, since %s UTC' "${SLURM_JOB_ID:-none (local)}" \
+      "$(hostname)" "$$" "$(date -u '+%Y-%m-%d %H:%M:%S')" > "$LOCK"
+  fi
+else
+  say "warning: no flock command (util-linux): a second job given the same LOGDIR at once" \
+      "would not be refused"
+fi
+shopt -s nullglob
+earlier=("$LOGDIR"/result_*.txt "$LOGDIR"/console_*.txt)
+shopt -u nullglob
+if [ "${#earlier[@]}" -gt 0 ]; then
+  names=$(for f in "${earlier[@]}"; do basename "$f"; done | sort | head -n 8 | paste -sd ' ')
+  [ "${#earlier[@]}" -le 8 ] || names="$names ..."
+  die "LOGDIR=$LOGDIR already holds an earlier campaign's files ($names), kept: a result is" \
+      "never replaced; choose a new LOGDIR (unset: a fresh runs/<config>-<job id>), or move" \
+      "those files away first"
+fi
 
 run() {          # run CMD...: execute, or print it under DRY_RUN=1
   if [ "$DRY" = 1 ]; then { printf '+'; printf ' %q' "$@"; printf '\n'; } >&2; return 0; fi
@@ -150,11 +198,28 @@ py() {           # py ARGS...: `python -m llama31_405b ARGS` where the training 
 
 # --- the launch plan: every number below comes from the config, via one Python helper -------
 plan_args=(launch env "$CONFIG" "${SETS[@]}")
+# the data folder, the tokenizer and the checkpoint folder, readable? Checked here on the host
+# (without a container: `launch env --check-dirs`; with one, DATADIR and CKPTDIR, the host
+# folders the container mounts, just below); not under DRY_RUN, which may name paths of another
+# machine
+if [ -n "$CONT" ] && [ "$DRY" != 1 ]; then
+  for var in DATADIR CKPTDIR; do
+    path=${!var:-}
+    [ -n "$path" ] || continue
+    [ -e "$path" ] || die "$var=$path: no such directory; set $var to the folder to mount"
+    [ -d "$path" ] || die "$var=$path: not a directory; set $var to the folder to mount"
+    { [ -r "$path" ] && [ -x "$path" ]; } \
+      || die "$var=$path: not readable (permission denied); set $var to a readable folder"
+  done
+elif [ "$DRY" != 1 ]; then
+  plan_args+=(--check-dirs)
+fi
 if [ "$PROFILE" = 1 ]; then plan_args+=(--runs 1)     # one profile, with the first run's seed
 elif [ -n "${NEXP:-}" ]; then plan_args+=(--runs "$NEXP"); fi
 [ -z "${SEED_BASE:-}" ] || plan_args+=(--seed-base "$SEED_BASE")
 plan=$(py "${plan_args[@]}") || die "launch plan failed for CONFIG=$CONFIG (message above)"
 eval "$plan"     # LAUNCH_* variables and `export` of the config's launch_env
+[ -z "${LAUNCH_DIRS_ERROR:-}" ] || die "$LAUNCH_DIRS_ERROR"
 
 if [ "$IN_SLURM" = 1 ]; then
   have=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-0}}
@@ -299,8 +364,6 @@ fi
 failed=0; killed=0; summary=()
 for i in "${!LAUNCH_SEEDS[@]}"; do
   seed=${LAUNCH_SEEDS[$i]}
-  log=$LOGDIR/result_$i.txt
-  rm -f "$log"
   cleared=$(clear_caches)
   flags=(--seed "$seed" --mlperf-log "$STEP_LOGDIR/result_$i.txt")
   [ "$cleared" = true ] && flags+=(--cache-cleared)

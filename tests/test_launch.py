@@ -163,7 +163,10 @@ def test_script_master_addr_is_the_first_node(tmp_path, hide_scontrol, path_with
     env = _slurm_env(hide_scontrol, path_without_scontrol, CONFIG="configs/tiny_cpu_2racks.toml",
                      NEXP="1", LOGDIR=str(tmp_path), SLURM_JOB_ID="9", SLURM_JOB_NUM_NODES="4",
                      SLURM_JOB_NODELIST="gb-r[07-08]-n[15-16]", SLURM_SUBMIT_DIR=str(REPO),
-                     PREFLIGHT="0", VERIFY_DATA="0", CLEAR_CACHES="0")
+                     PREFLIGHT="0", VERIFY_DATA="0", CLEAR_CACHES="0",
+                     DATADIR=str(tmp_path / "data"), CKPTDIR=str(tmp_path))
+    (tmp_path / "data" / "tokenizer").mkdir(parents=True)   # the folders the job checks first
+    (tmp_path / "data" / "tokenizer" / "tiny_sp.model").write_bytes(b"x")
     # a fake srun on PATH records what the training step would see
     fake = tmp_path / "bin"
     fake.mkdir()
@@ -206,12 +209,14 @@ def test_script_local_commands(tmp_path):
 def test_script_stops_before_any_run_when_the_data_does_not_verify(tmp_path):
     """The data verification step fails the job (exit 1) with a message naming the fix, before
     any run starts; VERIFY_DATA=0 skips it."""
-    empty = tmp_path / "no_data"
-    empty.mkdir()
+    empty = tmp_path / "no_data"     # the tokenizer alone: the folder check passes
+    (empty / "tokenizer").mkdir(parents=True)
+    (empty / "tokenizer" / "tiny_sp.model").write_bytes(b"x")
     cfg = tmp_path / "tiny.toml"
     cfg.write_text(f'base = "{REPO / "configs" / "tiny_cpu.toml"}"\n[data]\ndata_dir = "{empty}"\n')
     logs = tmp_path / "logs"
-    p = _script(_env(CONFIG=str(cfg), NEXP="1", LOGDIR=str(logs), CLEAR_CACHES="0"))
+    p = _script(_env(CONFIG=str(cfg), NEXP="1", LOGDIR=str(logs), CLEAR_CACHES="0",
+                     CKPTDIR=str(tmp_path)))
     assert p.returncode == 1, p.stderr
     assert "FAILED: data verification exited" in p.stderr and "no run was started" in p.stderr
     assert "run 0:" not in p.stderr and not (logs / "result_0.txt").exists()

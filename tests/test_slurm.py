@@ -45,10 +45,15 @@ def test_interleaved_racks_stop_the_job(slurm_cluster, tmp_path):
     slurm_cluster.racks_order("interleave")          # rack0 = n1,n3; rack1 = n2,n4
     try:
         out = tmp_path / "job.out"
+        data = tmp_path / "data"           # what the job checks before its first srun
+        (data / "tokenizer").mkdir(parents=True)
+        (data / "tokenizer" / "tiny_sp.model").write_bytes(b"x")
         t0 = time.monotonic()
         job = slurm_cluster.sbatch(["--wait", "-N", "4", "-o", str(out), "run_and_time.sh"],
                                    env=slurm_cluster.env(CONFIG=CONFIG, NEXP="1",
-                                                         LOGDIR=str(tmp_path / "logs")))
+                                                         LOGDIR=str(tmp_path / "logs"),
+                                                         DATADIR=str(data),
+                                                         CKPTDIR=str(tmp_path)))
         job.communicate(timeout=120)
         elapsed = time.monotonic() - t0
     finally:

@@ -27,6 +27,9 @@ def register(sub) -> None:
     e.add_argument("--seed-base", type=int, default=None,
                    help="run i uses seed SEED_BASE + i (default: run.seed_base; without one, "
                         "each run's seed is drawn from the system's entropy)")
+    e.add_argument("--check-dirs", action="store_true",
+                   help="check that the data folder, the tokenizer and the checkpoint folder are "
+                        "readable here; the first problem goes into LAUNCH_DIRS_ERROR")
     add_set_option(e)
     e.set_defaults(func=env)
 
@@ -71,7 +74,7 @@ def env(args) -> int:
     from ..launch import launch_plan, shell_assignments
     try:
         plan = launch_plan(load_with_sets(args.config, args.set), runs=args.runs,
-                           seed_base=args.seed_base)
+                           seed_base=args.seed_base, check_dirs=args.check_dirs)
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_CONFIG
@@ -149,7 +152,7 @@ def check_log(args) -> int:
     launcher = read_launcher_report(args.launcher_log)
     for log in args.logs:
         try:
-            v = check_one(log, cfg.run.benchmark, args.report_dir)
+            v = check_one(log, cfg.run.benchmark, args.report_dir, division=cfg.run.division)
         except LogError as e:          # e.g. the project's rules file for the benchmark missing
             print(f"error: {e}", file=sys.stderr)
             return EXIT_CONFIG

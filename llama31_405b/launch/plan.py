@@ -11,10 +11,13 @@ shell assignments, so the batch script holds no arithmetic of its own.
     LAUNCH_DEVICE=cpu
     LAUNCH_SEEDS=(1 2 3)
     LAUNCH_LOCAL_ERROR=''
+    LAUNCH_DIRS_ERROR=''
 
 followed by `export NAME=value` for each variable of `config.env.launch_env` and
 `LAUNCH_ENV_NAMES=(...)`, their names. The tiny config fixes `run.seed_base = 1`; a config
 without it (the GB200 configs) gets fresh seeds from the system's entropy at every call.
+LAUNCH_DIRS_ERROR is the first unreadable folder or file the job needs (`dirs.check_job_dirs`,
+with `launch env --check-dirs`; '' when all are readable or unchecked).
 """
 from __future__ import annotations
 
@@ -46,9 +49,16 @@ class LaunchPlan:
     local_error: str
     """Why the config cannot run on this one machine without Slurm ("" when it can)."""
     env: dict[str, str]
+    dirs_error: str = ""
+    """The first folder or file the job needs and cannot read (launch.dirs; "" when none or
+    unchecked): run_and_time.sh stops on it before any run."""
 
 
-def launch_plan(cfg: Config, *, runs: int | None = None, seed_base: int | None = None) -> LaunchPlan:
+def launch_plan(cfg: Config, *, runs: int | None = None, seed_base: int | None = None,
+                check_dirs: bool = False) -> LaunchPlan:
+    """check_dirs: check the data folder, tokenizer and checkpoint folder (launch.dirs) on this
+    machine, into `dirs_error`."""
+    from .dirs import check_job_dirs
     d = cfg.derived
     if cfg.performance.nccl_communicator_config:   # a missing file fails here, not at init
         shipped_file(cfg.performance.nccl_communicator_config,
@@ -69,7 +79,7 @@ def launch_plan(cfg: Config, *, runs: int | None = None, seed_base: int | None =
     return LaunchPlan(config=cfg.source, benchmark=cfg.run.benchmark, world_size=d.world_size,
                       nodes=d.nodes, tasks_per_node=tasks, nodes_per_rack=per_rack, device="gpu" if gpu else "cpu",
                       seeds=seeds, local_error=local_error,
-                      env=launch_env(cfg))
+                      env=launch_env(cfg), dirs_error=check_job_dirs(cfg) if check_dirs else "")
 
 
 def shell_assignments(plan: LaunchPlan) -> str:
@@ -85,6 +95,7 @@ def shell_assignments(plan: LaunchPlan) -> str:
         f"LAUNCH_DEVICE={plan.device}",
         f"LAUNCH_SEEDS=({' '.join(str(s) for s in plan.seeds)})",
         f"LAUNCH_LOCAL_ERROR={q(plan.local_error)}",
+        f"LAUNCH_DIRS_ERROR={q(plan.dirs_error)}",
     ]
     for name, value in sorted(plan.env.items()):
         if not name.isidentifier():
