@@ -1,11 +1,24 @@
-"""The MLPerf log line format, and the reader: every `:::MLLOG {json}` line of a file, with the file
-and line of anything malformed.
+"""The MLPerf log line format, and THE reader of a result file: every `:::MLLOG {json}` line,
+and the file and line of everything that keeps the file from being one run's log.
 
-Anything before `:::MLLOG ` on a line is ignored, as the checkers do, so `srun -l` prefixes
-("  0: :::MLLOG ...") and timestamps from other loggers are fine. Lines without the token are other
-output and are skipped. A line with the token whose JSON does not parse (a truncated last line,
-garbage bytes, a missing field) is a `LogProblem` naming file and line; the checkers would only say
-"Log lines had parsing errors" or crash.
+`compliance check`, `report`, `submission package` and `launch check-log` all read a result file
+through `read_events`, so they refuse the same files with the same message (`LogProblem`:
+`FILE:LINE: what is wrong`). The rules (docs/compliance.md, "Reading a result file"):
+
+- An event is a line holding `:::MLLOG ` followed by a JSON object with key, time_ms, value and
+  metadata. Anything before the marker is ignored, as the checkers do, so `srun -l` prefixes
+  ("  0: :::MLLOG ...") and timestamps from other loggers are fine.
+- A line with the marker whose JSON does not parse (a truncated last line, garbage bytes, a
+  missing field) is a problem; the checkers would only say "Log lines had parsing errors" or
+  crash.
+- A damaged event: a line WITHOUT the marker that still holds `MLLOG` or one of the event's own
+  JSON keys (`"namespace":`, `"event_type":`, `"time_ms":`) is where an event stood whose marker
+  was overwritten or cut. The checkers skip such a line silently (it is not an MLLOG line to
+  them), which can drop the evaluation that converged; here it is a problem. Other lines (a
+  console's output, blank lines) are skipped.
+- One file, one run: a second `run_start`, or any event after the first `run_stop`, is a problem
+  (two runs appended to one file, or a writer that went on after the run ended). The checkers
+  would fail on some later rule (`init_start` of the second run) or count the file as one run.
 
 `RunLog` answers the questions the package, the RCP check, the report, `launch check-log` and
 `demo` ask of one run: benchmark, GBS, seed, status (and why it stopped), time to train, the
@@ -20,6 +33,8 @@ from typing import Any
 
 TOKEN = ":::MLLOG "
 _REQUIRED = ("key", "time_ms", "value", "metadata")
+# what still shows on a line where an event stood after its marker was damaged
+_EVENT_TRACES = (b"MLLOG", b'"namespace":', b'"event_type":', b'"time_ms":')
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,8 +88,9 @@ def parse_line(text: str, path: str, lineno: int) -> LogEvent | LogProblem | Non
         rec = json.loads(payload)
     except json.JSONDecodeError as e:
         what = "truncated" if e.pos >= len(payload) - 1 else "malformed"
-        return LogProblem(path, lineno, f"{what} MLLOG line ({e.msg} at column {e.pos + 1}): "
-                                        f"{payload[:80]!r}")
+        # json's messages may end in "at" ("Unterminated string starting at")
+        return LogProblem(path, lineno, f"{what} MLLOG line ({e.msg.removesuffix(' at')} at "
+                                        f"column {e.pos + 1}): {payload[:80]!r}")
     if not isinstance(rec, dict):
         return LogProblem(path, lineno, "MLLOG payload is not a JSON object")
     missing = [k for k in _REQUIRED if k not in rec]
@@ -101,6 +117,11 @@ def read_events(path: str | Path) -> tuple[list[LogEvent], list[LogProblem]]:
         raise LogError(f"{path}: cannot read: {e.strerror}") from None
     for lineno, bline in enumerate(raw.splitlines(), start=1):
         if TOKEN.encode() not in bline:
+            trace = next((t.decode() for t in _EVENT_TRACES if t in bline), None)
+            if trace:
+                problems.append(LogProblem(
+                    path, lineno, f"damaged MLLOG line: {trace} but no ':::MLLOG ' marker (an "
+                                  f"event stood here; the checkers would skip it): {bline[:60]!r}"))
             continue
         try:
             text = bline.decode("utf-8")
@@ -116,7 +137,29 @@ def read_events(path: str | Path) -> tuple[list[LogEvent], list[LogProblem]]:
             events.append(got)
         elif isinstance(got, LogProblem):
             problems.append(got)
+    problems += run_problems(path, events)
+    problems.sort(key=lambda p: p.lineno)
     return events, problems
+
+
+def run_problems(path: str, events: list[LogEvent]) -> list[LogProblem]:
+    """One file, one run: a second run_start, or an event after the first run_stop."""
+    starts = [e for e in events if e.key == "run_start"]
+    stop = next((e for e in events if e.key == "run_stop"), None)
+    after = [e for e in events if stop is not None and e.lineno > stop.lineno]
+    out = []
+    if len(starts) > 1:
+        second = starts[1]
+        then = (f"; the first run's run_stop is at line {stop.lineno}"
+                if stop is not None and stop.lineno < second.lineno else "")
+        out.append(LogProblem(path, second.lineno, (
+            f"a second run_start (the first is at line {starts[0].lineno}{then}): this file "
+            f"holds {len(starts)} runs, a result file holds one; give each run its own file")))
+    elif after:
+        out.append(LogProblem(path, after[0].lineno, (
+            f"{after[0].key!r} after run_stop (line {stop.lineno}): nothing follows run_stop in a "
+            f"result file ({len(after)} event(s) do here)")))
+    return out
 
 
 def log_events(path: str | Path) -> list[LogEvent]:
