@@ -31,6 +31,11 @@ import numpy as np
 
 from .errors import DataError
 
+MIN_READ, READ_AHEAD = 4 << 10, 64 << 10
+"""Bytes read per system call, at least: twice what the reads served by the previous one
+spanned, within these bounds. A training sample is the pieces of consecutive documents, back to
+back in the file, so one read usually serves all of them (8,192 uint16 tokens are 16 KiB); the
+bound keeps the copy small where samples are short."""
 CHECK_INTERVAL_S = 0.05
 """A change is found by the first read this long after it, at the latest (and the loop raises it
 at the step that needed the batch: within seconds)."""
@@ -76,6 +81,7 @@ class BinFile:
         self.since = since
         self._fd: int | None = None
         self._checked = -float("inf")
+        self._buf, self._buf_at, self._span = b"", 0, 0
 
     def _check(self) -> None:
         now = time.monotonic()
@@ -95,21 +101,28 @@ class BinFile:
     def read(self, dtype, count: int, offset: int) -> np.ndarray:
         """`count` items of `dtype` from byte `offset` (read-only, like a map's view)."""
         self._check()
+        want = count * np.dtype(dtype).itemsize
+        start = offset - self._buf_at
+        if 0 <= start and start + want <= len(self._buf):   # the next piece of the same sample
+            self._span = max(self._span, start + want)
+            return np.frombuffer(self._buf, dtype=dtype, count=count, offset=start)
         if self._fd is None:
             self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        want = count * np.dtype(dtype).itemsize
-        data = os.pread(self._fd, want, offset)
+        ahead = min(max(2 * self._span, MIN_READ), READ_AHEAD)
+        self._span = want
+        data = os.pread(self._fd, max(want, ahead), offset)
         while 0 < len(data) < want:   # a read may return less without reaching the end
             more = os.pread(self._fd, want - len(data), offset + len(data))
             if not more:
                 break
             data += more
-        if len(data) != want:
+        if len(data) < want:
             size = os.fstat(self._fd).st_size
             raise DataError(f"{self.path}: {count} tokens asked for at byte {offset}, the file "
                             f"now holds {size} bytes: it shrank under the running "
                             f"job (size {self.stamp.size} bytes when {self.since}); restore it, "
                             "run `python -m llama31_405b data verify CONFIG` and start a new run")
+        self._buf, self._buf_at = data, offset
         return np.frombuffer(data, dtype=dtype, count=count)
 
     def close(self) -> None:
@@ -125,5 +138,5 @@ class BinFile:
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state["_fd"] = None
+        state["_fd"], state["_buf"], state["_buf_at"] = None, b"", 0
         return state
