@@ -21,8 +21,11 @@ def register(sub) -> None:
                      help="rule file (default: by the log's submission_benchmark)")
     chk.add_argument("-v", "--verbose", action="store_true", help="the checker's full messages")
     chk.set_defaults(func=check)
-    tr = s.add_parser("tiny-rules", help="print (or --write) compliance/tiny_llama31.yaml")
-    tr.add_argument("--write", action="store_true")
+    tr = s.add_parser("tiny-rules", help="print compliance/tiny_llama31.yaml (or the open "
+                                         "division's), or --write both")
+    tr.add_argument("--write", action="store_true", help="write tiny_llama31{,_open}.yaml")
+    tr.add_argument("--division", choices=("closed", "open"), default="closed",
+                    help="the division whose rules to print (default: closed)")
     tr.set_defaults(func=tiny_rules)
     rc = s.add_parser("tiny-rcp", help="tiny reference convergence points from converged runs")
     rc.add_argument("logs", nargs="+", metavar="LOG")
@@ -102,9 +105,10 @@ def check(args) -> int:
 def tiny_rules(args) -> int:
     from ..submission.tiny_rules import render_tiny_rules, write_tiny_rules
     if args.write:
-        print(f"wrote {write_tiny_rules()}")
+        for division in ("closed", "open"):
+            print(f"wrote {write_tiny_rules(division)}")
     else:
-        sys.stdout.write(render_tiny_rules())
+        sys.stdout.write(render_tiny_rules(division=args.division))
     return 0
 
 

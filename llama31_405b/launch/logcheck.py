@@ -1,5 +1,9 @@
 """The verdict on one finished run: the MLPerf compliance checker on its log (in-process, with the
-rules of the config's benchmark: `mlperf.checker`), and how the run ended, from its run_stop.
+rules of the config's benchmark and division: `mlperf.checker`), and how the run ended, from its
+run_stop. The log is read by the project's one reader (`mlperf.log`): a file that is not one run's
+log (two runs, a damaged line) fails with the reader's message, file and line, as in `compliance
+check`, `report` and `submission package`; here it is the run's FAIL line (exit 1, or 4 when the
+log also lacks run_stop), not an error, since run_and_time.sh keeps that line as the outcome.
 run_and_time.sh counts a run as successful only when both pass, and reports the outcome of every
 run: success, aborted (with the logged reason), or no run_stop (the run was killed).
 """
@@ -48,18 +52,25 @@ def report_path(report_dir: str | Path, log: str | Path) -> Path:
 
 
 def check_log(log: str | Path, benchmark: str, report_dir: str | Path | None = None,
-              ruleset: str = RULESET) -> Verdict:
-    """Check one log with the rules of `benchmark`. report_dir: the checker's whole verdict is
-    kept there as <log stem>.compliance.log."""
+              ruleset: str = RULESET, division: str = "closed") -> Verdict:
+    """Check one log with the rules of `benchmark` in `division` (the config's). report_dir: the
+    checker's whole verdict is kept there as <log stem>.compliance.log."""
     log = Path(log)
     if not log.is_file():
         v = Verdict(str(log), False, None, "no run_stop",
                     "log file missing: the run wrote no MLPerf log")
         res = None
     else:
-        res: CheckResult = run_compliance(log, ruleset=ruleset, config=config_for(benchmark, ruleset))
+        res: CheckResult = run_compliance(log, ruleset=ruleset,
+                                          config=config_for(benchmark, ruleset, division))
         try:
             run = load_run(log, strict=False)
+            logged = run.first("submission_division")
+            if logged is not None and logged.value != division:
+                res.parse_errors.insert(0, (
+                    f"{log}:{logged.lineno}: submission_division {logged.value!r}, but the config "
+                    f"says run.division = {division!r}: the log of another config's run"))
+                res.ok = False
             conv = run.convergence()      # mlperf.verdict: the one owner of "converged"
             status, converged, when = run.status, conv.converged, conv.describe()
             outcome = ("success" if status == "success" else conv.words)

@@ -8,8 +8,9 @@ its words: the failure messages, the warnings and the list of rule files that ra
 - llama31_405b logs: the package's `training_<R>/common.yaml` chain (common -> closed_common ->
   closed_llama31_405b), ruleset `RULESET` by default (the checker's own default, 6.1.0, has
   dropped the benchmark);
-- tiny_llama31 logs: the project's `compliance/tiny_llama31.yaml` (see `tiny_rules`), chosen by
-  the log's submission_benchmark.
+- tiny_llama31 logs: the project's `compliance/tiny_llama31.yaml` (closed division) or
+  `compliance/tiny_llama31_open.yaml` (open division; see `tiny_rules`), chosen by the log's
+  submission_benchmark and submission_division (`launch check-log`: by the config's).
 
 The checker resolves `--config` and every enqueued rule file with
 `os.path.join(<compliance_checker package dir>, path)`: package-relative names resolve inside
@@ -31,8 +32,10 @@ REPO = Path(__file__).resolve().parents[2]
 COMPLIANCE_DIR = REPO / "compliance"
 USAGE = "training"
 
-# Project benchmarks that are not MLPerf benchmarks: their rule file in compliance/.
+# Project benchmarks that are not MLPerf benchmarks: their closed-division rule file in
+# compliance/; the open division's is `<stem>_open.yaml` (`project_rules_name`).
 PROJECT_RULES = {"tiny_llama31": "tiny_llama31.yaml"}
+DIVISIONS = ("closed", "open")
 
 
 @dataclass(slots=True)
@@ -99,19 +102,26 @@ class CheckResult:
         return "\n".join(out) + "\n"
 
 
-def project_rules_path(benchmark: str) -> Path:
+def project_rules_name(benchmark: str, division: str = "closed") -> str:
+    """File name of a project benchmark's rules for `division` (closed or open)."""
+    name = PROJECT_RULES[benchmark]
+    return name if division != "open" else name.removesuffix(".yaml") + "_open.yaml"
+
+
+def project_rules_path(benchmark: str, division: str = "closed") -> Path:
     """Absolute path of a project benchmark's rule file; LogError when it is missing."""
-    path = COMPLIANCE_DIR / PROJECT_RULES[benchmark]
+    path = COMPLIANCE_DIR / project_rules_name(benchmark, division)
     if not path.is_file():
-        raise LogError(f"{path}: rules file for {benchmark} missing; regenerate it with "
-                       "`python -m llama31_405b compliance tiny-rules --write`")
+        raise LogError(f"{path}: rules file for {benchmark} ({division} division) missing; "
+                       "regenerate it with `python -m llama31_405b compliance tiny-rules --write`")
     return path
 
 
-def config_for(benchmark: str | None, ruleset: str = RULESET) -> str:
-    """The rule file the checker starts from for a log of `benchmark`."""
+def config_for(benchmark: str | None, ruleset: str = RULESET, division: str | None = None) -> str:
+    """The rule file the checker starts from for a log of `benchmark` in `division` (a project
+    benchmark's file depends on it; the MLPerf chain follows the log's submission_division)."""
     if benchmark in PROJECT_RULES:
-        return str(project_rules_path(benchmark))
+        return str(project_rules_path(benchmark, division or "closed"))
     return f"{USAGE}_{ruleset}/common.yaml"
 
 
@@ -187,8 +197,9 @@ def check_log(path: str | Path, *, ruleset: str = RULESET,
         return CheckResult(path=path, ok=False, ruleset=ruleset, config=config or "",
                            parse_errors=[str(e)])
     bench = next((str(e.value) for e in events if e.key == "submission_benchmark"), None)
+    division = next((str(e.value) for e in events if e.key == "submission_division"), None)
     try:
-        cfg_file = config or config_for(bench, ruleset)
+        cfg_file = config or config_for(bench, ruleset, division)
     except LogError as e:
         return CheckResult(path=path, ok=False, ruleset=ruleset, config="", errors=[str(e)])
     res = run_checker(path, cfg_file, ruleset)

@@ -73,7 +73,7 @@ def check_events(header: list[Event], cfg: Config, *, ruleset: str = RULESET,
                  workdir: str | Path | None = None) -> CheckResult:
     """Run the real checker on `header` plus the synthetic run events."""
     bench = next((str(e.value) for e in header if e.key == "submission_benchmark"), None)
-    rules = config_for(bench, ruleset)
+    rules = config_for(bench, ruleset, cfg.run.division)
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         src = Path(cfg.source).name if cfg.source else "config"
         path = Path(tmp) / f"precheck_{Path(src).stem}.log"

@@ -10,6 +10,10 @@ not have) and submission_benchmark must be "tiny_llama31". The benchmark part is
 with LLAMA31_405B it reproduces the package's file (a test compares them expression by
 expression), with TINY_LLAMA31 it gives the tiny values.
 
+An open-division tiny run gets `compliance/tiny_llama31_open.yaml`, made the same way from
+common.yaml, open_common.yaml and the open_llama31_405b.yaml checks (`open_benchmark_records`):
+the closed file requires submission_division "closed", so an open run would always fail it.
+
 The checker runs one rule file per pass and cannot enqueue a file outside its own package by a
 relative name, so the three parts are merged into ONE self-contained file; where two parts define
 the same key, its checks are combined (both must hold), as they are in the real chain.
@@ -20,8 +24,10 @@ import json
 from pathlib import Path
 
 from ..config.rules import TINY_LLAMA31, BenchmarkRules
-from ..mlperf.checker import COMPLIANCE_DIR, PROJECT_RULES, RULESET
-TINY_RULES_FILE = COMPLIANCE_DIR / PROJECT_RULES[TINY_LLAMA31.name]
+from ..mlperf.checker import COMPLIANCE_DIR, DIVISIONS, RULESET, project_rules_name
+TINY_RULES_FILE = COMPLIANCE_DIR / project_rules_name(TINY_LLAMA31.name)
+TINY_RULES_FILES = {d: COMPLIANCE_DIR / project_rules_name(TINY_LLAMA31.name, d)
+                    for d in DIVISIONS}
 
 
 def _num(x: float | int) -> str:
@@ -58,6 +64,16 @@ def benchmark_records(r: BenchmarkRules) -> list[dict]:
          "ATLEAST_ONE_CHECK": f"(v['value'] <= {_num(r.target)}) and v['value'] > 0.0"},
         {"NAME": "init_checkpoint_step", "REQ": ex1, "CHECK": "v['value'] == 0"},
     ]
+
+
+def open_benchmark_records(r: BenchmarkRules) -> list[dict]:
+    """open_<benchmark>.yaml as KEY records: the open division fixes the sequence length, the
+    optimizer's name, the evaluation, the target and the start; the rest is only required."""
+    ex1 = "EXACTLY_ONE"
+    closed = {x["NAME"]: x for x in benchmark_records(r)}
+    keep = {"global_batch_size", "max_sequence_length", "opt_name", "gradient_accumulation_steps",
+            "eval_samples", "eval_accuracy", "init_checkpoint_step"}
+    return [closed[n] if n in keep else {"NAME": n, "REQ": ex1} for n in closed]
 
 
 def package_rules(name: str) -> list[dict]:
@@ -104,28 +120,29 @@ def _merge(records: list[dict]) -> list[dict]:
     return list(out.values())
 
 
-def tiny_records(r: BenchmarkRules = TINY_LLAMA31) -> tuple[str, list[dict]]:
-    """(BEGIN code, merged KEY records) of the tiny chain."""
+def tiny_records(r: BenchmarkRules = TINY_LLAMA31,
+                 division: str = "closed") -> tuple[str, list[dict]]:
+    """(BEGIN code, merged KEY records) of the tiny chain of `division`."""
     common = package_rules("common.yaml")
-    closed = package_rules("closed_common.yaml")
+    second = package_rules(f"{division}_common.yaml")
     begin = next(x["BEGIN"]["CODE"] for x in common if "BEGIN" in x)
     recs: list[dict] = []
-    for part in (common, closed):
+    for part in (common, second):
         for item in part:
             if "KEY" not in item:
                 continue
             rec = dict(item["KEY"])
             if rec["NAME"] == "submission_division":
                 # the package's hook enqueues training_6.0.0/<division>_common.yaml, whose
-                # benchmark hook enqueues a closed_<benchmark>.yaml the package does not have;
-                # the tiny rules are closed-division rules and carry those checks themselves
-                rec["CHECK"] = _checks(rec, "CHECK") + ["v['value'] == 'closed'"]
+                # benchmark hook enqueues a <division>_<benchmark>.yaml the package does not
+                # have; each tiny file is one division's rules and carries those checks itself
+                rec["CHECK"] = _checks(rec, "CHECK") + [f"v['value'] == {division!r}"]
                 rec["POST"] = "s['compile_time_mins'] = 240 if v['value'] == 'open' else 30"
             if rec["NAME"] == "submission_benchmark":
                 rec["CHECK"] = [f"v['value'] == {r.name!r}"]
                 rec.pop("POST", None)
             recs.append(rec)
-    recs += benchmark_records(r)
+    recs += benchmark_records(r) if division == "closed" else open_benchmark_records(r)
     return begin, _merge(recs)
 
 
@@ -133,14 +150,15 @@ def _q(s: str) -> str:
     return json.dumps(s)   # a JSON string is a valid YAML double-quoted scalar
 
 
-def render_tiny_rules(r: BenchmarkRules = TINY_LLAMA31) -> str:
-    """The text of compliance/tiny_llama31.yaml."""
+def render_tiny_rules(r: BenchmarkRules = TINY_LLAMA31, division: str = "closed") -> str:
+    """The text of compliance/tiny_llama31.yaml (closed) or tiny_llama31_open.yaml (open)."""
     import mlperf_logging
     version = getattr(mlperf_logging, "__version__", None)
     if version is None:
         from importlib.metadata import version as _v
         version = _v("mlperf-logging")
-    begin, recs = tiny_records(r)
+    begin, recs = tiny_records(r, division)
+    name = TINY_RULES_FILES[division].name
     known = {"NAME", "REQ", "PRE", "CHECK", "POST", "ATLEAST_ONE_CHECK"}
     for rec in recs:
         if set(rec) - known:   # a field this renderer would silently drop
@@ -148,13 +166,16 @@ def render_tiny_rules(r: BenchmarkRules = TINY_LLAMA31) -> str:
     lines = [
         f"# Compliance rules of the project's {r.name} benchmark (CPU), for",
         "#   python -m mlperf_logging.compliance_checker --usage training --ruleset 6.0.0 \\",
-        f"#       --config \"$PWD/compliance/{TINY_RULES_FILE.name}\" LOG",
+        f"#       --config \"$PWD/compliance/{name}\" LOG",
         "# (the checker joins --config onto its own package directory: give an ABSOLUTE path).",
         "# GENERATED by `python -m llama31_405b compliance tiny-rules --write` from",
         f"# llama31_405b/config/rules.py ({r.name}) and mlperf-logging {version} training_{RULESET}/"
-        "{common,closed_common}.yaml; do not edit (tests/test_compliance_rules.py checks it is current).",
-        f"# One self-contained file: common + closed_common without the enqueue of closed_<benchmark>,",
-        f"# plus the closed_llama31_405b formulas with {r.name}'s constants: seq {r.seq_length}, "
+        f"{{common,{division}_common}}.yaml; do not edit (tests/test_compliance_rules.py checks it is "
+        "current).",
+        f"# One self-contained file: common + {division}_common without the enqueue of "
+        f"{division}_<benchmark>,",
+        f"# plus the {division}_llama31_405b {'formulas' if division == 'closed' else 'checks'} "
+        f"with {r.name}'s constants: seq {r.seq_length}, "
         f"LR {r.base_lr!r} at GBS {r.ref_gbs},",
         f"# warmup {r.warmup_ref_steps} / total {r.total_ref_steps} steps at GBS {r.ref_gbs}, "
         f"eval_samples {r.eval_samples}, target {r.target!r}.",
@@ -179,7 +200,8 @@ def render_tiny_rules(r: BenchmarkRules = TINY_LLAMA31) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_tiny_rules(path: Path = TINY_RULES_FILE) -> Path:
+def write_tiny_rules(division: str = "closed", path: Path | None = None) -> Path:
+    path = path or TINY_RULES_FILES[division]
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_tiny_rules())
+    path.write_text(render_tiny_rules(division=division))
     return path
