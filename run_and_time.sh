@@ -284,6 +284,15 @@ clear_caches() {  # prints true or false
   echo "$ok"
 }
 
+# --- the run's console for the user: the launcher's and the ranks' tracebacks and C++ frames
+# folded (torchrun's ChildFailedError and SignalException, which the outcome line reports, gone;
+# of any other traceback its last line kept); console_<i>.txt keeps every line -----------------
+AWK_OPTS=()
+if awk -W interactive 'BEGIN {}' </dev/null >/dev/null 2>&1; then AWK_OPTS=(-W interactive); fi
+fold_console() {  # fold_console FILE: stdin to stdout, folded; FILE named in the closing note
+  awk "${AWK_OPTS[@]}" -v file="$1" -f "$REPO/scripts/fold_console.awk"
+}
+
 ABORT=0
 trap 'ABORT=1; say "signal received: stopping after the current run"' TERM INT
 
@@ -380,10 +389,10 @@ for i in "${!LAUNCH_SEEDS[@]}"; do
   if [ "$DRY" = 1 ]; then
     run "${launcher[@]}" "${train_cmd[@]}" "${flags[@]}" || rc=$?
   else
-    # (tee ignores SIGTERM/SIGINT: on scancel it must outlive the run's last lines, not break
-    # the pipe the run's stderr writes to)
+    # (tee and the fold ignore SIGTERM/SIGINT: on scancel they must outlive the run's last
+    # lines, not break the pipe the run's stderr writes to)
     run "${launcher[@]}" "${train_cmd[@]}" "${flags[@]}" \
-      2> >(trap '' TERM INT; exec tee "$console" >&2) || rc=$?
+      2> >(trap '' TERM INT; tee "$console" | fold_console "$console" >&2) || rc=$?
     wait $! 2>/dev/null || true     # the tee has written everything (bash >= 4.4)
   fi
   say "run $i: train exited $rc after $((SECONDS - t0)) s"

@@ -7,6 +7,9 @@ console_<i>.txt beside the MLPerf log).
   format_msg`): a block per failed rank, "Root Cause (first observed failure):" then
   `rank      : R (local_rank: L)` and `exitcode  : C (pid: P) [SIGNAL]`; a negative exit code is the
   signal that ended the process.
+- torchrun stopped by a signal itself (scancel, Ctrl-C: `torch.distributed.elastic.
+  multiprocessing.api.SignalException`, raised by its `_terminate_process_handler`):
+  `...SignalException: Process P got signal: S`, S the signal's number.
 - srun (Slurm): `srun: error: NODE: task(s) LIST: Killed | Terminated | Exited with exit code C |
   <other signal description>`, in the order srun noticed them; the first is the first cause it
   knows.
@@ -23,6 +26,7 @@ from pathlib import Path
 _SRUN = re.compile(r"srun: error: (?P<node>[^:\s]+): (?P<tasks>tasks? [\d,\-\[\]]+): (?P<what>.+)$")
 _TR_RANK = re.compile(r"^\s*rank\s*:\s*(?P<rank>\d+) \(local_rank: (?P<local>\d+)\)")
 _TR_EXIT = re.compile(r"^\s*exitcode\s*:\s*(?P<code>-?\d+) \(pid: (?P<pid>\d+)\)")
+_TR_SIGNAL = re.compile(r"SignalException: Process (?P<pid>\d+) got signal: (?P<sig>\d+)")
 
 
 def _signame(num: int) -> str:
@@ -53,6 +57,16 @@ def _torchrun(lines: list[str]) -> str:
     return f"launcher (torchrun): rank {rank['rank']} (pid {code['pid']}) {how} first{more}"
 
 
+def _torchrun_signalled(lines: list[str]) -> str:
+    """torchrun itself stopped by a signal (it then stops every rank)."""
+    hits = [m for ln in lines if (m := _TR_SIGNAL.search(ln))]
+    if not hits:
+        return ""
+    m = hits[0]
+    return (f"launcher (torchrun): stopped by {_signame(int(m['sig']))} (pid {m['pid']}), "
+            "which it passed to every rank")
+
+
 def _srun(lines: list[str]) -> str:
     hits = [m for ln in lines if (m := _SRUN.search(ln.strip()))]
     if not hits:
@@ -67,7 +81,7 @@ def launcher_report(text: str) -> str:
     """One phrase: what the launcher reported (torchrun's root cause, or srun's task errors in
     order); '' when it reported no failed task."""
     lines = text.splitlines()
-    return _torchrun(lines) or _srun(lines)
+    return _torchrun(lines) or _torchrun_signalled(lines) or _srun(lines)
 
 
 def read_launcher_report(path: str | Path | None) -> str:
