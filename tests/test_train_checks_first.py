@@ -59,6 +59,10 @@ def test_missing_tokenizer_and_data_dir_name_the_key_and_the_path(data):
     with pytest.raises(DataError, match=rf"^data\.tokenizer = {data}/tokenizer/missing\.model: "
                        "not found"):
         check_inputs(cfg, init_checkpoint="")
+    (data / "tokenizer" / "broken.model").write_bytes(b"not a model")
+    with pytest.raises(DataError, match=rf"^data\.tokenizer = {data}/tokenizer/broken\.model: "
+                       "not a sentencepiece model"):
+        check_inputs(_cfg(data, tokenizer="tokenizer/broken.model"), init_checkpoint="")
     cfg = _cfg(data.parent / "absent")
     with pytest.raises(DataError, match=rf"^data\.data_dir = {data.parent}/absent: folder not "
                        "found"):

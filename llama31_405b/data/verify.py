@@ -106,9 +106,14 @@ def _tokenizer(cfg, p) -> SentencePieceTokenizer:
                         "data.data_dir). Full scale: put the Mixtral 8x22B tokenizer.model there "
                         "(it ships with MLCommons' data) or point data.tokenizer at it; tiny: run "
                         "`python -m llama31_405b data tiny`")
-    tok = SentencePieceTokenizer(p.tokenizer)
+    try:
+        tok = SentencePieceTokenizer(p.tokenizer)
+    except DataError as e:   # "tokenizer PATH: what" -> "data.tokenizer = PATH: what"
+        what = str(e).removeprefix(f"tokenizer {p.tokenizer}: ")
+        raise DataError(f"data.tokenizer = {p.tokenizer}: {what}") from None
     if tok.vocab_size > cfg.model.vocab_size:
-        raise DataError(f"{p.tokenizer}: tokenizer vocab {tok.vocab_size} is larger than "
+        raise DataError(f"data.tokenizer = {p.tokenizer}: tokenizer vocab {tok.vocab_size} is "
+                        f"larger than "
                         f"model.vocab_size {cfg.model.vocab_size} ({cfg.source or 'config'}); ids "
                         "past the embedding table would crash training: use the matching tokenizer "
                         "or a model with a larger vocab")
