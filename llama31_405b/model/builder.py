@@ -281,21 +281,76 @@ def build_model(cfg: Config, *, config=None, device: Device | None = None):
     return chunks
 
 
+def _full_param_layouts(dcfg, modules: list) -> list:
+    """The distributed optimizer's parameter layout of each chunk, computed before DDP as
+    megatron-core 0.19.2 asks (`DistributedDataParallel.__init__` logs "full_param_layout not
+    provided ... Auto-computing layout inside DDP" otherwise), with what DDP would use itself:
+    `DistributedOptimizer.compute_full_param_layout` over the chunk's trainable parameters, the
+    bucket size DDP resolves (its default for an unset size, none without overlapped reduction,
+    none for a chunk built with `disable_bucketing` or on a pipeline rank > 0), and the sizes of
+    the intra-instance data-parallel groups (with CP) DDP shards over; as Megatron-LM's
+    `wrap_model_chunks_with_ddp` (megatron/training/training.py). DDP checks that the layout
+    matches its own grouping of the parameters. Resolves `dcfg.bucket_size` in place, as DDP's
+    __init__ would. Empty without the distributed optimizer (DDP computes none then)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+    if not dcfg.use_distributed_optimizer:
+        return [None] * len(modules)
+    # the groups DDP takes (megatron-core 0.19.2 ProcessGroupCollection.setup_process_groups_for_ddp)
+    dp = ps.get_data_parallel_group(with_context_parallel=False, with_gtp_remat=False,
+                                    partial_data_parallel=False)
+    if dcfg.bucket_size is None:
+        dcfg.bucket_size = max(40000000, 1000000 * dp.size())
+    if not dcfg.overlap_grad_reduce:
+        dcfg.bucket_size = None
+    dp_cp = ps.get_data_parallel_group(with_context_parallel=True, with_gtp_remat=False,
+                                       partial_data_parallel=True)
+    expt = ps.get_expert_data_parallel_group(with_gtp_remat=False,
+                                             partial_expert_data_parallel=True)
+    pp_rank = ps.get_pipeline_model_parallel_rank()
+    return [DistributedOptimizer.compute_full_param_layout(
+        [p for p in m.parameters() if p.requires_grad],
+        None if (i > 0 or pp_rank > 0) else dcfg.bucket_size, dp_cp.size(), dcfg,
+        expert_data_parallel_world_size=expt.size()) for i, m in enumerate(modules)]
+
+
+def _ddp_stream(tcfg):
+    """Where DDP is built on GPU: megatron-core 0.19.2's shared full-iteration capture stream
+    with full-iteration graphs (so the AccumulateGrad nodes DDP keeps do not reference another,
+    non-capturing stream), a fresh stream otherwise, as Megatron-LM's `get_model`
+    (megatron/training/training.py); on CPU no stream."""
+    import contextlib
+    if not torch.cuda.is_available() or tcfg.use_cpu_initialization:
+        return contextlib.nullcontext(), None
+    if tcfg.cuda_graph_impl == "full_iteration":
+        from megatron.core.full_cuda_graph import get_shared_capture_stream
+        stream = get_shared_capture_stream()
+    else:
+        stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    return torch.cuda.stream(stream), stream
+
+
 def wrap_for_training(cfg: Config, chunks):
-    """Megatron DDP around each chunk (after Float16Module for BF16 parameters), and the
+    """Megatron DDP around each chunk (after Float16Module for BF16 parameters), with the
+    distributed optimizer's parameter layouts computed first (`_full_param_layouts`), and the
     gradient finalisation hook: without config.finalize_model_grads_func the data-parallel
     gradients are never reduced and replicas silently diverge."""
     from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
     from megatron.core.transformer.module import Float16Module
     tcfg = chunks[0].config
     dcfg = ddp_config(cfg)
-    wrapped = []
-    for i, chunk in enumerate(chunks):
-        inner = Float16Module(tcfg, chunk) if tcfg.bf16 else chunk
-        wrapped.append(DistributedDataParallel(
-            config=tcfg, ddp_config=dcfg, module=inner,
-            # only the first chunk's buckets start the reduction early (Megatron convention)
-            disable_bucketing=(i > 0)))
+    inner = [Float16Module(tcfg, chunk) if tcfg.bf16 else chunk for chunk in chunks]
+    layouts = _full_param_layouts(dcfg, inner)
+    where, stream = _ddp_stream(tcfg)
+    with where:
+        # only the first chunk's buckets start the reduction early (Megatron convention); the
+        # layouts assume the same (`disable_bucketing=(i > 0)`)
+        wrapped = [DistributedDataParallel(config=tcfg, ddp_config=dcfg, module=m,
+                                           disable_bucketing=(i > 0), full_param_layout=lay)
+                   for i, (m, lay) in enumerate(zip(inner, layouts))]
+    if stream is not None:
+        torch.cuda.current_stream().wait_stream(stream)
     tcfg.finalize_model_grads_func = finalize_model_grads
     # as Megatron's training loop: hooks only when gradient reduction overlaps the backward pass
     one = (lambda fns: fns[0] if len(fns) == 1 else fns)  # noqa: E731
