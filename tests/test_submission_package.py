@@ -3,7 +3,7 @@ is refused with the files named."""
 import json
 
 import pytest
-from mlperf_logs import LOGS, ORG, SYSTEM_JSON, copy_logs, drop_key, need_fixture
+from mlperf_logs import LOGS, ORG, SYSTEM_JSON, copy_logs, drop_key, line_of, need_fixture
 
 from llama31_405b.cli import main
 from llama31_405b.config import load_config
@@ -115,9 +115,15 @@ def test_a_repeated_seed_is_refused(tmp_path):
     logs = copy_logs(tmp_path / "logs")
     from mlperf_logs import set_value
     set_value(logs[2], "seed", 30472)       # result_0's seed, same source line
-    with pytest.raises(PackageError, match="result_2.txt logs seed 30472"):
+    with pytest.raises(PackageError) as e:
         package(tmp_path / "logs", out=tmp_path / "out", org=ORG, system_desc=SYSTEM_JSON,
                 ruleset="5.1.0")
+    # the file's lines, and the metadata's source line said to be the logging script's
+    line = lambda log: line_of(log, "seed")   # noqa: E731
+    assert str(e.value) == (
+        f"{logs[2]}:{line(logs[2])} logs seed 30472, as {logs[0]}:{line(logs[0])} does, both from "
+        "the same source line of the logging script (/workspace/llm/pretrain.py:601, the event's "
+        "metadata): every run needs its own seed")
 
 
 def test_code_files_without_git_include_the_build_files(tmp_path):
@@ -131,3 +137,23 @@ def test_code_files_without_git_include_the_build_files(tmp_path):
     names = {p.relative_to(tmp_path).as_posix() for p in code_files(tmp_path)}
     assert names == {"Dockerfile", "run_and_time.sh", "Makefile", "llama31_405b/cli/__init__.py",
                      "constraints/cpu.txt"}
+
+
+def test_a_score_difference_is_explained_by_what_differs():
+    """The summarizer's score differing from the package's is explained by the runs one counts
+    and the other does not, or, when they count the same runs, said to be elsewhere; never
+    'counting runs that did not converge (none)'."""
+    need_fixture()
+    from llama31_405b.mlperf.log import load_run
+    from llama31_405b.submission.package import score_difference
+    runs = [load_run(p) for p in LOGS]
+    paths = {r.path for r in runs}
+    assert score_difference(256.333, 256.3331, runs, paths) is None
+    same = score_difference(256.940, 256.333, runs, paths)
+    assert same == ("the result summarizer scores 256.940 min, the package 256.333 min, both "
+                    "counting the same runs: the difference is in the runs' times or the RCP "
+                    "normalisation (summary.csv, rcp_checker.log)")
+    left_out = score_difference(250.0, 256.333, runs, paths - {str(LOGS[1])})
+    assert left_out == ("the result summarizer scores 250.000 min, leaving out converged runs "
+                        f"whose logs fail the compliance checker ({LOGS[1]}); the package's score "
+                        "counts the converged runs: 256.333 min")

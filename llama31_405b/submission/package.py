@@ -7,11 +7,12 @@ Layout (what the package checker and result summarizer walk):
 The package checker of mlperf-logging 4.1.68 reads results/ and systems/ (it lists source files
 under benchmarks/<benchmark> but checks nothing there); the code copy is for the submission itself.
 
-Before the checkers run, every log is read (malformed lines: file and line), and what they would
-refuse is refused here with the file named: more than one run without a successful run_stop, more
-than one log failing the compliance rules, mixed benchmarks or batch sizes, logs that do not
-match the config. Then, for an MLPerf benchmark: the package checker, the RCP checker and the
-result summarizer, as subprocesses with their own command lines; their output is scanned so a
+Before the checkers run, every log is read (`mlperf.log`: one run per file, no malformed or
+damaged line), and what they would refuse is refused here with the file named: more than one run
+without a successful run_stop, more than one log failing the compliance rules, mixed benchmarks
+or batch sizes, logs of more than one system, or logs that do not match the config or the system
+description (`identity`: the submission_* events). Then, for an MLPerf benchmark: the package
+checker, the RCP checker and the result summarizer, as subprocesses with their own command lines; their output is scanned so a
 skipped check ("Skipping", a tolerated failure) is never reported as a pass. For the tiny
 benchmark, which the package checker would skip: the system description checker, the compliance
 checker with the tiny rules, the seed checker and the RCP checker with the project's RCPs.
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from ..mlperf.checker import REPO, RULESET, USAGE, check_log
 from ..mlperf.log import RunLog, read_events
+from . import identity
 
 TEMPLATE = REPO / "compliance" / "system_description.json"
 STATUS = {"available": "Available on-premise", "onprem": "Available on-premise",
@@ -93,7 +95,7 @@ def read_runs(files: list[Path]) -> list[RunLog]:
             bad.append(f"{f}: no ':::MLLOG ' lines")
         runs.append(RunLog(path=str(f), events=events, problems=problems))
     if bad:
-        raise PackageError("malformed logs:\n  " + "\n  ".join(bad))
+        raise PackageError("logs that cannot be read as one run each:\n  " + "\n  ".join(bad))
     return runs
 
 
@@ -133,15 +135,18 @@ def validate_runs(runs: list[RunLog], cfg=None) -> tuple[str, list[str]]:
                            "\n  ".join(f"{p}: {w}" for p, w in why.items()))
     if any(r.seed is None for r in runs):
         raise PackageError("no seed logged in: " + ", ".join(r.path for r in runs if r.seed is None))
-    # the seed checker's rule: no two runs log the same seed on the same source line
+    # the seed checker's rule: no two runs log the same seed from the same source line (the
+    # event's metadata file and lineno: where the LOGGING SCRIPT logged it, not a line of the log)
     where: dict[tuple, str] = {}
     for r in runs:
         e = r.first("seed")
         key = (e.metadata.get("file"), e.metadata.get("lineno"), str(e.value))
         if key in where:
-            raise PackageError(f"{r.path} logs seed {e.value} on {key[0]}:{key[1]} like "
-                               f"{where[key]}: every run needs its own seed")
-        where[key] = r.path
+            raise PackageError(
+                f"{r.path}:{e.lineno} logs seed {e.value}, as {where[key]} does, both from the "
+                f"same source line of the logging script ({key[0]}:{key[1]}, the event's "
+                "metadata): every run needs its own seed")
+        where[key] = f"{r.path}:{e.lineno}"
     return bench, [f"{p}: {w} (tolerated: one of {len(runs)} runs may fail)" for p, w in why.items()]
 
 
@@ -309,26 +314,49 @@ def tiny_checks(org_dir: Path, res_dir: Path, runs: list[RunLog], desc_path: Pat
     return steps, score
 
 
-def _agree_on_score(res: PackageResult, runs: list[RunLog], ruleset: str) -> None:
+def _agree_on_score(res: PackageResult, runs: list[RunLog], ruleset: str,
+                    compliant: set[str] | None = None) -> None:
     """The package's score is the verdict's (mlperf.verdict): the olympic mean of the converged
     runs' times, RCP-normalised. The result summarizer scores every log the compliance checker
-    passes, which includes a run_stop aborted after an evaluation at the target (the RCP checker
-    counts that run as not converged); where the two differ, the verdict's score stands and the
-    difference is named."""
+    passes (`compliant`: their paths; default every log), which includes a run_stop aborted after an evaluation at
+    the target (the RCP checker counts that run as not converged) and leaves out a converged run
+    whose log fails a rule (one such log is tolerated); where the two scores differ, the
+    verdict's stands and the difference is named (`score_difference`)."""
     from .rcp import check_runs, olympic_score
     try:
         norm = check_runs(runs, ruleset=ruleset).norm_factor
     except (FileNotFoundError, KeyError, ValueError):
         norm = 1.0
     own = olympic_score([r.convergence().minutes for r in runs], norm)
-    theirs = res.score_min
-    if theirs is not None and (own is None or abs(own - theirs) > 1e-3):
-        counted = [f"{r.path}: {r.convergence().words}" for r in runs if not r.converged]
-        res.warnings.append(
-            f"the result summarizer scores {theirs:.3f} min, counting runs that did not converge "
-            f"({'; '.join(counted) or 'none'}); the package's score counts converged runs only: "
-            + (f"{own:.3f} min" if own is not None else "none (too few converged runs)"))
+    why = score_difference(res.score_min, own, runs,
+                           {r.path for r in runs} if compliant is None else compliant)
+    if why:
+        res.warnings.append(why)
     res.score_min = own
+
+
+def score_difference(theirs: float | None, own: float | None, runs: list[RunLog],
+                     compliant: set[str]) -> str | None:
+    """Why the result summarizer's score (`theirs`) differs from the package's (`own`), in
+    words; None when they agree."""
+    if theirs is None or (own is not None and abs(own - theirs) <= 1e-3):
+        return None
+    ours = f"{own:.3f} min" if own is not None else "none (too few converged runs)"
+    only_theirs = [f"{r.path}: {r.convergence().words}" for r in runs
+                   if r.path in compliant and not r.converged]
+    only_ours = [r.path for r in runs if r.converged and r.path not in compliant]
+    parts = []
+    if only_theirs:
+        parts.append(f"counting runs that did not converge ({'; '.join(only_theirs)})")
+    if only_ours:
+        parts.append(f"leaving out converged runs whose logs fail the compliance checker "
+                     f"({', '.join(only_ours)})")
+    if parts:
+        return (f"the result summarizer scores {theirs:.3f} min, {' and '.join(parts)}; the "
+                f"package's score counts the converged runs: {ours}")
+    return (f"the result summarizer scores {theirs:.3f} min, the package {ours}, both counting "
+            "the same runs: the difference is in the runs' times or the RCP normalisation "
+            "(summary.csv, rcp_checker.log)")
 
 
 def package(logs_dir: str | Path, *, out: str | Path, org: str, cfg=None,
@@ -339,14 +367,6 @@ def package(logs_dir: str | Path, *, out: str | Path, org: str, cfg=None,
         raise PackageError("give --config (system data from llama31_405b/systems) or --system-desc")
     runs = read_runs(find_logs(logs_dir))
     bench, warnings = validate_runs(runs, cfg)
-    comp = [check_log(r.path, ruleset=ruleset) for r in runs]
-    bad = [c for c in comp if not c.ok]
-    tolerated = 1 if len(runs) > 1 else 0
-    if len(bad) > tolerated:
-        raise PackageError(f"{len(bad)} of {len(runs)} logs fail the compliance checker "
-                           f"(ruleset {ruleset}); the package checker accepts at most {tolerated}:"
-                           "\n  " + "\n  ".join(c.verdict() for c in bad))
-    warnings += [f"{c.verdict()} (tolerated under olympic scoring)" for c in bad]
     if system_desc is not None:
         sd = Path(system_desc)
         try:
@@ -357,6 +377,19 @@ def package(logs_dir: str | Path, *, out: str | Path, org: str, cfg=None,
     else:
         desc = system_description(cfg, org)
         system = system or f"{cfg.derived.system.id}_n{cfg.derived.nodes}"
+    try:   # one system per submission: the logs' submission_* events, the config, the description
+        warnings += identity.against(runs, cfg, desc, system_desc or "generated from --config and "
+                                     "--org", STATUS)
+    except identity.SystemMismatch as e:
+        raise PackageError(str(e)) from None
+    comp = [check_log(r.path, ruleset=ruleset) for r in runs]
+    bad = [c for c in comp if not c.ok]
+    tolerated = 1 if len(runs) > 1 else 0
+    if len(bad) > tolerated:
+        raise PackageError(f"{len(bad)} of {len(runs)} logs fail the compliance checker "
+                           f"(ruleset {ruleset}); the package checker accepts at most {tolerated}:"
+                           "\n  " + "\n  ".join(c.verdict() for c in bad))
+    warnings += [f"{c.verdict()} (tolerated under olympic scoring)" for c in bad]
     if desc.get("submitter") != org:
         warnings.append(f"system description submitter {desc.get('submitter')!r} != --org {org!r}")
     out = Path(out)
@@ -373,7 +406,7 @@ def package(logs_dir: str | Path, *, out: str | Path, org: str, cfg=None,
         res.steps.append(run_rcp_checker(res_dir, ruleset))
         step, res.score_min = run_summarizer(org_dir, bench, ruleset)
         res.steps.append(step)
-        _agree_on_score(res, runs, ruleset)
+        _agree_on_score(res, runs, ruleset, {c.path for c in comp if c.ok})
     elif bench == "tiny_llama31":
         res.notes.append("package checker and result summarizer not run: tiny_llama31 is not an "
                          "MLPerf benchmark (the package checker would print 'Skipping benchmark'); "
