@@ -87,7 +87,8 @@ def parse_line(text: str, path: str, lineno: int) -> LogEvent | LogProblem | Non
     try:
         rec = json.loads(payload)
     except json.JSONDecodeError as e:
-        what = "truncated" if e.pos >= len(payload) - 1 else "malformed"
+        cut = e.pos >= len(payload) - 1 or e.msg.startswith("Unterminated string")
+        what = "truncated" if cut else "malformed"
         # json's messages may end in "at" ("Unterminated string starting at")
         return LogProblem(path, lineno, f"{what} MLLOG line ({e.msg.removesuffix(' at')} at "
                                         f"column {e.pos + 1}): {payload[:80]!r}")
