@@ -183,6 +183,10 @@ def test_the_local_path_runs_on_the_cpu_through_every_check_it_allows(tmp_path):
     assert {by[n]["detail"] for n in fc.PHASES["layer"]} == {"needs CUDA"}
     assert by["replay_equals_eager"]["data"]["grads_bitwise"] is True
     assert all(x["weights_synchronised"] for x in by["dp2_eval_sync"]["data"]["ranks"])
+    # a replayed training step after an optimizer step used the synchronised weights (eager on
+    # the CPU: the pre-hooks gather; on two GPUs the training graph's captured gathers)
+    assert all(x["train_replay_synchronised"] for x in by["dp2_eval_sync"]["data"]["ranks"])
+    assert "a replayed training step gathered" in by["dp2_eval_sync"]["detail"]
     assert len(by["steps"]["data"]["losses"]) == 2
     assert doc["summary"]["failed"] == 0
 

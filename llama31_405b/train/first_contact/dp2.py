@@ -1,19 +1,28 @@
-"""The DP 2 phase (check dp2_eval_sync): do timed evaluations score synchronised weights on real
-CUDA graphs?
+"""The DP 2 phase (check dp2_eval_sync): do replayed training steps and timed evaluations use
+synchronised weights on real CUDA graphs?
 
 Two ranks (one GPU each; gloo processes with --cpu) run the slice at DP 2 with the distributed
 optimizer, the overlapped parameter all-gather and gradient reduce-scatter and full-iteration
 CUDA graphs, from the same seeded weights (no checkpoint), through the real init (warm-up,
 graph capture, restore) and `--steps` training steps. Then, on every rank:
 
+0. the training graph: one replayed forward-backward (`Run._forward_backward`, no optimizer
+   step) right after the last step's optimizer step, a hash of the BF16 parameter buffers, a
+   forced synchronous gather, the hash again: equal when the replay gathered the other rank's
+   shard (train.graphs resets the gather dispatch state before the capture so that it does);
+   run after the first of the steps, so that (with --steps >= 2, the default 3) the evaluation
+   below also follows an optimizer step (the replay's gradients are zeroed by the next step);
 1. `Run.evaluate()`, the timed-evaluation path (through the evaluation graph on a GPU);
 2. a hash of this rank's BF16 parameter buffers right after it (the weights it scored);
 3. a forced synchronous all-gather (`DistributedDataParallel.disable_forward_pre_hook(
    param_sync=True)`, what Megatron-LM does before it evaluates) and an eager evaluation
    (Megatron's schedule called directly) of the same validation batches; the hash again.
 
-Passed when, on both ranks, the weights after step 1 equal the synchronised ones bit for bit
-and the two evaluation losses are bitwise equal (else within slice.LOSS_RTOL, stated). With the
+Passed when, on both ranks, the weights after the replay (0) and after step 1 equal the
+synchronised ones bit for bit and the two evaluation losses are bitwise equal (else within
+slice.LOSS_RTOL, stated). Two GPUs give DP 2 at PP 1, so VP 1 only: the training gathers come
+from the DDP pre-hooks' bucket chain; the interleaved schedule's (VP > 1, `param_sync_func`)
+stays covered by the CPU tests (tests/test_train_eval_sync.py, the replay double). With the
 overlapped gather, `optimizer.step()` updates only this rank's slice of the BF16 parameters; the
 rest arrives by the all-gather the forward pre-hook starts, which a graph replay does not run:
 an evaluation that is not preceded by a parameter sync outside the graph scores this rank's
@@ -33,6 +42,10 @@ from pathlib import Path
 
 from .report import Report, Timed
 from .slice import REPO
+
+
+TRAIN_SEED = 7_000_101
+"""Seed of the synthetic batch of the replayed training step (0)."""
 
 
 def _free_port() -> int:
@@ -93,16 +106,21 @@ def run_dp2_phase(rep: Report, config, *, layers: int, seq_length: int, steps: i
             raise RuntimeError("a DP 2 rank failed: " + " | ".join(tails))
         res = json.loads(result.read_text())
         same_w = all(r["weights_synchronised"] for r in res["ranks"])
+        same_t = all(r["train_replay_synchronised"] for r in res["ranks"])
         same_l = res["eval_bitwise"] or res["eval_rel_diff"] <= res["loss_rtol"]
         detail = (f"DP 2, distributed optimizer, overlapped gather, "
                   f"{'full-iteration graphs' if res['graphs'] else 'eager (CPU)'}; after "
                   f"{res['steps']} steps: evaluation {res['eval_replay']:.6f}, forced-sync eager "
                   f"{res['eval_synced']:.6f} ({'bitwise' if res['eval_bitwise'] else 'relative %.2e' % res['eval_rel_diff']}); "
+                  + ("a replayed training step gathered the synchronised weights on both ranks; "
+                     if same_t else "STALE TRAINING GRAPH: ranks " + ", ".join(
+                         str(r["rank"]) for r in res["ranks"] if not r["train_replay_synchronised"])
+                     + " trained on weights that differ from the synchronised ones; ")
                   + ("weights scored = synchronised weights on both ranks" if same_w else
                      "STALE: ranks " + ", ".join(str(r["rank"]) for r in res["ranks"]
                                                  if not r["weights_synchronised"])
                      + " scored weights that differ from the synchronised ones"))
-        if same_w and same_l:
+        if same_w and same_l and same_t:
             rep.passed("dp2_eval_sync", detail, **res)
         else:
             rep.failed("dp2_eval_sync", detail, **res)
@@ -143,6 +161,7 @@ def worker(argv=None) -> int:
     a = ap.parse_args(argv)
 
     from ...config import launch_env, load_config
+    from ..batches import synthetic_microbatches
     from ..evaluation import eval_batches, evaluate
     from ..loop import Run
     from .slice import LOSS_RTOL, compare, slice_config, synthetic_datasets
@@ -159,8 +178,20 @@ def worker(argv=None) -> int:
     run = Run(scfg, seed=1234, hooks=[], init_checkpoint="", datasets=synthetic_datasets(scfg))
     try:
         run._init()
-        for _ in range(a.steps):
+        trained = train_synced = None
+        for i in range(a.steps):
             run.train_step()
+            if i == 0:
+                # the training graph (0): a replay right after an optimizer step gathers
+                tokens = dict(seq_length=scfg.model.seq_length, vocab_size=scfg.model.vocab_size)
+                run._zero_grads()
+                run._forward_backward(synthetic_microbatches(
+                    scfg.derived.num_microbatches, mbs=scfg.batch.micro_batch_size,
+                    seed=TRAIN_SEED, **tokens))
+                trained = param_hash(run.model)
+                for m in run.model:
+                    m.start_param_sync(force_sync=True)
+                train_synced = param_hash(run.model)
         value = run.evaluate()                      # the timed-evaluation path
         seen = param_hash(run.model)
         for m in run.model:                         # Megatron-LM's sync before evaluation
@@ -174,7 +205,9 @@ def worker(argv=None) -> int:
             m.enable_forward_pre_hook()
         mine = {"rank": run.info.dist_env.rank, "dp_rank": run.info.dp_rank,
                 "weights_synchronised": bool(torch.equal(seen.cpu(), synced.cpu())),
-                "stale_buffers": int((seen != synced).sum())}
+                "stale_buffers": int((seen != synced).sum()),
+                "train_replay_synchronised": bool(torch.equal(trained.cpu(), train_synced.cpu())),
+                "train_stale_buffers": int((trained != train_synced).sum())}
         ranks = [None, None]
         torch.distributed.all_gather_object(ranks, mine)
         if run.info.dist_env.rank == 0:
@@ -182,7 +215,7 @@ def worker(argv=None) -> int:
             Path(a.result).write_text(json.dumps({
                 "ranks": ranks, "steps": a.steps, "graphs": run.device.gpu,
                 "eval_replay": value, "eval_synced": ref, "eval_bitwise": same,
-                "eval_rel_diff": rel, "loss_rtol": LOSS_RTOL,
+                "eval_rel_diff": rel, "loss_rtol": LOSS_RTOL, "train_replay_after_step": 1,
                 "bucket_count": len(seen)}, indent=2))
     finally:
         run.close()
