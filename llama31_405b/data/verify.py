@@ -209,7 +209,8 @@ def verify_data(cfg, *, full: bool = False, write_manifest: bool = False,
         (the user says the new file is right) a warning, and the file is recorded anew."""
         if not write_manifest:
             raise e
-        say(f"warning: {e}; --write-manifest: recording it as it is now (origin accepted)")
+        what = str(e).split("; the file changed since")[0].split("; if the new files are")[0]
+        say(f"warning: {what}; --write-manifest: recording it as it is now (origin accepted)")
 
     tkey = mf.rel(p.tokenizer, p.data_dir)
     if tkey in m["files"]:
