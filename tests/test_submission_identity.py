@@ -16,11 +16,11 @@ from llama31_405b.submission.package import STATUS, PackageError, package, valid
 DGXB200 = "configs/config_DGXB200_32x8x144xtp4pp8cp2.toml"   # GBS 576, as the published runs
 
 
-def _refusal(tmp_path, **kw) -> str:
+def _refusal(tmp_path, org_=ORG, **kw) -> str:
     kw.setdefault("system_desc", SYSTEM_JSON)
     with pytest.raises(PackageError) as e:
-        package(tmp_path / "logs", out=tmp_path / "out", org=ORG, ruleset="5.1.0", **kw)
-    assert not (tmp_path / "out" / ORG).exists()       # refused before anything is assembled
+        package(tmp_path / "logs", out=tmp_path / "out", org=org_, ruleset="5.1.0", **kw)
+    assert not (tmp_path / "out" / org_).exists()      # refused before anything is assembled
     return str(e.value)
 
 
@@ -46,7 +46,7 @@ def test_logs_of_another_org_than_the_system_description_are_refused(tmp_path):
     msg = _refusal(tmp_path)
     assert msg == (f"submission_org: the logs say 'Another-Org' ({', '.join(map(str, logs))}), "
                    f"system description {SYSTEM_JSON} (submitter) says 'University-of-Florida': "
-                   "wrong --logs, --config or --system-desc")
+                   "wrong --logs, --config, --org or --system-desc")
 
 
 def test_a_status_is_compared_in_the_description_s_words(tmp_path):
@@ -102,3 +102,19 @@ def test_the_package_reports_the_logged_reason_of_an_aborted_run(tmp_path):
     set_last_value(logs[2], "run_stop", None, status="aborted", reason="received SIGTERM")
     msg = _refusal(tmp_path)
     assert f"{logs[1]}: aborted ({reason})" in msg and f"{logs[2]}: aborted (received SIGTERM)" in msg
+
+
+def test_an_org_other_than_the_config_s_is_refused_naming_org(tmp_path):
+    """The generated system description's submitter is --org; logs written under the config's
+    run.org ('reference') do not match another --org."""
+    from llama31_405b.mlperf import header_events
+    from llama31_405b.submission.precheck import log_lines
+    cfg = load_config("configs/tiny_cpu.toml")
+    (tmp_path / "logs").mkdir()
+    for i in range(3):
+        (tmp_path / "logs" / f"result_{i}.txt").write_text(
+            "\n".join(log_lines(header_events(cfg, seed=i + 1), cfg)) + "\n")
+    msg = _refusal(tmp_path, cfg=cfg, system_desc=None, org_="MyOrg")
+    assert msg.startswith("submission_org: the logs say 'reference' (")
+    assert msg.endswith("system description generated from --config and --org (submitter) says "
+                        "'MyOrg': wrong --logs, --config, --org or --system-desc")

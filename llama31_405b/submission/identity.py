@@ -92,6 +92,7 @@ def against(runs: list[RunLog], cfg=None, desc: dict | None = None,
             continue
         if norm(got) != want:
             shown = f"{got!r}" + (f" ({norm(got)!r})" if norm(got) != got else "")
+            opts = "--logs, --config, --org" if key == "submission_org" else "--logs, --config"
             raise SystemMismatch(f"{key}: the logs say {shown} ({_files(runs)}), {source} says "
-                                 f"{want!r}: wrong --logs, --config or --system-desc")
+                                 f"{want!r}: wrong {opts} or --system-desc")
     return warnings
