@@ -73,6 +73,8 @@ def check_log(log: str | Path, benchmark: str, report_dir: str | Path | None = N
                 res.ok = False
             conv = run.convergence()      # mlperf.verdict: the one owner of "converged"
             status, converged, when = run.status, conv.converged, conv.describe()
+            if run.problems:   # the reader's problem (in the detail) says more than a convergence
+                converged, when = False, ""       # read from a damaged or doubled file
             outcome = ("success" if status == "success" else conv.words)
         except LogError:
             status, outcome, converged, when = None, "no run_stop", False, ""
