@@ -6,7 +6,7 @@ the same run and prints, per layout, the predicted and measured step and its mai
 (compute, exposed TP, PP with the bubble, DP, host time with the other communication) as
 measured / predicted ratios, and whether the layouts rank as measured:
 
-    PYTHONPATH=$PWD .venv/bin/python bench/planner_vs_measured.py [--fit tp2dp2] [--steps 3]
+    PYTHONPATH=$PWD .venv/bin/python bench/planner_vs_measured.py [--fit tp2pp2] [--steps 3]
         [--work DIR] [--reuse] [--json]
 
 Layouts: dp4 (DP 4), pp2dp2 (PP 2 x DP 2), pp2dp2vp2 (PP 2 x VP 2 x DP 2), tp2pp2, tp2dp2, and
@@ -118,7 +118,7 @@ def predicted(cfg_path: Path, fit) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--fit", default="tp2dp2", choices=sorted(LAYOUTS), help="the layout calibrated on")
+    ap.add_argument("--fit", default="tp2pp2", choices=sorted(LAYOUTS), help="the layout calibrated on")
     ap.add_argument("--steps", type=int, default=3, help="profiled steps per layout (default 3)")
     ap.add_argument("--work", type=Path, help="work folder (default: a new temporary one)")
     ap.add_argument("--reuse", action="store_true", help="analyse the profiles already in --work")

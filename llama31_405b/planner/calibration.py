@@ -213,6 +213,9 @@ class Fitted:
     host_s_per_layer_pass: float | None = None
     """Host time (nothing running) per layer and microbatch pass, forward or backward; None:
     the system's `host_s_per_layer_pass`."""
+    core_share: float = 1.0
+    """How much longer compute and host time take because ranks share cores (systems
+    `shared_cores`): resolved per layout by `step.breakdown`, 1 in every calibration."""
 
     def scale(self, table: str, key: str) -> float:
         return dict(getattr(self, table)).get(key, 1.0)

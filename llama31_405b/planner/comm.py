@@ -118,8 +118,8 @@ def dp_reduce_s(ctx: Context, params: float, fit: Fitted, buckets: int = 1) -> f
         return 0.0
     sp = dp_cp_span(ctx)
     t = collective_s(ctx, params * grad_bytes_per_param(ctx), sp, fit.nvlink_bus_efficiency)
-    t += (buckets - 1) * latency(group_link(sp), ctx)
-    t *= fit.scale("comm_scale", "DP")
+    # a profile's DP scale is of the collective; more buckets add the prior latency each
+    t = t * fit.scale("comm_scale", "DP") + (buckets - 1) * latency(group_link(sp), ctx)
     return t if ctx.cfg.optimizer.distributed else 2 * t
 
 
@@ -129,7 +129,7 @@ def dp_gather_s(ctx: Context, params: float, fit: Fitted, buckets: int = 1) -> f
         return 0.0
     sp = dp_cp_span(ctx)
     t = collective_s(ctx, params * param_gather_bytes_per_param(ctx), sp, fit.nvlink_bus_efficiency)
-    return (t + (buckets - 1) * latency(group_link(sp), ctx)) * fit.scale("comm_scale", "DP")
+    return t * fit.scale("comm_scale", "DP") + (buckets - 1) * latency(group_link(sp), ctx)
 
 
 def dp_hbm_share(ctx: Context) -> float:

@@ -131,6 +131,8 @@ def chunk_cost(ctx: Context, rank: int, chunk: int, fit: Fitted) -> ChunkCost:
     emb = rank == 0 and chunk == 0
     logits = rank == ctx.pp - 1 and chunk == ctx.vp - 1
     fwd, bwd = compute.chunk_parts(ctx, layers, emb, logits, fit)
+    k = fit.core_share  # ranks sharing cores (systems `shared_cores`; 1 on GPUs)
+    fwd, bwd = (fwd, bwd) if k == 1 else (fwd.scaled(k), bwd.scaled(k))
     one = comm.tp_collective_s(ctx, fit)
     nf, nb = comm.tp_counts(ctx, layers, emb, logits)
     cf, cb = comm.cp_layer_s(ctx, compute.attention_time(ctx, fit), fit)
@@ -143,7 +145,7 @@ def chunk_cost(ctx: Context, rank: int, chunk: int, fit: Fitted) -> ChunkCost:
     buckets = 1
     if rank == 0 and chunk == 0:
         buckets = max(1, math.ceil(params / comm.dp_bucket_params(ctx)))
-    host = host_pass_s(ctx, fit) * (layers + emb + logits)  # the embedding and loss as layers
+    host = host_pass_s(ctx, fit) * (layers + emb + logits) * k  # embedding and loss as layers
     host_b = host * (2 if ctx.cfg.performance.recompute == "full" else 1)
     return ChunkCost(fwd=fwd, bwd=bwd, tp_fwd=tp_f, tp_bwd=tp_b, cp_fwd=cp_f, cp_bwd=cp_b,
                      params=params, reduce_s=comm.dp_reduce_s(ctx, params, fit, buckets),

@@ -108,16 +108,23 @@ def _comm(ctx: Context, fit: Fitted, c: Summary, b: Breakdown) -> Fitted:
     if present["PP"] and target["PP"]:  # the sends and the bubble they cause, solved together
         scale["PP"] = _pp_scale(ctx, replace(fit, comm_scale=tuple(sorted(scale.items()))),
                                 target["PP"], scale.get("PP", 1.0))
-        ratios["PP"] = 1.0
+        if scale["PP"] > PP_FLOOR:  # else the bubble alone exceeds the measurement: no figure
+            ratios["PP"] = 1.0
     measured = set(ratios) | {k for k in scale if present[k]}
     if measured and len(measured) < len(KINDS):
         # the kinds the layout lacks: the same machine's links, measured through the other
         # collectives
-        mean = math.exp(sum(math.log(scale[k]) for k in measured) / len(measured))
+        solved = [k for k in measured if k in ratios] or sorted(measured)
+        mean = math.exp(sum(math.log(scale[k]) for k in solved) / len(solved))
         for k in KINDS:
             if k not in measured:
                 scale[k] = mean
     return replace(fit, comm_scale=tuple(sorted(scale.items())))
+
+
+PP_FLOOR = 1e-3
+"""The smallest pipeline-send scale (free sends): where even they leave more bubble than the
+profile measured."""
 
 
 def _pp_scale(ctx: Context, fit: Fitted, target: float, start: float) -> float:
@@ -127,9 +134,8 @@ def _pp_scale(ctx: Context, fit: Fitted, target: float, start: float) -> float:
         table = dict(fit.comm_scale) | {"PP": x}
         b = breakdown(ctx, replace(fit, comm_scale=tuple(sorted(table.items()))))
         return b.pp_s + b.bubble_s - target
-    floor = 1e-3
-    if f(floor) >= 0:
-        return floor
+    if f(PP_FLOOR) >= 0:
+        return PP_FLOOR
     return _secant(f, start, "pipeline send time")
 
 
@@ -153,8 +159,9 @@ def solve(c: Summary = CALIBRATION, cfg=None) -> Fitted:
         b = breakdown(ctx, fit)
         clean = c.compute_s - b.dp_slowdown_s
         k = clean / c.compute_s
-        now = rank_compute(ctx, fit, b.rank)  # seconds of each part per step
-        fixed = sum(ch.first_fwd_s for ch in plan(ctx, fit).chunks[b.rank])
+        fk = replace(fit, core_share=b.core_share)  # ranks sharing cores: measured in the parts
+        now = rank_compute(ctx, fk, b.rank)  # seconds of each part per step
+        fixed = sum(ch.first_fwd_s for ch in plan(ctx, fk).chunks[b.rank])
         eta0 = compute.gemm_peak_fraction(prec, fit)
         unit = {p: now[p] * eta0 for p in (*LINEAR, "ffn_up", "ffn_down")}
         unit["attention"] = now["attention"] * fit.attention_bf16_fraction

@@ -10,7 +10,7 @@ overhead) x the checker's score scaling (convergence.py). The fitted constants a
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from ..config.derived import model_flops_per_sequence
 from ..config.rules import rules_for
@@ -58,6 +58,8 @@ class Breakdown:
     """Forward recomputation (full recompute), included in compute_s parts."""
     host_s: float = 0.0
     """Host time of the passes with nothing running (systems/fitted `host_s_per_layer_pass`)."""
+    core_share: float = 1.0
+    """Compute and host time stretched by ranks sharing cores (`shared_cores`), included."""
 
     @property
     def compute_total_s(self) -> float:
@@ -120,8 +122,37 @@ def busiest_rank(ctx: Context, fit: Fitted) -> int:
     return max(range(len(rows)), key=lambda r: (work[r] > max(work) * (1 - 1e-12), -r))
 
 
+def core_share(ctx: Context, fit: Fitted) -> float:
+    """How much longer compute and host time take where the ranks share `shared_cores` cores
+    (systems; a development machine): the CPU time the ranks ask for per unit of step time,
+    over the cores, when above 1; solved with the step it lengthens (bisection)."""
+    cores = ctx.system.shared_cores
+    world = ctx.tp * ctx.pp * ctx.cp * ctx.dp
+    if not cores or world <= cores:
+        return 1.0
+
+    def excess(k: float) -> float:
+        b = _breakdown(ctx, replace(fit, core_share=k))
+        demand = world * (b.compute_total_s + b.host_s) / k / b.step_s / cores
+        return k - max(1.0, demand)
+    lo, hi = 1.0, world / cores
+    if excess(lo) >= 0:
+        return 1.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if excess(mid) >= 0 else (mid, hi)
+    return (lo + hi) / 2
+
+
 def breakdown(ctx: Context, fit: Fitted) -> Breakdown:
-    """The simulated step of this layout at ctx.microbatches, as its busiest GPU spends it."""
+    """The simulated step of this layout at ctx.microbatches, as its busiest GPU spends it (with
+    the ranks' share of the cores where they share them)."""
+    k = core_share(ctx, fit) if fit.core_share == 1 else fit.core_share
+    b = _breakdown(ctx, replace(fit, core_share=k) if k != fit.core_share else fit)
+    return replace(b, core_share=k) if k != 1 else b
+
+
+def _breakdown(ctx: Context, fit: Fitted) -> Breakdown:
     m = ctx.microbatches
     key = (ctx.key, fit)
     if key not in _SIMS:

@@ -81,6 +81,10 @@ class SystemSpec:
     gemm_tile_n: int = 0
     """Output tile of one GEMM work unit for the wave-quantisation factor; 0: the GPU tiles of
     planner ASSUMED (128 x 256). 1 x 1: no tiles (a CPU's BLAS)."""
+    shared_cores: int = 0
+    """Cores every rank of a job shares (a development machine running all ranks); 0: each rank
+    has its own device. With more ranks computing at once than cores, compute and host time
+    stretch by the demand (planner step.breakdown)."""
     collective_latency_s: float = 0.0
     """Time of one collective or send beyond its bytes; 0: the planner's assumed NVLink,
     scale-out and send latencies (microseconds on GPUs). On a CPU, gloo's per-call cost with the
