@@ -190,3 +190,11 @@ def test_truncated_bin_without_verification_is_refused_before_run_start(data, tm
     assert not any(e.key == "run_start" for e in events)
     assert events[-1].key == "run_stop" and str(victim) in events[-1].metadata["reason"]
     assert Path(log).read_text().count("\"key\": \"run_stop\"") == 1
+
+
+def test_data_verify_reads_the_bin_files_without_mapping_them(data):
+    """`data verify` reads every token of these small files (ids below the vocab, the EOD
+    convention) by pread too: a file shrinking under it is an error naming it, not SIGBUS."""
+    with FileAccessWatch() as w:
+        verify_data(_cfg(data), full=True)
+    assert w.touched(".bin") and not [p for p in w.mapped if p.endswith(".bin")], w.mapped

@@ -125,27 +125,42 @@ def token_stream(info: IndexInfo) -> np.ndarray:
     return np.memmap(info.prefix + ".bin", mode="r", dtype=info.dtype)
 
 
+def _read_tokens(info: IndexInfo, start: int, count: int) -> np.ndarray:
+    """Tokens [start, start+count) of the .bin, read (not mapped: a file that shrinks under the
+    reader gives a DataError naming it, not SIGBUS)."""
+    from .binfile import BinFile
+    return BinFile(info.prefix + ".bin").read(info.dtype, count,
+                                              start * np.dtype(info.dtype).itemsize)
+
+
 def last_tokens(info: IndexInfo, n: int) -> np.ndarray:
     """The last token of each of the first n sequences (reads the .bin)."""
     n = min(n, info.sequences)
+    if not n:
+        return np.zeros(0, dtype=info.dtype)
     lengths = np.fromfile(info.prefix + ".idx", dtype=np.int32, count=n, offset=34)
     ends = np.cumsum(lengths.astype(np.int64)) - 1
-    return np.asarray(token_stream(info)[ends]) if n else np.zeros(0, dtype=info.dtype)
+    from .binfile import BinFile
+    f = BinFile(info.prefix + ".bin")
+    itemsize = np.dtype(info.dtype).itemsize
+    try:
+        return np.concatenate([f.read(info.dtype, 1, int(e) * itemsize) for e in ends])
+    finally:
+        f.close()
 
 
 def max_token_id(info: IndexInfo, *, scan_all: bool, block: int = 1 << 26,
                  samples: int = 16) -> tuple[int, str]:
     """(largest id found, what was scanned): every token when `scan_all` or the file holds at
     most `block` tokens, else `samples` blocks of block/16 tokens spread over the file."""
-    stream = token_stream(info)
     if not info.tokens:
         return -1, "all (empty)"
     if scan_all or info.tokens <= block:
-        spans = [(a, a + block) for a in range(0, info.tokens, block)]
+        spans = [(a, min(a + block, info.tokens)) for a in range(0, info.tokens, block)]
         how = "all"
     else:
         size = block // 16
         step = (info.tokens - size) // (samples - 1)
         spans = [(i * step, i * step + size) for i in range(samples)]
         how = f"{samples} blocks of {size} tokens"
-    return max(int(stream[a:b].max()) for a, b in spans), how
+    return max(int(_read_tokens(info, a, b - a).max()) for a, b in spans), how
