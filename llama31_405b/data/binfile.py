@@ -5,8 +5,8 @@ Why not a map: a mapped file that shrinks under the process (a `.bin` overwritte
 shorter file) turns the next read of a vanished page into SIGBUS, which kills the process inside
 NumPy's copy (in the loader thread too) before any Python code can log run_stop or name the file.
 A Python-level SIGBUS handler cannot help: Python runs it only after the C code returned, which
-a faulting read never does. `os.preadv` into a fresh array returns fewer bytes instead, and
-that becomes a DataError naming the file.
+a faulting read never does. `os.pread` returns fewer bytes instead, and that becomes a
+DataError naming the file.
 
 Why the check: a file replaced (new inode), rewritten (mtime) or resized since the run's datasets
 were built would give other tokens than the verified ones, silently. The file's `os.stat` (size,
@@ -14,9 +14,11 @@ inode, device, mtime) is compared with the stamp taken when the datasets were bu
 run_start: stat is metadata, allowed then) at the first read and then before any read that comes
 `CHECK_INTERVAL_S` or more after the last check (a training sample is ~20 reads, one per
 document piece: a stat per read cost as much as the read); any difference is a DataError naming
-the file and what changed. A shrink is caught at once whatever the interval: a read past the new
-end comes back short. The cost, measured by `bench/loader.py` against megatron-core's
-memory-mapped reader on the same samples, is in docs/data.md ("Reading during training").
+the file and what changed. A shrink is caught by the next read that goes to the file, whatever
+the interval: a read past the new end comes back short (reads served from the bytes the last
+read fetched ahead, `READ_AHEAD`, return what the file held then). The cost, measured by
+`bench/loader.py` against megatron-core's memory-mapped reader on the same samples, is in
+docs/data.md ("Data changed under a run").
 
 The file is opened at the first read (nothing touches the dataset before run_start) and once per
 process: a pickled copy (a DataLoader worker) opens its own.
