@@ -52,37 +52,35 @@ def between_logs(runs: list[RunLog]) -> None:
 
 
 def expected(cfg=None, desc: dict | None = None, desc_path: str | Path | None = None,
-             status_words: dict[str, str] | None = None) -> list[tuple[str, str, object, callable]]:
-    """(key, source, value, normalise) for every value the logs must match."""
-    out = []
-    same = lambda v: v   # noqa: E731
+             status_words: dict[str, str] | None = None) -> list[tuple[str, str, object, dict]]:
+    """(key, source, value, words) for every value the logs must match; `words` translates a
+    logged value into the source's words ({} when the source logs them as the logs do)."""
+    out: list[tuple[str, str, object, dict]] = []
     if cfg is not None:
         d = cfg.derived
         src = f"config {cfg.source}"
-        out += [("submission_benchmark", f"{src} (its benchmark)", d.rules.name, same),
-                ("submission_org", f"{src} (run.org)", cfg.run.org, same),
-                ("submission_platform", f"{src} (run.platform" + ("" if cfg.run.platform else
-                 ", derived from the system and node count") + ")", d.platform, same),
-                ("submission_division", f"{src} (run.division)", cfg.run.division, same),
-                ("submission_status", f"{src} (run.status)", cfg.run.status, same)]
+        derived = "" if cfg.run.platform else ", derived from the system and node count"
+        out += [("submission_benchmark", f"{src} (its benchmark)", d.rules.name, {}),
+                ("submission_org", f"{src} (run.org)", cfg.run.org, {}),
+                ("submission_platform", f"{src} (run.platform{derived})", d.platform, {}),
+                ("submission_division", f"{src} (run.division)", cfg.run.division, {}),
+                ("submission_status", f"{src} (run.status)", cfg.run.status, {})]
     if desc is not None:
         src = f"system description {desc_path}" if desc_path else "the system description"
-        words = status_words or {}
-        out += [("submission_org", f"{src} (submitter)", desc.get("submitter"), same),
-                ("submission_division", f"{src} (division)", desc.get("division"), same),
-                ("submission_status", f"{src} (status)", desc.get("status"),
-                 lambda v: words.get(v, v))]
+        out += [("submission_org", f"{src} (submitter)", desc.get("submitter"), {}),
+                ("submission_division", f"{src} (division)", desc.get("division"), {}),
+                ("submission_status", f"{src} (status)", desc.get("status"), status_words or {})]
     return out
 
 
 def against(runs: list[RunLog], cfg=None, desc: dict | None = None,
             desc_path: str | Path | None = None,
             status_words: dict[str, str] | None = None) -> list[str]:
-    """Compare the (agreeing) logs with the config and the description. Returns warnings for
-    placeholders; SystemMismatch for a value that differs."""
+    """Compare the logs with each other, then with the config and the description. Returns
+    warnings for placeholders; SystemMismatch for a value that differs."""
     between_logs(runs)
     warnings = []
-    for key, source, want, norm in expected(cfg, desc, desc_path, status_words):
+    for key, source, want, words in expected(cfg, desc, desc_path, status_words):
         got = runs[0].value(key)
         if got is None or want is None:
             continue
@@ -90,8 +88,9 @@ def against(runs: list[RunLog], cfg=None, desc: dict | None = None,
             warnings.append(f"{key} {got!r} in {_files(runs)} is a placeholder: not compared with "
                             f"{source}'s {want!r}")
             continue
-        if norm(got) != want:
-            shown = f"{got!r}" + (f" ({norm(got)!r})" if norm(got) != got else "")
+        said = words.get(got, got) if isinstance(got, str) else got
+        if said != want:
+            shown = f"{got!r}" + (f" ({said!r})" if said != got else "")
             opts = "--logs, --config, --org" if key == "submission_org" else "--logs, --config"
             raise SystemMismatch(f"{key}: the logs say {shown} ({_files(runs)}), {source} says "
                                  f"{want!r}: wrong {opts} or --system-desc")
