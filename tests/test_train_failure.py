@@ -145,6 +145,9 @@ def test_killed_rank_aborts_within_60s(tiny_env, tmp_path):
             p.kill()
     assert rc != 0
     assert _run_stop_status(log) == "aborted"
+    # the reason names the lost rank: the failed collective's or the launcher's SIGTERM's
+    assert _run_stop(log).metadata["reason"].startswith("rank 1 lost (its process ended)"), (
+        _run_stop(log))
 
 
 TWO_RANKS = '\n[system]\ngpus_per_rack = 2\n\n[batch]\nminibs = 4\n'      # DP 2 on 2 processes
@@ -258,3 +261,4 @@ def test_full_filesystem_stops_the_run_with_one_error(tiny_env, tmp_path):
     assert path in stop.metadata["reason"]
     # the write of step last_written + 1 failed: the run ends after that step or the next
     assert stop.metadata["step"] <= last_written + 2
+

@@ -12,7 +12,9 @@
   after SIGTERM) may come first: the log is already complete.
 - A failed write of the MLPerf log: the log hook asks for the stop (see train/mllog.py).
 - A killed rank: the surviving ranks' next collective fails (gloo: connection closed; NCCL:
-  process-group timeout), the exception ends the loop, run_stop aborted is logged.
+  process-group timeout), the exception ends the loop, run_stop aborted is logged; or the
+  launcher's SIGTERM comes first. Either reason names the lost rank when it ran on this node
+  ("rank 3 lost (its process ended); received SIGTERM from the launcher", train/siblings.py).
 
 Nothing runs in the Python-level signal handler but an assignment: it runs in the main thread
 between two bytecodes, possibly inside the log writer's own lock.
@@ -26,6 +28,8 @@ import socket
 import sys
 import threading
 from dataclasses import dataclass
+
+from .siblings import Siblings, describe_lost
 
 
 class RunAborted(RuntimeError):
@@ -66,8 +70,22 @@ def lost_peer(exc: BaseException) -> bool:
             or any(m in text for m in _LOST_PEER))
 
 
+_siblings: Siblings | None = None
+"""This process's sibling ranks, taken when the run's SignalWatch is installed (train.siblings)."""
+
+
+def _lost_ranks() -> str:
+    """'rank 3 lost (its process ended)' for the sibling ranks that have ended; '' if none."""
+    lost = _siblings.lost() if _siblings is not None else []
+    return describe_lost(lost) if lost else ""
+
+
 def lost_rank_reason(exc: BaseException, detail: str) -> str:
-    """The logged reason of a collective that failed because a peer is gone."""
+    """The logged reason of a collective that failed because a peer is gone; it names the lost
+    rank when it ran on this node (train.siblings)."""
+    named = _lost_ranks()
+    if named:
+        return f"{named}: a collective failed because a peer rank is gone ({detail})"
     return f"lost rank(s): a collective failed because a peer rank is gone ({detail})"
 
 
@@ -151,11 +169,19 @@ class SignalWatch:
         self._old_fd = -1
 
     def reason(self) -> str:
-        return f"received {signal.Signals(self.received).name}" if self.received else ""
+        """'received SIGTERM'; when a sibling rank has ended (the launcher stops the others
+        after one ends), 'rank 3 lost (its process ended); received SIGTERM from the launcher'."""
+        if not self.received:
+            return ""
+        name = signal.Signals(self.received).name
+        named = _lost_ranks()
+        return f"{named}; received {name} from the launcher" if named else f"received {name}"
 
     def install(self) -> "SignalWatch":
+        global _siblings
         if threading.current_thread() is not threading.main_thread():
             return self
+        _siblings = Siblings.of_this_rank()
         for s in self.SIGNALS:
             self._old[s] = signal.signal(s, self._handler)
         self._r, self._w = socket.socketpair()

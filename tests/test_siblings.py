@@ -1,0 +1,52 @@
+"""The rank a run lost, named in its MLPerf log (train.siblings): real processes started by
+this one stand for the ranks a launcher starts on one node."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+
+def test_siblings_name_the_rank_whose_process_ended():
+    """train.siblings on real processes: three 'ranks' started by this process; one killed is
+    named while it is a zombie (its launcher has not reaped it) and after it is reaped; the
+    signal's reason names it."""
+    from llama31_405b.train import failure
+    from llama31_405b.train.siblings import Siblings
+    kids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             env=dict(os.environ, RANK=str(r))) for r in (1, 2, 3)]
+    try:
+        t0 = time.monotonic()
+        while True:     # the children's environment is readable once they exist
+            sib = Siblings.snapshot(parent=os.getpid(), me=-1)
+            if len(sib.ranks) == 3 or time.monotonic() - t0 > 30:
+                break
+            time.sleep(0.1)
+        assert sib.ranks == {1: kids[0].pid, 2: kids[1].pid, 3: kids[2].pid}
+        assert sib.lost() == []
+        os.kill(kids[2].pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        while sib.lost() == [] and time.monotonic() - t0 < 30:
+            time.sleep(0.05)
+        assert sib.lost() == [3]                 # a zombie: not reaped yet
+        kids[2].wait()
+        assert sib.lost() == [3]                 # gone
+        old, failure._siblings = failure._siblings, sib
+        try:
+            watch = failure.SignalWatch(on_signal=lambda r: None)
+            watch.received = signal.SIGTERM
+            assert watch.reason() == ("rank 3 lost (its process ended); received SIGTERM from "
+                                      "the launcher")
+            assert failure.lost_rank_reason(RuntimeError("x"), "gloo: closed").startswith(
+                "rank 3 lost (its process ended): a collective failed")
+            kids[1].kill()
+            kids[1].wait()
+            assert watch.reason().startswith("ranks 2, 3 lost (their processes ended); ")
+            failure._siblings = Siblings(parent=os.getpid())
+            assert watch.reason() == "received SIGTERM"
+        finally:
+            failure._siblings = old
+    finally:
+        for k in kids:
+            k.kill()
+            k.wait()
