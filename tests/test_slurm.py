@@ -41,6 +41,22 @@ def test_preflight_through_srun(slurm_cluster):
     assert "rack rack1: DP ranks 1 (global ranks 2-3, 2 host(s): n3, n4)" in p.stderr
 
 
+def test_up_on_a_live_cluster_does_nothing(slurm_cluster):
+    """`up` again (another session, a user): the live cluster and its jobs are left alone."""
+    from conftest_slurm import SCRIPT
+    job = subprocess.run(["sbatch", "-N", "1", "--wrap", "sleep 30"], cwd=REPO,
+                         env=slurm_cluster.env(), capture_output=True, text=True, timeout=60)
+    job_id = slurm_cluster.job_id(job.stdout)
+    try:
+        p = subprocess.run([str(SCRIPT), "up"], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        assert "already up: 4 nodes, 2 racks (block); nothing done" in p.stderr, p.stderr
+        assert "error" not in p.stderr, p.stderr
+        assert slurm_cluster.job_active(job_id)
+    finally:
+        subprocess.run(["scancel", str(job_id)], timeout=60)
+
+
 def test_interleaved_racks_stop_the_job(slurm_cluster, tmp_path):
     slurm_cluster.racks_order("interleave")          # rack0 = n1,n3; rack1 = n2,n4
     try:
