@@ -11,7 +11,10 @@
 #
 # Variables (all but CONFIG optional; every default comes from the config):
 #   CONFIG        config file (relative to the repository root, or to the image's WORKDIR with CONT)
-#   LOGDIR        where result_<i>.txt go (default runs/<config>-<job id or timestamp>)
+#   LOGDIR        where result_<i>.txt go (default runs/<config>-<job id or timestamp>); checked
+#                 first (a writable directory, 64 MB free); refused when it holds an earlier
+#                 campaign's result_*/console_* files (never replaced) or another job holds its
+#                 lock (docs/launch.md, "Folders and results")
 #   NEXP          number of runs (default run.num_runs)
 #   SEED_BASE     run i uses seed SEED_BASE + i (default run.seed_base; a config without one,
 #                 like the GB200 configs, draws each run's seed from the system's entropy)
@@ -49,7 +52,8 @@
 #   1  a run did not converge (run_stop aborted: NaN, signal, lost rank, failed log write,
 #      target not reached) or its log failed the compliance check, or the job was stopped by a
 #      signal, or the data verification failed (no run started)
-#   2  bad config or variables, or a run refused its input (config, checkpoint, data, device;
+#   2  bad config or variables, a folder that cannot be used (LOGDIR, DATADIR, CKPTDIR, the
+#      tokenizer), a LOGDIR with earlier results or in use, or a run refused its input (config, checkpoint, data, device;
 #      the exit statuses of every command: docs/cli.md)
 #   3  the pre-flight check failed (placement, environment or, on GB200, multi-node NVLink:
 #      retrying the same nodes is pointless)
