@@ -188,3 +188,23 @@ def _config(tmp_path: Path, data_dir: Path) -> Path:
     cfg = tmp_path / "tiny.toml"
     cfg.write_text(f'base = "{REPO / CONFIG}"\n[data]\ndata_dir = "{data_dir}"\n')
     return cfg
+
+
+def test_check_log_on_a_full_disk_names_the_folder(tmp_path):
+    """`launch check-log --report-dir` on a full filesystem: the folder and the cause, exit 1."""
+    full = tmp_path / "full"
+    full.mkdir()
+    if subprocess.run(["unshare", "--mount", "--propagation", "private", "true"],
+                      capture_output=True).returncode != 0:
+        pytest.skip("no mount namespaces here (needs root and CAP_SYS_ADMIN)")
+    log = PUBLISHED / "result_0.txt"
+    cmd = (f"mount -t tmpfs -o size=64k tmpfs {full} && "
+           f"dd if=/dev/zero of={full}/fill bs=4k count=100 2>/dev/null; "
+           f"exec {sys.executable} -m llama31_405b launch check-log --config "
+           f"configs/config_GB200_2048x4x8xtp4pp8cp2.toml --report-dir {full} {log}")
+    p = subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", "-c", cmd],
+                       cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1, p.stderr
+    assert p.stderr.strip().splitlines()[-1] == (
+        f"error: launch check-log {log}: cannot write into {full}: No space left on device; "
+        "free space there or pass another --report-dir")

@@ -156,6 +156,12 @@ def check_log(args) -> int:
         except LogError as e:          # e.g. the project's rules file for the benchmark missing
             print(f"error: {e}", file=sys.stderr)
             return EXIT_CONFIG
+        except OSError as e:           # the verdict cannot be written (full disk, read-only)
+            where = e.filename or args.report_dir or log
+            print(f"error: launch check-log {log}: cannot write into {where}: "
+                  f"{e.strerror or e}; free space there or pass another --report-dir",
+                  file=sys.stderr)
+            return EXIT_FAIL
         verdicts.append(v)
         print(v.line(args.require_success) + (f"; {launcher}" if launcher else ""), flush=True)
     return exit_code(verdicts, args.require_success)
