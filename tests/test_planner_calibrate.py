@@ -173,3 +173,14 @@ def test_first_contact_layer_phase_is_a_partial_calibration(tmp_path, capsys):
     rc, _, err = run(capsys, "--calibrate", str(report), "--calibration-out",
                      str(tmp_path / "x.toml"), "--system", "gb200-nvl72")
     assert rc == 2 and "first contact ran on system 'h100-sxm'" in err
+    # first contact's own reports name the GPU, not the system file: --system then
+    doc = json.loads(report.read_text())
+    doc["meta"] = {}
+    doc["checks"].insert(0, {"name": "gpu", "status": "passed", "data": {"name": "NVIDIA H100"}})
+    report.write_text(json.dumps(doc))
+    rc, _, err = run(capsys, "--calibrate", str(report), "--calibration-out", str(tmp_path / "y.toml"))
+    assert rc == 2 and "does not name the system (its GPU: NVIDIA H100); give --system" in err
+    rc, _, err = run(capsys, "--calibrate", str(report), "--calibration-out",
+                     str(tmp_path / "y.toml"), "--system", "h100-sxm")
+    assert rc == 0, err
+    assert dict(calibrated.read(tmp_path / "y.toml").fit.gemm_fraction)["bf16"] == pytest.approx(0.6)

@@ -15,10 +15,7 @@ def _err(lines) -> int:
 
 def _first_contact(args, src: Path, out: str) -> int:
     from ..planner import calibrated, fitting, measured
-    fit, summary, check = measured.first_contact(src, fitting.fitted())
-    if args.system and args.system != summary.system:
-        return _err([f"{src}: first contact ran on system {summary.system!r}, --system asks for "
-                     f"{args.system!r}"])
+    fit, summary, check = measured.first_contact(src, fitting.fitted(), args.system)
     path = calibrated.write(out, summary, fit, "bf16", check, partial=True)
     print(f"partial calibration of {summary.system} (first contact's layer phase: BF16 GEMM "
           f"efficiency {dict(fit.gemm_fraction)['bf16']:.3f}) written to {path}")

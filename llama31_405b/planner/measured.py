@@ -94,13 +94,14 @@ def layout_mismatches(folder: str | Path, cfg) -> list[str]:
             if theirs[k] is not None and theirs[k] != mine[k]]
 
 
-def first_contact(path: str | Path, prior):
+def first_contact(path: str | Path, prior, system: str | None = None):
     """A partial calibration from first contact's report (its `layer_bf16` check: forward +
     backward of one 405B-width layer in BF16 with megatron-core's local, unfused attention, at
     two shapes). The layer time fixes one constant: the BF16 GEMM efficiency, solved so that the
     planner's time of the "full" layer, with the unfused attention that ran, is the measured
     one; everything else stays `prior`. Returns (Fitted, Summary, check), the check holding
-    both shapes' predicted and measured times (the "tp4_shard" one is a prediction)."""
+    both shapes' predicted and measured times (the "tp4_shard" one is a prediction). The report
+    names its GPU, not always the system file: `system` when it does not."""
     from dataclasses import replace as _replace
 
     from ..config.schema import ModelConfig
@@ -114,11 +115,18 @@ def first_contact(path: str | Path, prior):
     if not layer or layer.get("status") != "passed":
         raise ProfileSummaryError(f"{path}: no passed layer_bf16 check (first contact's layer "
                                   "phase): nothing to calibrate from")
-    system = (doc.get("meta") or {}).get("system")
+    named = (doc.get("meta") or {}).get("system")
+    if named and system and named != system:
+        raise ProfileSummaryError(f"{path}: first contact ran on system {named!r}, --system asks "
+                                  f"for {system!r}")
+    system = named or system
+    if not system:
+        gpu = (checks.get("gpu") or {}).get("data", {}).get("name", "not recorded")
+        raise ProfileSummaryError(f"{path}: the report does not name the system (its GPU: {gpu}); "
+                                  "give --system (llama31_405b/systems/*.toml)")
     rows = {k: v for k, v in layer.get("data", {}).items() if isinstance(v, dict) and "fwd_s" in v}
-    if not system or "full" not in rows:
-        raise ProfileSummaryError(f"{path}: layer_bf16 has no 'full' shape or the report no "
-                                  "meta.system")
+    if "full" not in rows:
+        raise ProfileSummaryError(f"{path}: layer_bf16 has no 'full' shape")
 
     def layer_s(shape: dict, fit) -> float:
         tp = 128 // shape["heads"]
