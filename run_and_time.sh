@@ -223,7 +223,6 @@ elif [ -n "${NEXP:-}" ]; then plan_args+=(--runs "$NEXP"); fi
 [ -z "${SEED_BASE:-}" ] || plan_args+=(--seed-base "$SEED_BASE")
 plan=$(py "${plan_args[@]}") || die "launch plan failed for CONFIG=$CONFIG (message above)"
 eval "$plan"     # LAUNCH_* variables and `export` of the config's launch_env
-[ -z "${LAUNCH_DIRS_ERROR:-}" ] || die "$LAUNCH_DIRS_ERROR"
 
 if [ "$IN_SLURM" = 1 ]; then
   have=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-0}}
@@ -235,6 +234,8 @@ if [ "$IN_SLURM" = 1 ]; then
 elif [ -n "$LAUNCH_LOCAL_ERROR" ]; then
   die "$LAUNCH_LOCAL_ERROR"
 fi
+# the allocation first (a wrong -N says the right one), then the folders (still before any step)
+[ -z "${LAUNCH_DIRS_ERROR:-}" ] || die "$LAUNCH_DIRS_ERROR"
 
 # --- Slurm steps: the nodes, the rendezvous host, CPUs per task, the container's environment ---
 STEP_NODES=()    # every multi-node step: --nodelist, when the job has spare nodes
