@@ -10,6 +10,7 @@ Each patch says why it is needed (megatron-core 0.19.2). Idempotent.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -85,7 +86,9 @@ def apply(device=None) -> bool:
     if _applied:
         return True
     from .systems.device import cuda_visible
-    cuda = torch.cuda
+    # torch.cuda, typed Any: the stand-ins below replace its functions and classes on purpose,
+    # with CPU answers whose types differ from CUDA's (a "cpu" device, _NoStream)
+    cuda: Any = torch.cuda
     visible = cuda_visible()
     if (device.gpu if device is not None else visible):
         return False
@@ -205,7 +208,8 @@ def fast_paths(model_chunks, optimizer) -> int:
     n = 0
     from megatron.core.tensor_parallel.cross_entropy import VocabParallelCrossEntropy as vpce
     if vpce.__dict__["calculate_logits_max"].__func__ is not _logits_max:
-        vpce.calculate_logits_max = staticmethod(_logits_max)
+        # patched on purpose (above): the checker refuses assigning to a method
+        vpce.calculate_logits_max = staticmethod(_logits_max)  # type: ignore[method-assign]
         n += 1
     for chunk in model_chunks:
         inner = chunk
@@ -219,7 +223,8 @@ def fast_paths(model_chunks, optimizer) -> int:
     for opt in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
         inner = getattr(opt, "optimizer", None)
         if isinstance(inner, torch.optim.Optimizer) and not getattr(inner, "_fast_step", False):
-            inner.step = without_cuda_redirect(inner.step)
-            inner._fast_step = True
+            # patched on the instance on purpose (above), marked so it is patched once
+            inner.step = without_cuda_redirect(inner.step)  # type: ignore[method-assign]
+            inner._fast_step = True  # type: ignore[attr-defined]
             n += 1
     return n

@@ -15,6 +15,7 @@ The embedding, the output layer, norms and attention stay in high precision.
 from __future__ import annotations
 
 import types
+from typing import Literal
 
 from .linear import AmaxScope, NVFP4Recipe, nvfp4_linear, tp_amax_groups
 
@@ -35,6 +36,7 @@ def emulate_linear(module, recipe: NVFP4Recipe, *, scope: AmaxScope = "te",
     from megatron.core.tensor_parallel.mappings import (copy_to_tensor_model_parallel_region,
                                                         gather_from_sequence_parallel_region)
 
+    mode: Literal["column", "row"]
     if isinstance(module, ColumnParallelLinear):
         mode = "column"
     elif isinstance(module, RowParallelLinear):

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Literal
+from typing import Callable, Literal, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +37,7 @@ from .nvfp4 import BLOCK, fake_quantize, fake_quantize_amax, fake_quantize_rowco
 from .rounding import scratch
 
 AmaxScope = Literal["te", "tensor"]
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +129,7 @@ class _WeightQuantCache:
     def __init__(self):
         self._entries: dict[int, tuple] = {}   # id(weight) -> (weakref, bits copy, {key: tensor})
 
-    def get(self, weight: torch.Tensor, key: tuple, make) -> torch.Tensor:
+    def get(self, weight: torch.Tensor, key: tuple, make: Callable[[], _T]) -> _T:
         bits_dtype = _INT_OF_SIZE.get(weight.element_size())
         if bits_dtype is None or weight.is_meta:
             return make()
@@ -138,7 +139,10 @@ class _WeightQuantCache:
         if (entry is None or entry[0]() is not weight or entry[1].shape != bits.shape
                 or not torch.equal(entry[1], bits)):
             entries = self._entries
-            ref = weakref.ref(weight, lambda _, wid=wid: entries.pop(wid, None))
+
+            def forget(_: object) -> None:
+                entries.pop(wid, None)
+            ref = weakref.ref(weight, forget)
             entry = self._entries[wid] = (ref, bits.clone(), {})
         out = entry[2].get(key)
         if out is None:

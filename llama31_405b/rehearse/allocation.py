@@ -127,7 +127,7 @@ def report(cfg, alloc: Allocation) -> list:
         for rank in range(node * per_node, min((node + 1) * per_node, d.world_size)):
             de = dist_env(rank, d.world_size, alloc.hosts[node], per_node)
             try:
-                out.append(local_placement(cfg, de, env, probe=lambda f=fabric: f))
+                out.append(local_placement(cfg, de, env, probe=lambda: fabric))
             except PlacementError as e:
                 out.append((rank, de.hostname, str(e)))
     return out

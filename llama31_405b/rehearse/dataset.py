@@ -141,8 +141,7 @@ def plan(cfg) -> tuple[IndexPlan, list[np.ndarray | None]]:
     if len(prefixes) == 1:
         per = [out.samples]
     else:
-        surplus = BlendedMegatronDatasetConfig.__dataclass_fields__[
-            "mid_level_dataset_surplus"].default
+        surplus = BlendedMegatronDatasetConfig.mid_level_dataset_surplus   # the field's default
         weights = normalize(list(paths.weights))
         out.weights = list(weights)
         per = [s[0] for s in _get_size_per_split_per_dataset(weights, [out.samples], surplus)]
@@ -211,9 +210,11 @@ def time_build(p: IndexPlan, lengths: list, cfg, *, seed: int = 1234) -> None:
         del doc_index, sample_index, shuffle
     if p.blend_bytes:
         size = max(1, p.blend_bytes // 10 // scale)
-        helpers.build_blending_indices(np.zeros(size, np.int16), np.zeros(size, np.int64),
-                                       np.array(p.weights, dtype=np.float64), len(p.datasets),
-                                       size, False)
+        # megatron-core's helpers takes it from its C extension (helpers_cpp) by a star import,
+        # which the type checker cannot read
+        helpers.build_blending_indices(  # type: ignore[attr-defined]
+            np.zeros(size, np.int16), np.zeros(size, np.int64),
+            np.array(p.weights, dtype=np.float64), len(p.datasets), size, False)
     p.build_s = round((time.perf_counter() - start) * scale, 2)
     p.build_how = ("measured at full size" if scale == 1 else
                    f"extrapolated from a 1/{scale} build")

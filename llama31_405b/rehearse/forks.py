@@ -57,9 +57,8 @@ class Forks:
             return
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(PRELOAD)
-        child_env = {k: env[k] for k in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "PYTHONPATH",
-                                                "PYTHONWARNINGS")
-                     if k in env}
+        keep = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "PYTHONPATH", "PYTHONWARNINGS")
+        child_env: dict[str, str] = {k: env[k] for k in keep if k in env}
         with _environ(child_env):
             from multiprocessing import forkserver
             forkserver.ensure_running()

@@ -66,7 +66,8 @@ def apply() -> None:
                            "run it with CUDA_VISIBLE_DEVICES= (the rehearse command does)")
     from .. import cpu_compat
     cpu_compat.apply()
-    torch.cuda.current_device = lambda: "meta"
+    # on purpose: the meta device stands in for CUDA's device index (as cpu_compat's "cpu")
+    torch.cuda.current_device = lambda: "meta"  # type: ignore[assignment,return-value]
     _CudaToMeta().__enter__()   # on top of cpu_compat's mode: it sees CUDA placements first
     _record_nccl_options()
     _applied = True

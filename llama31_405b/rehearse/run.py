@@ -17,6 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_MAX_INDEX_GB = 10.0
@@ -48,9 +49,21 @@ class _Job:
     args: list[str]
     out: Path
     log: Path
-    proc: object = None
     started: float = 0.0
     result: dict | None = None
+
+
+class _Process(Protocol):
+    """What run_jobs needs of a job's process: a subprocess.Popen, or a _Fork."""
+
+    def poll(self) -> int | None: ...
+
+    def kill(self) -> None: ...
+
+    def wait(self) -> object: ...
+
+    @property
+    def returncode(self) -> int | None: ...
 
 
 class _Fork:
@@ -83,46 +96,48 @@ def _env() -> dict:
     return env
 
 
-def _collect(job: _Job, timed_out: bool) -> dict:
+def _collect(job: _Job, proc: _Process, timed_out: bool) -> dict:
     if job.out.is_file():
         try:
             return json.loads(job.out.read_text())
         except ValueError:
             pass
     tail = job.log.read_text(errors="replace")[-2000:] if job.log.is_file() else ""
-    why = "timed out" if timed_out else f"exited {job.proc.returncode} without a result"
+    why = "timed out" if timed_out else f"exited {proc.returncode} without a result"
     return {"ok": False, "error": f"{job.name}: {why}", "log_tail": tail}
 
 
 def run_jobs(jobs: list[_Job], parallel: int, timeout_s: float) -> None:
     """Run the jobs, `parallel` at a time; each gets its result dict (or a failure)."""
     from .forks import Forks
-    waiting, running = list(jobs), []
+    waiting = list(jobs)
+    running: list[tuple[_Job, _Process]] = []
     env = _env()
     forks = Forks(env) if jobs else None
     while waiting or running:
         while waiting and len(running) < max(1, parallel):
             job = waiting.pop(0)
-            fork = forks.start(job.module, job.args, str(job.log))
+            fork = forks.start(job.module, job.args, str(job.log)) if forks else None
+            proc: _Process
             if fork is not None:
-                job.proc = _Fork(fork)
+                proc = _Fork(fork)
             else:
                 with open(job.log, "w") as log:
-                    job.proc = subprocess.Popen([sys.executable, "-m", job.module, *job.args],
-                                                cwd=os.getcwd(), env=env, stdout=log,
-                                                stderr=subprocess.STDOUT)
+                    proc = subprocess.Popen([sys.executable, "-m", job.module, *job.args],
+                                            cwd=os.getcwd(), env=env, stdout=log,
+                                            stderr=subprocess.STDOUT)
             job.started = time.monotonic()
-            running.append(job)
+            running.append((job, proc))
         time.sleep(0.2)
-        for job in list(running):
+        for job, proc in list(running):
             late = time.monotonic() - job.started > timeout_s
-            if job.proc.poll() is None and not late:
+            if proc.poll() is None and not late:
                 continue
-            if late and job.proc.poll() is None:
-                job.proc.kill()
-                job.proc.wait()
-            job.result = _collect(job, late)
-            running.remove(job)
+            if late and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            job.result = _collect(job, proc, late)
+            running.remove((job, proc))
 
 
 def _placement(cfg, alloc) -> dict:
@@ -155,8 +170,12 @@ def rehearse(config: str, opts: Options) -> dict:
     placement = _placement(cfg, alloc)
     if not placement["ok"]:
         ranks = []     # every rank would stop at the same verdict: start none of them
-    tmp = None if opts.keep_dir else tempfile.TemporaryDirectory(prefix="rehearse-")
-    work = Path(opts.keep_dir or tmp.name)
+    tmp: tempfile.TemporaryDirectory[str] | None = None
+    if opts.keep_dir:
+        work = Path(opts.keep_dir)
+    else:
+        tmp = tempfile.TemporaryDirectory(prefix="rehearse-")
+        work = Path(tmp.name)
     work.mkdir(parents=True, exist_ok=True)
     common = [config] + [a for s in opts.sets for a in ("--set", s)]
     data_job = _Job("dataset", "llama31_405b.rehearse.dataset",

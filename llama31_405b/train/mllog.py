@@ -36,7 +36,7 @@ class MLPerfLogHook(Hook):
         return self.rank == 0
 
     def _log(self, run, key, value=None, metadata=None, *, sync=False, time_ms=None):
-        if not self.active:
+        if self.writer is None:   # not rank 0 (`active`)
             return
         try:
             # stack_offset 2: the metadata names the hook method's line, as MLLogger did
@@ -98,9 +98,9 @@ class MLPerfLogHook(Hook):
             self.writer.close()
 
     def _run_stop(self, run, status, reason):
-        if not self.active:
-            return
         w = self.writer
+        if w is None:   # not rank 0 (`active`)
+            return
         # where and why the run stopped, fixed once by the loop (train.failure.StopPoint): the
         # console's summary reports the same values
         point = getattr(run, "stop_point", None)

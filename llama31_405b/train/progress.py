@@ -32,7 +32,7 @@ class ProgressHook(Hook):
         self.interval = interval or cfg.run.log_interval
         self.stream = stream or sys.stderr
         self._times: list[float] = []
-        self._t_run = None
+        self._t_run: float | None = None
 
     def _print(self, line: str):
         if self.rank == 0:
