@@ -125,6 +125,9 @@ def test_a_profile_or_calibration_of_another_system_model_or_precision_is_refuse
     assert not (tmp_path / "x.png").exists()
     rc, _, err = run(capsys, "--config", str(GB200_128), "--calibration", str(tmp_path / "none.toml"))
     assert rc == 2 and "no such calibration file" in err
+    # profile's predicted column: refused before the analysis (and before a run)
+    rc = main(["profile", "--analyze", str(folder), str(GB200_128), "--calibration", str(cal)])
+    assert rc == 2 and "calibrated for system.id = 'cpu'" in capsys.readouterr().err
 
 
 def test_published_calibration_is_a_profile_summary_and_reproduces_the_constants(tmp_path, capsys):
