@@ -9,15 +9,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from conftest import py_env
 from data_helpers import FileAccessWatch
 from helpers import zygote
 from llama31_405b.data import DataError, binfile
@@ -165,8 +161,15 @@ def test_training_bin_shrunk_at_step_2_ends_in_run_stop_aborted_naming_it(data, 
     last = events[-1]
     assert any(e.key == "run_start" for e in events)
     assert last.key == "run_stop" and last.metadata["status"] == "aborted", last
-    assert str(victim) in last.metadata["reason"] and "shrank" in last.metadata["reason"] \
-        or "changed under the running job" in last.metadata["reason"], last.metadata
+    reason = last.metadata["reason"]
+    assert str(victim) in reason and ("shrank" in reason
+                                      or "changed under the running job" in reason), reason
+
+
+def _cli(rank: int, argv: list, out: str) -> None:
+    """`python -m llama31_405b ARGV` in a fork of the preloaded zygote; the status to `out`."""
+    from llama31_405b.cli import main
+    Path(out).write_text(str(main(argv)))
 
 
 @pytest.mark.slow
@@ -178,19 +181,18 @@ def test_truncated_bin_without_verification_is_refused_before_run_start(data, tm
     with open(victim, "r+b") as f:
         f.truncate(victim.stat().st_size // 2 // 2 * 2)
     config = _train_config(tmp_path, data, require_verified=False)
-    log = tmp_path / "result.txt"
-    env = {k: v for k, v in py_env().items() if k != "LLAMA31_405B_DEBUG"}
-    r = subprocess.run([sys.executable, "-m", "llama31_405b", "train", "--config", str(config),
-                        "--seed", "1", "--log", str(log), "--init-checkpoint", ""], cwd=REPO,
-                       env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 2, r.stderr[-3000:]
-    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
-    assert len(errors) == 1 and f"{victim}: " in errors[0] and "truncated" in errors[0], r.stderr
+    log, out = tmp_path / "result.txt", tmp_path / "status"
+    argv = ["train", "--config", str(config), "--seed", "1", "--log", str(log),
+            "--init-checkpoint", ""]
+    r = zygote.spawn(_cli, (argv, str(out)), 1, launcher="single", timeout=600, check=True)
+    err = r.ranks[0].stderr
+    assert out.read_text() == "2", err[-3000:]
+    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and f"{victim}: " in errors[0] and "truncated" in errors[0], err
     events = log_events(log)
     assert not any(e.key == "run_start" for e in events)
     assert events[-1].key == "run_stop" and str(victim) in events[-1].metadata["reason"]
     assert Path(log).read_text().count("\"key\": \"run_stop\"") == 1
-
 
 def test_data_verify_reads_the_bin_files_without_mapping_them(data):
     """`data verify` reads every token of these small files (ids below the vocab, the EOD
