@@ -30,6 +30,12 @@ _IGNORED = (
     # about our process groups, which are up (seen on every run, also at 4 ranks)
     "torch.distributed is disabled, unavailable or uninitialized, assuming the intent is to load "
     "in a single process",
+    # the same call passes the state dict and the reader positionally, which torch's
+    # `_api_bc_check` (torch.distributed.checkpoint.utils) flags on every load
+    "The argument order of load has been changed",
+    # and hands torch the shards as torch ShardedTensors (`mcore_to_pyt_state_dict`), which torch
+    # 2.13 deprecates in favour of DTensor (torch.distributed._shard DEPRECATE_MSG)
+    "Please use DTensor instead and we are deprecating ShardedTensor",
 )
 
 
