@@ -130,7 +130,7 @@ if command -v flock >/dev/null 2>&1; then
         "same LOGDIR at once would not be refused"
   else
     printf 'job %s, host %s, pid %s, since %s UTC' "${SLURM_JOB_ID:-none (local)}" \
-      "$(hostname)" "$$" "$(date -u '+%Y-%m-%d %H:%M:%S')" > "$LOCK"
+      "$(uname -n)" "$$" "$(date -u '+%Y-%m-%d %H:%M:%S')" > "$LOCK"
   fi
 else
   say "warning: no flock command (util-linux): a second job given the same LOGDIR at once" \
