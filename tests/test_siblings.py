@@ -44,6 +44,23 @@ def test_siblings_name_the_rank_whose_process_ended():
             assert watch.reason().startswith("ranks 2, 3 lost (their processes ended); ")
             failure._siblings = Siblings(parent=os.getpid())
             assert watch.reason() == "received SIGTERM"
+            # a real SIGTERM to this process: the reason is fixed when the signal comes, so a
+            # rank that ends later (e.g. at its own grace exit) is not named as the cause
+            got = []
+            live = failure.SignalWatch(on_signal=got.append, grace_s=120).install()
+            try:
+                failure._siblings = sib
+                os.kill(os.getpid(), signal.SIGTERM)
+                t0 = time.monotonic()
+                while not got and time.monotonic() - t0 < 30:
+                    time.sleep(0.05)
+                assert got == ["ranks 2, 3 lost (their processes ended); received SIGTERM from "
+                               "the launcher"]
+                kids[0].kill()
+                kids[0].wait()
+                assert live.reason() == got[0]
+            finally:
+                live.uninstall()
         finally:
             failure._siblings = old
     finally:

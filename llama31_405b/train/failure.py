@@ -163,6 +163,7 @@ class SignalWatch:
         self.on_signal = on_signal   # callable(reason) -> None; must not block on a collective
         self.grace_s = grace_s
         self.received: int | None = None
+        self._reason = ""
         self.done = threading.Event()
         self._old = {}
         self._r = self._w = None
@@ -173,6 +174,8 @@ class SignalWatch:
         after one ends), 'rank 3 lost (its process ended); received SIGTERM from the launcher'."""
         if not self.received:
             return ""
+        if self._reason:          # fixed when the signal came: later exits are not its cause
+            return self._reason
         name = signal.Signals(self.received).name
         named = _lost_ranks()
         return f"{named}; received {name} from the launcher" if named else f"received {name}"
@@ -206,6 +209,7 @@ class SignalWatch:
             if data[0] in self.SIGNALS:     # the wakeup fd carries every handled signal's number
                 break
         self.received = self.received or data[0]
+        self._reason = self.reason()
         timer = threading.Thread(target=self._exit_after_grace, name="signal-grace", daemon=True)
         timer.start()
         self.on_signal(self.reason())
