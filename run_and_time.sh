@@ -53,8 +53,8 @@
 #      target not reached) or its log failed the compliance check, or the job was stopped by a
 #      signal, or the data verification failed (no run started)
 #   2  bad config or variables, a folder that cannot be used (LOGDIR, DATADIR, CKPTDIR, the
-#      tokenizer), a LOGDIR with earlier results or in use, or a run refused its input (config, checkpoint, data, device;
-#      the exit statuses of every command: docs/cli.md)
+#      tokenizer), a LOGDIR with earlier results or in use, or a run refused its input (config,
+#      checkpoint, data, device; the exit statuses of every command: docs/cli.md)
 #   3  the pre-flight check failed (placement, environment or, on GB200, multi-node NVLink:
 #      retrying the same nodes is pointless)
 #   4  a run's log has no run_stop: the run was killed (SIGKILL, OOM, node failure) or wrote no log
