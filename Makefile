@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 JOBS ?= 3
 FAST_JOBS ?= 2
 
-.PHONY: setup demo test test-fast test-stress check-configs clean-venv
+.PHONY: setup demo test test-fast test-stress typecheck check-configs clean-venv
 
 setup: $(STAMP)
 
@@ -41,6 +41,12 @@ test-stress: $(STAMP)
 	@$(PY) -m pytest -q -n $(JOBS) --dist loadgroup --no-loadscope-reorder \
 	  -m "stress or converge" --durations=10 || { rc=$$?; \
 	  [ $$rc != 5 ] || echo "make test-stress: no test is marked stress or converge" >&2; exit $$rc; }
+
+# mypy (mypy.ini) over the package against the pinned Transformer Engine and megatron-core
+# sources, then three seeded faults it must report at their file and line (scripts/typecheck.py,
+# docs/typecheck.md). The first run fetches TE's Python sources into .cache/te-2.20.2/
+typecheck: $(STAMP)
+	$(PY) scripts/typecheck.py
 
 check-configs: $(STAMP)
 	$(PY) -m llama31_405b config check configs/*.toml
