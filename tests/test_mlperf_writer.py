@@ -120,6 +120,8 @@ def test_a_file_holding_mlperf_events_is_refused_and_kept(tmp_path):
                                              ".*pass a new --mlperf-log path") as e:
         MLLogWriter(path, echo=False)
     assert exit_code(e.value) == EXIT_INPUT
+    from llama31_405b.failures import describe
+    assert describe(e.value).startswith(f"the MLPerf log {path} already holds")
     assert path.read_bytes() == before
     empty = tmp_path / "empty.txt"
     empty.touch()

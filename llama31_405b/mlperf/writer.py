@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .log import event_type_for, format_line
+from .log import LogError, event_type_for, format_line
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -51,8 +51,9 @@ class LogWriteError(RuntimeError):
         self.path, self.cause = path, cause
 
 
-class LogExistsError(FileExistsError):
-    """The MLPerf log file already holds events; the message names it and what to do."""
+class LogExistsError(LogError):
+    """The MLPerf log file already holds events; the message names it and what to do (a
+    LogError: bad input, exit status 2, the message printed as is)."""
 
 
 def refuse_existing_log(path: str) -> None:
