@@ -244,3 +244,7 @@ def test_killing_one_rank_ends_the_job(slurm_cluster, tiny_env, tmp_path):
     # the outcome line adds what srun reported: the task that died first, and how
     line = next(ln for ln in text.splitlines() if "run 0 seed" in ln)
     assert "launcher (srun): task 2 on " in line and ": Killed first" in line, text[-3000:]
+    # the job's console is folded: no C++ frames or tracebacks of the survivors; all of it is
+    # in the run's console file
+    assert "frame #" not in text and "Traceback (most recent call last)" not in text, text[-3000:]
+    assert "srun: error: " in (tmp_path / "logs" / "console_0.txt").read_text()
