@@ -295,7 +295,9 @@ clear_caches() {  # prints true or false
 AWK_OPTS=()
 if awk -W interactive 'BEGIN {}' </dev/null >/dev/null 2>&1; then AWK_OPTS=(-W interactive); fi
 fold_console() {  # fold_console FILE: stdin to stdout, folded; FILE named in the closing note
-  awk "${AWK_OPTS[@]}" -v file="$1" -f "$REPO/scripts/fold_console.awk"
+  if [ -r "$REPO/scripts/fold_console.awk" ]; then
+    awk "${AWK_OPTS[@]}" -v file="$1" -f "$REPO/scripts/fold_console.awk"
+  else cat; fi
 }
 
 ABORT=0
@@ -395,9 +397,10 @@ for i in "${!LAUNCH_SEEDS[@]}"; do
     run "${launcher[@]}" "${train_cmd[@]}" "${flags[@]}" || rc=$?
   else
     # (tee and the fold ignore SIGTERM/SIGINT: on scancel they must outlive the run's last
-    # lines, not break the pipe the run's stderr writes to)
+    # lines, not break the pipe the run's stderr writes to; tee -p: should the fold end early,
+    # the console file still gets every line)
     run "${launcher[@]}" "${train_cmd[@]}" "${flags[@]}" \
-      2> >(trap '' TERM INT; tee "$console" | fold_console "$console" >&2) || rc=$?
+      2> >(trap '' TERM INT; tee -p "$console" | fold_console "$console" >&2) || rc=$?
     wait $! 2>/dev/null || true     # the tee has written everything (bash >= 4.4)
   fi
   say "run $i: train exited $rc after $((SECONDS - t0)) s"
