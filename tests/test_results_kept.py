@@ -133,12 +133,14 @@ def test_a_logdir_that_cannot_be_used_stops_the_job_first(tmp_path):
 def _in_mount_namespace(tmp_path: Path, setup: str, env: dict) -> subprocess.CompletedProcess:
     """The script in a private mount namespace after `setup` (mount commands): read-only and
     full filesystems without touching this machine's mounts."""
+    # CI runs as root, where this always works: there a missing namespace fails, never skips
+    give_up = pytest.fail if os.environ.get("CI") else pytest.skip
     if shutil.which("unshare") is None:
-        pytest.skip("no unshare here")
+        give_up("no unshare here")
     probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"],
                            capture_output=True)
     if probe.returncode != 0:
-        pytest.skip("no mount namespaces here (needs root and CAP_SYS_ADMIN)")
+        give_up("no mount namespaces here (needs root and CAP_SYS_ADMIN)")
     return subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", "-c",
                            f"set -e; {setup}; exec bash {REPO / 'run_and_time.sh'}"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
@@ -208,3 +210,21 @@ def test_check_log_on_a_full_disk_names_the_folder(tmp_path):
     assert p.stderr.strip().splitlines()[-1] == (
         f"error: launch check-log {log}: cannot write into {full}: No space left on device; "
         "free space there or pass another --report-dir")
+
+
+def test_demo_never_replaces_a_result(tmp_path):
+    """`demo --logdir` holding a result_0.txt is refused before any work (exit 2, one error
+    line), the file kept byte for byte; without --logdir each demo writes a new folder."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    shutil.copy(PUBLISHED / "result_0.txt", logs / "result_0.txt")
+    before = (logs / "result_0.txt").read_bytes()
+    p = subprocess.run([sys.executable, "-m", "llama31_405b", "demo", "--logdir", str(logs)],
+                       cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.strip().splitlines() == [
+        f"error: demo --logdir {logs}: already holds result_0.txt (an earlier run's result, "
+        "kept: a result is never replaced); choose another --logdir, or leave it unset for a "
+        "new folder"]
+    assert "[demo]" not in p.stdout                   # refused before the data or checkpoint
+    assert (logs / "result_0.txt").read_bytes() == before

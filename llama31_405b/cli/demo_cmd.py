@@ -24,8 +24,9 @@ def register(sub) -> None:
     p.add_argument("--config", default=CONFIG, help=f"tiny config (default {CONFIG})")
     p.add_argument("--seed", type=int, default=None,
                    help="run seed (default: run.seed_base, else one from the system's entropy)")
-    p.add_argument("--logdir", default=None, help="where result_0.txt goes "
-                   "(default: <data_dir>/../logs)")
+    p.add_argument("--logdir", default=None, help="where result_0.txt goes (default: a new "
+                   "<data_dir>/../logs/demo-<UTC time>; a folder already holding a result_0.txt "
+                   "is refused: a result is never replaced)")
     p.set_defaults(func=run)
 
 
@@ -48,6 +49,17 @@ def run(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     t_all = time.perf_counter()
+    if args.logdir:
+        logdir = Path(args.logdir)
+    else:                # one folder per demo run: an earlier demo's result stays where it is
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        logdir = Path(cfg.data.data_dir).parent / "logs" / f"demo-{stamp}"
+    log = logdir / "result_0.txt"
+    if log.exists():
+        print(f"error: demo --logdir {logdir}: already holds result_0.txt (an earlier run's "
+              f"result, kept: a result is never replaced); choose another --logdir, or leave it "
+              f"unset for a new folder", file=sys.stderr)
+        return 2
     from ..data.tiny import ensure_tiny_data
     _say(f"tiny data in {cfg.data.data_dir}")
     from ..data.layout import data_paths
@@ -56,10 +68,7 @@ def run(args) -> int:
     if _py("train-init", "--config", args.config):
         _say("FAILED to make the initial checkpoint")
         return 1
-    logdir = Path(args.logdir) if args.logdir else Path(cfg.data.data_dir).parent / "logs"
     logdir.mkdir(parents=True, exist_ok=True)
-    log = logdir / "result_0.txt"
-    log.unlink(missing_ok=True)
     from ..config.seeds import run_seeds
     seed = run_seeds(cfg.run.seed_base, 1)[0] if args.seed is None else args.seed
     _say(f"timed run: {args.config}, seed {seed}, MLPerf log {log}")
