@@ -349,6 +349,9 @@ def test_out_folder_rules(tmp_path):
     from conftest import REPO
     cfg = load_config(REPO / "configs" / "tiny_cpu.toml")
     assert unusable(tmp_path / "new") is None
+    (tmp_path / "job").mkdir()                           # PROFILE=1: run_and_time.sh's lock
+    (tmp_path / "job" / ".run_and_time.lock").write_text("job 7, host n1, pid 42")
+    assert unusable(tmp_path / "job") is None
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "keep.txt").write_text("x")
     assert "did not write" in unusable(tmp_path / "data")

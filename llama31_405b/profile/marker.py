@@ -8,6 +8,9 @@ from pathlib import Path
 MARKER = "NOT_AN_MLPERF_RUN.txt"
 MANIFEST = "profile.json"
 KIND = "llama31_405b profile (not an MLPerf run)"
+# what run_and_time.sh keeps in its LOGDIR, which with PROFILE=1 is the profile folder: the lock
+# of one campaign per LOGDIR (docs/launch.md, "Folders and results")
+LAUNCHER_FILES = frozenset({".run_and_time.lock"})
 
 TEXT = """This folder was written by `python -m llama31_405b profile`: a profile of a few training
 steps after the warm-up, under torch.profiler. It is NOT an MLPerf run: no run_start was logged,
@@ -23,7 +26,8 @@ def unusable(out: str | Path) -> str | None:
     out = Path(out)
     if out.exists() and not out.is_dir():
         return f"--out {out}: exists and is not a folder"
-    if (out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file()
+    if (out.is_dir() and any(p.name not in LAUNCHER_FILES for p in out.iterdir())
+            and not (out / MANIFEST).is_file()
             and not (out / MARKER).is_file()):
         return (f"--out {out}: a non-empty folder that `profile` did not write; give a new or "
                 "empty folder (a profile folder is overwritten)")
