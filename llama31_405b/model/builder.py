@@ -8,6 +8,8 @@ frequency scaling (computed here from cfg.model, see `rope.py`), no dropout.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -206,14 +208,15 @@ def ddp_config(cfg: Config):
     optimizer, FP8/FP4 parameter all-gather."""
     from megatron.core.distributed import DistributedDataParallelConfig
     perf = cfg.performance
-    kw = dict(grad_reduce_in_fp32=cfg.precision.grad_reduce_in_fp32,
-              overlap_grad_reduce=perf.overlap_grad_reduce,
-              overlap_param_gather=perf.overlap_param_gather,
-              align_param_gather=_align_param_gather(cfg),
-              use_distributed_optimizer=cfg.optimizer.distributed,
-              fp8_param_gather=perf.fp8_param_gather, fp4_param_gather=perf.fp4_param_gather,
-              # per-token loss: gradients are summed and divided by the global token count
-              average_in_collective=False, check_for_nan_in_grad=False)
+    kw: dict[str, Any] = dict(
+        grad_reduce_in_fp32=cfg.precision.grad_reduce_in_fp32,
+        overlap_grad_reduce=perf.overlap_grad_reduce,
+        overlap_param_gather=perf.overlap_param_gather,
+        align_param_gather=_align_param_gather(cfg),
+        use_distributed_optimizer=cfg.optimizer.distributed,
+        fp8_param_gather=perf.fp8_param_gather, fp4_param_gather=perf.fp4_param_gather,
+        # per-token loss: gradients are summed and divided by the global token count
+        average_in_collective=False, check_for_nan_in_grad=False)
     if perf.ddp_bucket_size is not None:
         kw["bucket_size"] = perf.ddp_bucket_size
     return DistributedDataParallelConfig(**kw)
@@ -266,7 +269,10 @@ def build_model(cfg: Config, *, config=None, device: Device | None = None):
             pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
             post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
             parallel_output=True, share_embeddings_and_output_weights=False,
-            position_embedding_type="rope", rotary_percent=1.0, rotary_base=cfg.model.rope_base,
+            # megatron-core 0.19.2 annotates GPTModel's rotary_base int; the config's float works
+            # (RotaryEmbedding.__init__ raises it to a tensor power) and inv_freq is set below
+            position_embedding_type="rope", rotary_percent=1.0,
+            rotary_base=cfg.model.rope_base,  # type: ignore[arg-type]
             # Megatron's built-in Llama 3 scaling hardcodes low=1, high=4, original=8192; the
             # project sets the frequencies from cfg.model below instead.
             rope_scaling=False, vp_stage=vp_stage)
