@@ -35,7 +35,7 @@ def comm_precisions(cfg: Config) -> dict[str, str]:
       before gathering (TE 2.20.2 transformer_engine.pytorch.module.layernorm_linear forward ->
       distributed.gather_along_first_dim with the input quantizer)."""
     pr, perf, p = cfg.precision, cfg.performance, cfg.parallel
-    out = {"gradient reduction": "fp32" if pr.grad_reduce_in_fp32 else pr.params,
+    out: dict[str, str] = {"gradient reduction": "fp32" if pr.grad_reduce_in_fp32 else pr.params,
            "activations": pr.params}
     if cfg.optimizer.distributed:
         out["parameter all-gather"] = ("nvfp4" if perf.fp4_param_gather else
