@@ -142,7 +142,7 @@ class MLLogWriter:
     def sync(self) -> None:
         """fsync the file now (a point that matters: run_start, an evaluation)."""
         with self._lock:
-            if self.failed is not None or self._fd is None:
+            if self.failed is not None or self._fd is None or self.path is None:
                 return
             try:
                 self._fsync()
@@ -179,6 +179,8 @@ class MLLogWriter:
         self._echo(line)
 
     def _to_file(self, line: str, *, sync: bool) -> None:
+        if self.path is None:   # `echo` is the log
+            return
         if self._fd is None:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
                                0o644)
@@ -194,6 +196,8 @@ class MLLogWriter:
             self._fsync()
 
     def _fsync(self) -> None:
+        if self._fd is None:
+            return
         try:
             os.fsync(self._fd)
         except OSError as e:
