@@ -156,7 +156,7 @@ def run_problems(path: str, events: list[LogEvent]) -> list[LogProblem]:
         out.append(LogProblem(path, second.lineno, (
             f"a second run_start (the first is at line {starts[0].lineno}{then}): this file "
             f"holds {len(starts)} runs, a result file holds one; give each run its own file")))
-    elif after:
+    elif after and stop is not None:   # (events after run_stop imply one)
         out.append(LogProblem(path, after[0].lineno, (
             f"{after[0].key!r} after run_stop (line {stop.lineno}): nothing follows run_stop in a "
             f"result file ({len(after)} event(s) do here)")))
