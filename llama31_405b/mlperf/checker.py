@@ -177,7 +177,8 @@ def run_checker(path: str | Path, config: str, ruleset: str = RULESET) -> CheckR
             root.addHandler(h)
         root.setLevel(old_level)
     rule_files = [str(r.args[0]) for r in cap.records
-                  if r.msg.strip().startswith("Compliance checks:") and r.args]
+                  if r.msg.strip().startswith("Compliance checks:") and isinstance(r.args, tuple)
+                  and r.args]
     errors = [*checker.overwritable.values(), *checker.not_overwritable]
     if crash:
         errors.append(crash)
