@@ -284,6 +284,10 @@ class _DerivedSlot:
     slots that are not dataclass fields, so `dataclasses.asdict`, `replace`, `==` and pickling
     ignore them (a replaced config recomputes; its keys are then said to come from `source`)."""
     __slots__ = ("_derived", "_origins")
+    _derived: Derived
+    """`Config.derived`, computed on first use."""
+    _origins: dict[str, str]
+    """`Config.record_origins`: dotted key -> the file that set it."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -339,7 +343,8 @@ class Config(_DerivedSlot):
 
     def record_origins(self, origins: dict[str, str]) -> None:
         """The loader's record: dotted key -> the file that set it ('<overrides>': --set)."""
-        self._origins = dict(origins)
+        # the slot is _DerivedSlot's, which mypy does not see from a slots dataclass
+        self._origins = dict(origins)  # type: ignore[misc]
 
     def set_in(self, key: str) -> str:
         """Where dotted `key` was set, for messages: the file, '--set' for an override, else
@@ -355,5 +360,5 @@ class Config(_DerivedSlot):
         try:
             return self._derived
         except AttributeError:
-            self._derived = derive(self)
+            self._derived = derive(self)  # type: ignore[misc]  # _DerivedSlot's slot (above)
             return self._derived
