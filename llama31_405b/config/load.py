@@ -50,7 +50,8 @@ def field_docs(cls: type) -> dict[str, str]:
         import textwrap
         docs: dict[str, str] = {}
         try:
-            body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+            tree = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0]
+            body = tree.body if isinstance(tree, ast.ClassDef) else []
         except (OSError, TypeError, IndexError):
             body = []
         for node, nxt in zip(body, body[1:]):
@@ -195,7 +196,7 @@ def _build(cls: type, raw: dict, origin: dict[str, Path], prefix: str) -> Any:
         dotted = f"{prefix}{name}"
         if name not in raw:
             continue
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             kwargs[name] = _build(tp, raw[name], origin, dotted + ".")
         else:
             where = f"{origin.get(dotted, '?')}: {dotted}"
