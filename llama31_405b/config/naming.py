@@ -111,7 +111,8 @@ def check_name(cfg, path: str | Path, overridden: set[str] | frozenset = frozens
     makes are one error (each field that differs, both numbers, and the name to rename the file
     to when the config is valid); those that only `overridden` keys (dotted, from --set) make are
     one warning."""
-    errors, warnings = [], []
+    errors: list[Mismatch] = []
+    warnings: list[Mismatch] = []
     for m in mismatches(cfg, path):
         (warnings if overridden & set(m.keys) else errors).append(m)
     where = Path(path)
