@@ -133,7 +133,8 @@ def cuda_graph_rules(cfg: Config, d: Derived) -> list[str]:
     Full-iteration graphs (`cuda_graph_impl="full_iteration"`, the schedule wrapped in
     `megatron.core.full_cuda_graph.FullCudaGraphWrapper`) capture the whole forward-backward pass
     of every microbatch, so nothing in it may synchronise with the host."""
-    out, p, perf = [], cfg.parallel, cfg.performance
+    out: list[str] = []
+    p, perf = cfg.parallel, cfg.performance
     if perf.cuda_graphs == "none":
         return out
     if perf.cuda_graphs == "layers" and perf.recompute == "full":
