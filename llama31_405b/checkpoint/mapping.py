@@ -153,8 +153,8 @@ def _config_problems(hf_config: dict, m: ModelConfig, where: str) -> list[str]:
                                   ("original_max_position_embeddings",
                                    "rope_original_max_positions")):
                 ours = getattr(m, field)
-                if hf_key in rs and float(rs[hf_key]) != float(ours):
-                    problems.append(f"{where}: rope_scaling.{hf_key} = {rs[hf_key]!r} but the "
+                if hf_key in rope and float(rope[hf_key]) != float(ours):
+                    problems.append(f"{where}: rope_scaling.{hf_key} = {rope[hf_key]!r} but the "
                                     f"config has model.{field} = {ours!r}")
     elif rs:
         problems.append(f"{where}: rope_scaling = {rs!r}, but the config has "
