@@ -46,7 +46,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 MODEL_INFO = "llama31_405b.json"
 MEGATRON_CONFIG = "metadata.json"     # megatron-core dist_checkpointing.core.CONFIG_FNAME
@@ -228,9 +228,11 @@ def load(chunks, path: str | Path, cfg) -> dict:
     high_precision_load_targets(sharded)
     # RETURN_ALL: megatron-core compares the keys of every rank's request with the checkpoint's
     # (the metadata exchange its access-integrity check does anyway)
-    loaded, in_ckpt_only, requested_only = dist_checkpointing.load(
+    # with RETURN_ALL, megatron-core 0.19.2 dist_checkpointing.load returns (state dict,
+    # unexpected keys, missing keys); its annotation is the union of that and a state dict
+    loaded, in_ckpt_only, requested_only = cast(tuple[dict, set, set], dist_checkpointing.load(
         sharded, str(path), sharded_strategy=load_strategy(),
-        strict=StrictHandling.RETURN_ALL)
+        strict=StrictHandling.RETURN_ALL))
     absent = sorted(requested_only)
     unread = sorted(k for k in in_ckpt_only if not is_extra_state(k))
     if absent or unread:
