@@ -56,13 +56,12 @@ def check_log(log: str | Path, benchmark: str, report_dir: str | Path | None = N
     """Check one log with the rules of `benchmark` in `division` (the config's). report_dir: the
     checker's whole verdict is kept there as <log stem>.compliance.log."""
     log = Path(log)
+    res: CheckResult | None = None
     if not log.is_file():
         v = Verdict(str(log), False, None, "no run_stop",
                     "log file missing: the run wrote no MLPerf log")
-        res = None
     else:
-        res: CheckResult = run_compliance(log, ruleset=ruleset,
-                                          config=config_for(benchmark, ruleset, division))
+        res = run_compliance(log, ruleset=ruleset, config=config_for(benchmark, ruleset, division))
         try:
             run = load_run(log, strict=False)
             logged = run.first("submission_division")
