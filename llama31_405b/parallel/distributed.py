@@ -28,7 +28,8 @@ class DistEnv:
 
 def _top_level_items(nodelist: str) -> list[str]:
     """"a[1-4,7],b2" -> ["a[1-4,7]", "b2"]: the commas outside brackets separate items."""
-    items, depth, cur = [], 0, []
+    items, depth = [], 0
+    cur: list[str] = []
     for ch in nodelist:
         depth += (ch == "[") - (ch == "]")
         if ch == "," and depth == 0:
@@ -103,7 +104,8 @@ def compress_hostlist(hosts: list[str]) -> str:
         for a, b in zip(nums, nums[1:] + [None]):
             if b != a + 1:
                 runs.append(fmt(start) if start == a else f"{fmt(start)}-{fmt(a)}")
-                start = b
+                if b is not None:
+                    start = b
         out.append(f"{prefix}[{','.join(runs)}]{suffix}")
     return ",".join(out)
 
