@@ -100,6 +100,8 @@ class SentencePieceTokenizer:
     def _split_encode(self, text: str) -> list[int]:
         ids: list[int] = []
         pos = 0
+        if self._special_re is None:   # no special tokens (tokenize_batch asks only otherwise)
+            return self._sp.encode(text)
         for m in self._special_re.finditer(text):
             if m.start() > pos:
                 ids += self._sp.encode(text[pos:m.start()])
@@ -116,7 +118,8 @@ class SentencePieceTokenizer:
         return {"path": str(self.path)}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["path"])
+        # the state is the path: this class's own __init__ loads the rest
+        self.__init__(state["path"])  # type: ignore[misc]
 
     def __repr__(self) -> str:
         return (f"SentencePieceTokenizer({str(self.path)!r}, vocab_size={self.vocab_size}, "
