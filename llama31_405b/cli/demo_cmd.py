@@ -78,7 +78,7 @@ def run(args) -> int:
     from .report_cmd import verdict_and_report
     run_log = load_run(log, strict=False) if log.exists() else None
     minutes = run_log.time_to_train_min if run_log is not None else None
-    if minutes is None:
+    if run_log is None or minutes is None:
         _say(f"run failed before run_stop (exit {rc}); see {log}")
         return 1
     verdict = run_log.convergence()      # mlperf.verdict: the one owner of "converged"
