@@ -61,8 +61,8 @@ def precheck(args) -> int:
         else:
             bad += 1
             print(f"FAIL {path}:", file=sys.stderr)
-            for e in res.errors:
-                print(f"  - {e}", file=sys.stderr)
+            for err in res.errors:
+                print(f"  - {err}", file=sys.stderr)
         for n in res.notes:
             print(f"     {n}")
     for problem in cross_config_problems(done):
