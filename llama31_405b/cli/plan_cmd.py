@@ -137,7 +137,7 @@ def run(args) -> int:
         return rc
     fit = cal.fit if cal else None
     if args.write_configs:
-        targets = writer.TARGETS
+        targets: tuple[writer.Target, ...] = writer.TARGETS
         if cal is not None:
             targets = tuple(t for t in writer.TARGETS if t.system == cal.summary.system)
             if not targets or cal.summary.model != "llama3.1-405b":
