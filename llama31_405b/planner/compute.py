@@ -118,7 +118,8 @@ def part_passes(ctx: Context, fit: Fitted) -> dict[str, tuple[float, float, floa
     out = {}
     for k, shape in gemm_shapes(ctx).items():
         f = fit.scale("gemm_part_scale", k)
-        out[k] = tuple(t * f for t in gemm_passes(ctx, *shape, fit))
+        fwd, dgrad, wgrad = gemm_passes(ctx, *shape, fit)
+        out[k] = (fwd * f, dgrad * f, wgrad * f)
     return out
 
 
