@@ -98,11 +98,11 @@ def _comm(ctx: Context, fit: Fitted, c: Summary, b: Breakdown) -> Fitted:
     scale = dict(fit.comm_scale)
     ratios = {}
     for k in KINDS:
-        model = _modelled(ctx, fit, b, k)
-        if not present[k] or not target[k] or model <= 0:
+        model, t = _modelled(ctx, fit, b, k), target[k]
+        if not present[k] or not t or model <= 0:
             continue
         if k != "PP":
-            ratios[k] = target[k] / model
+            ratios[k] = t / model
     for k, r in ratios.items():
         scale[k] = scale.get(k, 1.0) * r
     if present["PP"] and target["PP"]:  # the sends and the bubble they cause, solved together
