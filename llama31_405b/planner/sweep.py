@@ -11,6 +11,7 @@ simulated time-to-train. Fixed values (`tp=4`, ...) narrow the sweep.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from itertools import product
 
@@ -63,6 +64,9 @@ def layouts(system: str, racks: int, fixed: Fixed = Fixed(), benchmark: str = "l
     rules = rules_for(benchmark)
     per_rack = spec.gpus_used_per_rack
     pick = lambda v, options: [v] if v is not None else options  # noqa: E731
+    tps: Sequence[int]
+    cps: Sequence[int]
+    pps: Sequence[int]
     if spec.node_nvlink_domain:   # 8-GPU nodes: TP in the node, CP and PP may span nodes
         tps, cps, pps = divisors(per_rack), NODE_CP, NODE_PP
     else:                         # the model-parallel group inside one NVLink domain
