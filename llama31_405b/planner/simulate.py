@@ -184,7 +184,7 @@ def _ranks(plan: Plan, m: int) -> tuple[Sim, ...]:  # noqa: C901 (one event loop
                 else:
                     dep, hop = -1, 0.0
                 g = -1
-                if inter and plan.overlap_param:
+                if table is not None and plan.overlap_param:   # (interleaved)
                     j = kf + r
                     if j < total and table[j][0] == 0 and 1 < table[j][1] + 1 < vp:
                         g = table[j][1] + 1
@@ -200,7 +200,7 @@ def _ranks(plan: Plan, m: int) -> tuple[Sim, ...]:  # noqa: C901 (one event loop
                 else:
                     dep, hop = own, 0.0
                 red = -1
-                if inter and plan.overlap_grad:
+                if table is not None and plan.overlap_grad:    # (interleaved)
                     j = kb - r
                     if 0 <= j < total and table[j][0] == m - 1:
                         red = vp - 1 - table[j][1]
