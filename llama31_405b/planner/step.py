@@ -109,7 +109,7 @@ def rank_compute(ctx: Context, fit: Fitted, rank: int) -> dict[str, float]:
 _PER_MB: dict[tuple, tuple[dict[str, float], float]] = {}
 
 
-_SIMS: dict[tuple, dict[int, simulate.Sim]] = {}
+_SIMS: dict[tuple, dict[int, tuple[simulate.Sim, ...]]] = {}
 
 
 def busiest_rank(ctx: Context, fit: Fitted) -> int:
