@@ -200,3 +200,14 @@ def test_data_verify_reads_the_bin_files_without_mapping_them(data):
     with FileAccessWatch() as w:
         verify_data(_cfg(data), full=True)
     assert w.touched(".bin") and not [p for p in w.mapped if p.endswith(".bin")], w.mapped
+
+
+def test_an_idx_shrunk_under_the_loader_is_not_read_again(data):
+    """megatron-core keeps the .idx mapped, its arrays views of the map: the loader copies them
+    into memory, so an .idx shrunk under the run is never read (no SIGBUS) and every sample
+    reads as before."""
+    train, valid = build_datasets(_cfg(data), seed=3, train_samples=40)
+    before = [train[i]["tokens"].clone() for i in range(len(train))]
+    _shrink(data / f"{EN6}.idx")
+    after = [train[i]["tokens"] for i in range(len(train))]
+    assert all((a == b).all() for a, b in zip(after, before))

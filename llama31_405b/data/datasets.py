@@ -13,7 +13,8 @@ and the files' stat may be read), and none is ever memory-mapped: megatron-core 
 built with mmap_bin_files=False and each IndexedDataset then gets a `PreadBinReader`
 (data.binfile.BinFile: pread at the first read, once per process, and a stat check before every
 read), as does the validation set. A file changed or shrunk under the run is then a DataError
-naming it, where a mapped file that shrank killed the process with SIGBUS (a pickled copy, e.g.
+naming it, where a mapped file that shrank killed the process with SIGBUS (the .idx arrays,
+which megatron-core keeps as views of a map, are copied into memory for the same reason) (a pickled copy, e.g.
 in a DataLoader worker, gets megatron's `_FileBinReader` back from `IndexedDataset.__setstate__`:
 lazy too, unmapped, unchecked; the project's loader is a thread, train.prefetch).
 
@@ -110,6 +111,22 @@ def make_bin_reads_checked(ds, stamps: dict[str, FileStamp] | None = None) -> No
     for ix in indexed_datasets(ds):
         path = get_bin_path(ix.path_prefix)
         ix.bin_reader = reader(path, (stamps or {}).get(path))  # BinFile(path, stamp)
+        _index_in_memory(ix.index)
+
+
+_INDEX_ARRAYS = ("sequence_lengths", "sequence_pointers", "document_indices", "sequence_modes")
+
+
+def _index_in_memory(index) -> None:
+    """megatron-core 0.19.2's `_IndexReader` keeps the .idx mapped and its arrays are views of
+    the map (`numpy.frombuffer` over `bin_buffer_mmap`), read at every sample: an .idx shrunk
+    under the run would end it with SIGBUS. The arrays are copied into memory instead (12 bytes
+    per sequence and 8 per document: a few MB per C4 shard, already read whole by megatron-core
+    when it built the sample index), so no read of the run touches the map."""
+    for name in _INDEX_ARRAYS:
+        a = getattr(index, name, None)
+        if isinstance(a, np.ndarray):
+            setattr(index, name, np.array(a, copy=True))
 
 
 def bin_stamps(cfg, verified: dict | None = None) -> dict[str, FileStamp]:
