@@ -82,17 +82,25 @@ def _wait_for_lock(lock: Path, pid: int, first: subprocess.Popen) -> None:
         time.sleep(0.1)
 
 
-def test_two_campaigns_in_one_logdir_at_once(tmp_path):
-    """The second is refused naming the first (its pid, host); once the first has ended, the
-    folder is free again."""
+def _holding_campaign(tmp_path: Path) -> tuple[subprocess.Popen, Path, dict]:
+    """A DRY_RUN campaign (its own session) holding the lock of tmp_path/logs until the
+    returned file is created; (the process, that file, the env for a second campaign)."""
     logs = tmp_path / "logs"
     wrapper, go = _waiting_python(tmp_path)
     env = _env(LOGDIR=str(logs), DRY_RUN="1")
     first = subprocess.Popen(["bash", str(REPO / "run_and_time.sh")], cwd=REPO,
                              env=dict(env, PYTHON=str(wrapper)), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    _wait_for_lock(logs / ".run_and_time.lock", first.pid, first)
+    return first, go, env
+
+
+def test_two_campaigns_in_one_logdir_at_once(tmp_path):
+    """The second is refused naming the first (its pid, host); once the first has ended, the
+    folder is free again."""
+    logs = tmp_path / "logs"
+    first, go, env = _holding_campaign(tmp_path)
     try:
-        _wait_for_lock(logs / ".run_and_time.lock", first.pid, first)
         line = _error_line(_script(env))
         assert line.startswith(f"LOGDIR={logs}: in use by another run_and_time.sh (job none "
                                f"(local), host {os.uname().nodename}, pid {first.pid}, since ")
@@ -107,13 +115,7 @@ def test_two_campaigns_in_one_logdir_at_once(tmp_path):
 
 def test_a_killed_campaign_leaves_no_lock(tmp_path):
     """A campaign killed with SIGKILL (with every process it started): the lock dies with it."""
-    logs = tmp_path / "logs"
-    wrapper, _ = _waiting_python(tmp_path)
-    env = _env(LOGDIR=str(logs), DRY_RUN="1")
-    first = subprocess.Popen(["bash", str(REPO / "run_and_time.sh")], cwd=REPO,
-                             env=dict(env, PYTHON=str(wrapper)), stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, start_new_session=True)
-    _wait_for_lock(logs / ".run_and_time.lock", first.pid, first)
+    first, _, env = _holding_campaign(tmp_path)
     os.killpg(first.pid, signal.SIGKILL)
     first.wait(timeout=30)
     p = _script(env)
