@@ -9,13 +9,16 @@ what the validator cannot know: memory fit (memory.py).
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Literal, cast, get_args
 
 from ..config.rcp import max_steps_for
 from ..config.schema import (BatchConfig, Config, ModelConfig, ParallelConfig, PerformanceConfig,
-                             PrecisionConfig, RunConfig, SystemConfig)
+                             Precision, PrecisionConfig, RunConfig, SystemConfig)
 from ..config.validate import problems
 from ..systems import load_system
 
+Recompute = Literal["none", "selective", "full"]
+"""performance.recompute's values (config.schema.PerformanceConfig)."""
 
 DDP_BUCKET_SIZE = 134_217_728
 """Elements per gradient bucket of the shipped GPU configs (configs/base/gb200_405b.toml)."""
@@ -49,6 +52,10 @@ def make_config(system: str, racks: int, *, tp: int, pp: int, vp: int, cp: int, 
     graphs with its two warm-up iterations, its DDP bucket size, and run.max_steps by the rule of the shipped configs (config.rcp.max_steps_for)."""
     model = model or ModelConfig()
     precision = precision or default_precision(system)
+    if precision not in get_args(Precision):
+        raise ValueError(f"precision {precision!r}: not one of {get_args(Precision)}")
+    if recompute not in get_args(Recompute):
+        raise ValueError(f"recompute {recompute!r}: not one of {get_args(Recompute)}")
     flags = pipeline_split_flags(model.num_layers, pp, vp) or (False, False)
     gpu = load_system(system).is_gpu
     low = precision == "fp8" and gpu
@@ -56,7 +63,7 @@ def make_config(system: str, racks: int, *, tp: int, pp: int, vp: int, cp: int, 
         model=model,
         parallel=ParallelConfig(tp=tp, pp=pp, vp=vp, cp=cp, sequence_parallel=tp > 1 and gpu),
         batch=BatchConfig(minibs=minibs, micro_batch_size=mbs),
-        precision=PrecisionConfig(compute=precision, params="bf16", attention="bf16",
+        precision=PrecisionConfig(compute=cast(Precision, precision), params="bf16", attention="bf16",
                                   grad_reduce_in_fp32=False),
         performance=PerformanceConfig(
             # the base's full-iteration graphs where the layout allows them (not with a
@@ -64,7 +71,8 @@ def make_config(system: str, racks: int, *, tp: int, pp: int, vp: int, cp: int, 
             # model does not depend on the graph mode
             cuda_graphs="full_iteration" if gpu and (pp == 1 or vp > 1) else "none",
             overlap_grad_reduce=True,
-            overlap_param_gather=True, fp8_param_gather=low, recompute=recompute,
+            overlap_param_gather=True, fp8_param_gather=low,
+            recompute=cast(Recompute, recompute),
             ddp_bucket_size=DDP_BUCKET_SIZE if gpu else None,
             account_for_embedding_in_pipeline_split=flags[0],
             account_for_loss_in_pipeline_split=flags[1]),

@@ -134,7 +134,8 @@ def candidates(racks: int, system: str = SYSTEM,
     node = load_system(system).node_nvlink_domain
     ranked = tuple(p for p in sweep(system, racks, Fixed(tp=MEASURED["tp"]) if node else Fixed(),
                                     fit=fit) if p.fits)
-    layout = tuple(sweep(system, racks, Fixed(**MEASURED), fit=fit))
+    layout = tuple(sweep(system, racks, Fixed(tp=MEASURED["tp"], pp=MEASURED["pp"], vp=MEASURED["vp"],
+                                              cp=MEASURED["cp"]), fit=fit))
     return ranked, layout
 
 

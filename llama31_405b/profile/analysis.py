@@ -216,11 +216,11 @@ class RankAnalysis:
         evs = [e for e in self.trace.events if e.cat not in ("kernel", "gpu_memcpy", "gpu_memset",
                                                                 "gpu_user_annotation")]
         if self.main_tid is None and self.meta.get("whole_trace"):
-            counts: dict = {}
+            counts: dict[object, int] = {}
             for e in evs:
                 if e.cat == "cpu_op":
                     counts[e.tid] = counts.get(e.tid, 0) + 1
-            self.main_tid = max(counts, key=counts.get) if counts else None  # the busiest thread
+            self.main_tid = max(counts, key=lambda t: counts[t]) if counts else None  # the busiest thread
         if self.main_tid is None:
             steps = [e for e in evs if e.name.startswith(STEP_PREFIXES)]
             if not steps:
@@ -246,7 +246,9 @@ class RankAnalysis:
         seq_role: dict = {}
         for tevs in by_tid.values():   # nesting is per thread
             seq_role.update(_forward_roles(tevs))
-        compute, comm, recv = [], [], []
+        compute: list[tuple] = []
+        comm: list[tuple] = []
+        recv: list = []
         launch_ctx: dict = {}
 
         def visit(e, ctx, selfs):

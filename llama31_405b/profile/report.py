@@ -234,8 +234,9 @@ def render(r: dict) -> str:
     ov = r.get("overhead_ratio")
     rng = r.get("overhead_ratio_range")
     lines.append("profiler overhead: step time with / without the profiler = "
-                 + (f"{ov:.2f} (median of the ranks; {rng[0]:.2f}-{rng[1]:.2f})" if ov else
-                    "not measured (--baseline 0)"))
+                 + ("not measured (--baseline 0)" if not ov else
+                    f"{ov:.2f} (median of the ranks; {rng[0]:.2f}-{rng[1]:.2f})" if rng else
+                    f"{ov:.2f} (median of the ranks)"))
     gs = r.get("graphs_speedup")
     if gs:
         lines.append(f"full-iteration CUDA graphs: the eager step (profiled) takes {gs:.2f} x the "
@@ -253,7 +254,8 @@ def plot(r: dict, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(13, 5.5))
-    colors = plt.get_cmap("tab20").colors
+    cmap = plt.get_cmap("tab20")
+    colors = [cmap(i) for i in range(cmap.N)]  # a ListedColormap: its N colours by index
     bottoms = [0.0, 0.0]
     for i, row in enumerate(r["comparison"]):
         vals = [row["measured_s"] * 1e3, (row["predicted_s"] or 0.0) * 1e3]
