@@ -13,6 +13,7 @@ def register(sub) -> None:
     pre = s.add_parser("precheck", help="run the real checker on the events a config will log")
     pre.add_argument("configs", nargs="+", metavar="CONFIG")
     pre.add_argument("--ruleset", default=RULESET)
+    pre.add_argument("--calibration", metavar="FILE", help="use a calibration's memory constants (plan --calibrate; docs/planner.md)")
     pre.set_defaults(func=precheck)
     chk = s.add_parser("check", help="run the compliance checker on finished logs")
     chk.add_argument("logs", nargs="+", metavar="LOG")
@@ -38,7 +39,7 @@ def register(sub) -> None:
 
 def precheck(args) -> int:
     from ..config import ConfigError, load_config
-    from ..planner.capacity import memory_note, memory_problems
+    from ..planner.capacity import calibration_fit, memory_note, memory_problems
     from ..submission.precheck import cross_config_problems, precheck_config
     from ..failures import EXIT_INPUT, error
     bad = unreadable = 0
@@ -50,9 +51,15 @@ def precheck(args) -> int:
             error(str(e))
             unreadable += 1
             continue
+        try:
+            fit = calibration_fit(args.calibration, cfg) if args.calibration else None
+        except ValueError as e:
+            error(f"{path}: --calibration: {e}")
+            unreadable += 1
+            continue
         res = precheck_config(cfg, ruleset=args.ruleset)
-        res.errors += [f"memory: {p}" for p in memory_problems(cfg)]
-        res.notes += [n for n in (memory_note(cfg),) if n]
+        res.errors += [f"memory: {p}" for p in memory_problems(cfg, fit)]
+        res.notes += [n for n in (memory_note(cfg, fit),) if n]
         done.append((cfg, res))
         rules = ", ".join(res.check.rule_files) if res.check else "not run"
         if res.ok:

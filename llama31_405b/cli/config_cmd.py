@@ -15,6 +15,7 @@ def register(sub) -> None:
     s = p.add_subparsers(dest="config_command", required=True, metavar="ACTION")
     c = s.add_parser("check", help="validate config files (exit 0 when all are valid)")
     c.add_argument("paths", nargs="+", metavar="PATH")
+    c.add_argument("--calibration", metavar="FILE", help="use a calibration's memory constants (plan --calibrate; docs/planner.md)")
     c.set_defaults(func=check)
     sh = s.add_parser("show", help="print the resolved config with every derived field")
     sh.add_argument("path", metavar="PATH")
@@ -25,7 +26,7 @@ def register(sub) -> None:
 def check(args) -> int:
     from ..config import ConfigError, load_config
     from ..failures import EXIT_INPUT, error
-    from ..planner.capacity import memory_note, memory_problems
+    from ..planner.capacity import calibration_fit, memory_note, memory_problems
     bad = 0
     for path in args.paths:
         try:
@@ -34,13 +35,19 @@ def check(args) -> int:
             bad += 1
             error(str(e))
             continue
-        memory = memory_problems(cfg)  # the planner's memory verdict (run.accept_memory_risk)
+        try:
+            fit = calibration_fit(args.calibration, cfg) if args.calibration else None
+        except ValueError as e:
+            bad += 1
+            error(f"{path}: --calibration: {e}")
+            continue
+        memory = memory_problems(cfg, fit)  # the planner's memory verdict (run.accept_memory_risk)
         if memory:
             bad += 1
             error(f"{path}: " + "; ".join(memory))
             continue
-        if memory_note(cfg):
-            print(f"note {path}: {memory_note(cfg)}")
+        if memory_note(cfg, fit):
+            print(f"note {path}: {memory_note(cfg, fit)}")
         d = cfg.derived
         print(f"ok   {path}: {d.nodes} nodes, TP{cfg.parallel.tp}-PP{cfg.parallel.pp}-VP"
               f"{cfg.parallel.vp}-CP{cfg.parallel.cp} DP{d.dp}, GBS {d.gbs}, lr {d.lr!r}")

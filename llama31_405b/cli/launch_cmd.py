@@ -40,6 +40,7 @@ def register(sub) -> None:
     f.add_argument("--config", required=True, metavar="CONFIG")
     f.add_argument("--timeout", type=float, default=120.0,
                    help="seconds to wait for all ranks to join (default 120)")
+    f.add_argument("--calibration", metavar="FILE", help="use a calibration's memory constants (plan --calibrate; docs/planner.md)")
     add_set_option(f)
     f.set_defaults(func=preflight)
 
@@ -104,15 +105,20 @@ def preflight(args) -> int:
     from ..parallel.distributed import dist_env_from_environ
     from ..parallel.gather import GatherError, all_gather
     from ..parallel.placement import PlacementError, check_placement
-    from ..planner.capacity import memory_note, memory_problems
+    from ..planner.capacity import calibration_fit, memory_note, memory_problems
     cfg = load_or_report(args.config, args.set)
     if cfg is None:
         return EXIT_CONFIG
     de = dist_env_from_environ()
-    memory = memory_problems(cfg)  # before any process group: every rank refuses alike
-    if memory or memory_note(cfg):
+    try:
+        fit = calibration_fit(args.calibration, cfg) if args.calibration else None
+    except ValueError as e:
+        print(f"error: --calibration: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    memory = memory_problems(cfg, fit)  # before any process group: every rank refuses alike
+    if memory or memory_note(cfg, fit):
         if de.rank == 0:
-            print("\n".join(f"error: {m}" for m in memory) or f"note: {memory_note(cfg)}",
+            print("\n".join(f"error: {m}" for m in memory) or f"note: {memory_note(cfg, fit)}",
                   file=sys.stderr if memory else sys.stdout, flush=True)
         if memory:
             return EXIT_CONFIG

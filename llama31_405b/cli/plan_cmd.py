@@ -182,8 +182,8 @@ def run(args) -> int:
             return rc
         p = predict(cfg, fit)
         print(json.dumps(p.as_dict(), indent=2)) if args.json else _print_prediction(p)
-        if memory_note(cfg):
-            print(f"note: {memory_note(cfg)}", file=sys.stderr if args.json else sys.stdout)
+        if memory_note(cfg, fit):
+            print(f"note: {memory_note(cfg, fit)}", file=sys.stderr if args.json else sys.stdout)
         return 0
     from ..systems import load_system
     args.system = args.system or "gb200-nvl72"

@@ -67,6 +67,11 @@ class Summary:
     """The DP collectives' total time per step, overlapped or not, when measured."""
     host_s: float | None = None
     """Host gaps per step (nothing running), when measured."""
+    memory_allocated_gb: float | None = None
+    """Peak memory of the fullest GPU's tensors (torch.cuda.max_memory_allocated), when measured
+    (a GPU profile; a CPU has no allocator record)."""
+    memory_reserved_gb: float | None = None
+    """Peak memory the caching allocator held on that GPU (torch.cuda.max_memory_reserved)."""
     dp_exposed_s: float | None = None
     """Published only: exposed cross-rack DP (a check, never fitted)."""
     nvlink_critical_s: float | None = None
@@ -216,6 +221,15 @@ class Fitted:
     core_share: float = 1.0
     """How much longer compute and host time take because ranks share cores (systems
     `shared_cores`): resolved per layout by `step.breakdown`, 1 in every calibration."""
+    # The memory model's constants a GPU profile measures (neutral when absent: the memory check
+    # then uses the assumed ones).
+    activation_scale: float = 1.0
+    """Measured / modelled activation memory: the peak the allocator recorded
+    (max_memory_allocated) less the static buffers (weights, gradients, optimizer state), over
+    the activations `memory.py` counts."""
+    activation_fragmentation: float | None = None
+    """The caching allocator's loss on the activations as a share of them, measured as
+    (max_memory_reserved - max_memory_allocated) / activations; None: ASSUMED's."""
 
     def scale(self, table: str, key: str) -> float:
         return dict(getattr(self, table)).get(key, 1.0)

@@ -8,6 +8,10 @@ TP or PP, smaller MBS), with their predicted memory. `run.accept_memory_risk = t
 risk for an experiment: the config is not refused, and `memory_note(cfg)` is the line every one
 of those commands prints instead. CPU configs (no GPU memory to model) are never refused; layouts
 the config validator rejects are left to its messages.
+
+Each takes `fit`, a calibration's constants (`calibration_fit` reads and checks the file given
+with `--calibration FILE`): where the calibration's profile recorded GPU memory, its activation
+scale and fragmentation replace the assumed ones (memory.py); otherwise nothing changes.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from dataclasses import replace
 from ..config.schema import Config
 from ..config.validate import model_layout_rules, placement_rules, problems
 from ..systems import load_system
+from .calibration import Fitted
 from .context import Context
 from .memory import Memory, memory
 from .spec import pipeline_split_flags
@@ -23,15 +28,26 @@ from .spec import pipeline_split_flags
 RISK_FIELD = "run.accept_memory_risk"
 
 
-def predicted(cfg: Config) -> Memory:
-    return memory(Context.of(cfg))
+def calibration_fit(path: str, cfg: Config) -> Fitted:
+    """The constants of the calibration file `path` for `cfg`; ValueError naming the file (and,
+    for a calibration of another system, model or GEMM precision, the field and both values)."""
+    from . import calibrated
+    cal = calibrated.read(path)
+    bad = calibrated.mismatches(cal, cfg)
+    if bad:
+        raise ValueError("; ".join(bad))
+    return cal.fit
+
+
+def predicted(cfg: Config, fit: Fitted | None = None) -> Memory:
+    return memory(Context.of(cfg), fit)
 
 
 def _gb(mem: Memory) -> str:
     return f"{mem.total_gb:.0f} GB"
 
 
-def alternatives(cfg: Config) -> list[tuple[str, Memory]]:
+def alternatives(cfg: Config, fit: Fitted | None = None) -> list[tuple[str, Memory]]:
     """Changes to the config that would fit, with their predicted memory (first the ones that
     keep the layout)."""
     p, perf, b = cfg.parallel, cfg.performance, cfg.batch
@@ -62,7 +78,7 @@ def alternatives(cfg: Config) -> list[tuple[str, Memory]]:
         if placement_rules(alt, d) or model_layout_rules(alt, d):  # not a layout of this system
             continue
         try:
-            mem = predicted(alt)
+            mem = predicted(alt, fit)
         except (ValueError, ZeroDivisionError):
             continue
         if mem.fits:
@@ -70,28 +86,28 @@ def alternatives(cfg: Config) -> list[tuple[str, Memory]]:
     return fits
 
 
-def memory_problems(cfg: Config) -> list[str]:
+def memory_problems(cfg: Config, fit: Fitted | None = None) -> list[str]:
     """Why a GPU config cannot be launched for memory ([] when it fits, runs on CPU, is not a
     valid layout, or run.accept_memory_risk accepts the risk)."""
     if not load_system(cfg.system.id).is_gpu or problems(cfg) or cfg.run.accept_memory_risk:
         return []
-    mem = predicted(cfg)
+    mem = predicted(cfg, fit)
     if mem.fits:
         return []
-    alts = alternatives(cfg)
+    alts = alternatives(cfg, fit)
     fix = ("; it would fit with " + " or ".join(f"{w} ({_gb(mm)})" for w, mm in alts)) if alts else (
         "; none of full recomputation, twice the TP or PP, or half the MBS fits either")
     return [f"predicted memory per GPU does not fit {cfg.system.id} ({mem.why_not()}){fix}; to "
             f"launch it anyway as an experiment set {RISK_FIELD} = true"]
 
 
-def memory_note(cfg: Config) -> str | None:
+def memory_note(cfg: Config, fit: Fitted | None = None) -> str | None:
     """The line echoed when the config accepts the memory risk (None otherwise)."""
     if not cfg.run.accept_memory_risk:
         return None
     if not load_system(cfg.system.id).is_gpu or problems(cfg):
         return f"{RISK_FIELD} = true (memory risk accepted; no GPU memory prediction for this config)"
-    mem = predicted(cfg)
+    mem = predicted(cfg, fit)
     verdict = "fits" if mem.fits else "DOES NOT FIT, launched anyway"
     return (f"{RISK_FIELD} = true: memory risk accepted, predicted {mem.total_gb:.0f} of "
             f"{mem.capacity_gb:.0f} GB per GPU ({verdict})")

@@ -16,7 +16,9 @@ adds each compute part, communication by kind and host gaps). One solver for bot
   other collectives); the NVLink efficiency stays the published fit's;
 * the step is closed by one constant: the NVLink efficiency for the publication (secant on
   1/efficiency, which the communication time is proportional to), the host time per layer pass
-  for a profile (it measured the host gaps).
+  for a profile (it measured the host gaps);
+* memory, when the profile recorded the allocator's peaks (a GPU): the activation scale and the
+  fragmentation (`fit_memory`).
 
 The contention depends on the constants, so this repeats until nothing moves (a handful of
 rounds, each a few simulations). This module imports the model; the model never imports it: the
@@ -32,6 +34,7 @@ from . import compute
 from .calibration import ASSUMED, CALIBRATION, INITIAL, KINDS, Fitted, Summary
 from .context import Context
 from .costs import plan
+from .memory import memory
 from .spec import make_config
 from .step import Breakdown, breakdown, rank_compute
 
@@ -191,6 +194,27 @@ def solve(c: Summary = CALIBRATION, cfg=None) -> Fitted:
         fit = new
         if done:
             break
+    return fit_memory(ctx, c, fit)
+
+
+def fit_memory(ctx: Context, c: Summary, fit: Fitted) -> Fitted:
+    """The memory model's two measured constants: the activation scale (the allocated peak less
+    the static buffers, which the model counts exactly: weights, gradients, optimizer state,
+    over the modelled activations) and the allocator's fragmentation (reserved - allocated, over
+    those activations). `fit` unchanged when the summary has no memory record."""
+    if c.memory_allocated_gb is None:
+        return fit
+    m = memory(ctx, replace(fit, activation_scale=1.0, activation_fragmentation=None))
+    static = m.weights_gb + m.grads_gb + m.optimizer_gb
+    act = c.memory_allocated_gb - static
+    if act <= 0 or m.activations_gb <= 0:
+        raise ValueError(f"{c.source}: the measured peak ({c.memory_allocated_gb:.2f} GB allocated) "
+                         f"is not above the model's weights, gradients and optimizer state "
+                         f"({static:.2f} GB): the memory model does not describe this run")
+    fit = replace(fit, activation_scale=act / m.activations_gb)
+    if c.memory_reserved_gb is not None:
+        fit = replace(fit, activation_fragmentation=max(
+            0.0, (c.memory_reserved_gb - c.memory_allocated_gb) / act))
     return fit
 
 

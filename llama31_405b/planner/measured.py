@@ -5,7 +5,9 @@ are the planner's components, docs/profile.md): the measured side of the step br
 pipeline stage the planner describes (the mean of its profiled ranks), each compute part,
 exposed communication by kind, the DP collectives' total (overlapped or not) and the host time.
 "Other" communication (the world group, the optimizer's instance group) has no component of
-its own in the model: it counts as host time, which closes the step.
+its own in the model: it counts as host time, which closes the step. On a GPU each rank's
+record (ranks/rank<R>.json, profile/capture.py) holds its allocator's peaks; the fullest rank's
+are the memory the calibration fits to (a CPU profile has none).
 """
 from __future__ import annotations
 
@@ -54,6 +56,7 @@ def from_profile(folder: str | Path, cfg) -> Summary:
     dp_total = [sum(g["total_s"] for g in res["ranks"][r]["comm"].values() if g["role"] == "DP")
                 for r in ranks if r in res.get("ranks", {})]
     gemm = compute_s - parts["elementwise"]
+    alloc, reserved = peak_memory(folder)
     p = cfg.parallel
     return Summary(
         source=str(folder.resolve()), system=cfg.system.id, model=cfg.model.name,
@@ -66,7 +69,21 @@ def from_profile(folder: str | Path, cfg) -> Summary:
         parts=tuple(sorted(parts.items())),
         exposed=tuple(sorted((k, float(rows[v])) for k, v in EXPOSED_ROWS.items())),
         dp_total_s=sum(dp_total) / len(dp_total) if dp_total else 0.0,
-        host_s=sum(float(rows.get(r, 0.0)) for r in HOST_ROWS))
+        host_s=sum(float(rows.get(r, 0.0)) for r in HOST_ROWS),
+        memory_allocated_gb=alloc, memory_reserved_gb=reserved)
+
+
+def peak_memory(folder: Path) -> tuple[float | None, float | None]:
+    """The fullest rank's allocator peaks (max_memory_allocated, max_memory_reserved, GB) over
+    the ranks' records; (None, None) when no rank recorded memory (a CPU profile)."""
+    recs = []
+    for path in sorted((folder / "ranks").glob("rank*.json")):
+        mem = _read(path, "a rank record of `profile`").get("memory")
+        if mem:
+            recs.append((float(mem["max_allocated_gb"]), float(mem["max_reserved_gb"])))
+    if not recs:
+        return None, None
+    return max(recs)
 
 
 def manifest(folder: str | Path) -> dict:
@@ -153,12 +170,15 @@ def first_contact(path: str | Path, prior, system: str | None = None):
     return fit, s, check
 
 
-def synthetic_profile(folder: str | Path, cfg, fit) -> Path:
+def synthetic_profile(folder: str | Path, cfg, fit, with_memory: bool = False) -> Path:
     """Write a profile folder of the planner's own prediction for `cfg` with the constants
-    `fit` (profile.json and analysis.json, the rows `profile` writes): what the calibration's
-    round trip is tested on. It holds no trace: not an MLPerf run, and nothing to re-analyse."""
+    `fit` (profile.json and analysis.json, the rows `profile` writes; with `with_memory`, rank
+    0's record with the allocator peaks the memory model predicts, as a GPU profile has them):
+    what the calibration's round trip is tested on. It holds no trace: not an MLPerf run, and
+    nothing to re-analyse."""
     from .context import Context
     from .costs import plan
+    from .memory import memory
     from .step import breakdown
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=False)
@@ -186,4 +206,12 @@ def synthetic_profile(folder: str | Path, cfg, fit) -> Path:
         "comparison": [{"component": k, "measured_s": v} for k, v in values.items()],
         "ranks": {"0": {"comm": {"DP": {"role": "DP", "total_s": b.dp_total_s + gather}}}}},
         indent=1))
+    if with_memory:
+        mem = memory(ctx, fit)
+        alloc = mem.total_gb - mem.fragmentation_gb - mem.reserved_gb
+        (folder / "ranks").mkdir()
+        (folder / "ranks" / "rank00000.json").write_text(json.dumps({
+            "rank": 0, "memory": {"max_allocated_gb": alloc,
+                                  "max_reserved_gb": alloc + mem.fragmentation_gb,
+                                  "capacity_gb": mem.capacity_gb}}, indent=1))
     return folder

@@ -15,12 +15,17 @@
 * Fragmentation: the caching allocator's loss on the activations, which churn every microbatch
   (calibration.ASSUMED.activation_fragmentation); the static buffers do not fragment.
 * Reserve: CUDA context, NCCL buffers, workspaces (calibration.ASSUMED.memory_reserved_gb).
+
+A calibration fitted to a GPU profile with a memory record (`plan --calibrate`; docs/planner.md)
+replaces two of these: the activations are scaled by the measured / modelled ratio and the
+fragmentation is the measured one (`calibration.Fitted.activation_scale`,
+`activation_fragmentation`); without one (or from a CPU profile) the assumed values hold.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .calibration import ASSUMED
+from .calibration import ASSUMED, Fitted
 from .comm import param_gather_bytes_per_param
 from .compute import OPERAND_BYTES
 from .context import Context
@@ -93,7 +98,8 @@ def activation_bytes_per_token(ctx: Context) -> float:
     return (bf16 + gemm_inputs) / ctx.tp
 
 
-def memory(ctx: Context) -> Memory:
+def memory(ctx: Context, fit: Fitted | None = None) -> Memory:
+    """The fullest GPU's memory; `fit`: a calibration's memory constants (None: the assumed)."""
     params = ctx.params_per_gpu
     cfg = ctx.cfg
     fp32_params = cfg.precision.params == "fp32"
@@ -109,8 +115,11 @@ def memory(ctx: Context) -> Memory:
     else:
         act = layers * per_layer
     logits = ctx.tokens * ctx.vocab / ctx.tp * 6.0  # BF16 logits + FP32 softmax gradient, last rank
-    act_gb = (act + logits) / GB
+    act_gb = (act + logits) / GB * (fit.activation_scale if fit else 1.0)
+    frag = ASSUMED.activation_fragmentation
+    if fit is not None and fit.activation_fragmentation is not None:
+        frag = fit.activation_fragmentation
     return Memory(weights_gb=params * weight_bytes_per_param(ctx) / GB, grads_gb=params * grad / GB,
                   optimizer_gb=params * opt_bytes / shards / GB, activations_gb=act_gb,
-                  fragmentation_gb=act_gb * ASSUMED.activation_fragmentation,
+                  fragmentation_gb=act_gb * frag,
                   reserved_gb=ASSUMED.memory_reserved_gb, capacity_gb=ctx.system.hbm_gb)

@@ -267,7 +267,7 @@ def predict_context(ctx: Context, fit: Fitted, *, simulated: bool = True) -> Pre
         step_s, bd = b.step_s, b.as_dict()
     else:
         step_s, bd = estimate_step_s(ctx, fit), {}
-    mem = memory(ctx)
+    mem = memory(ctx, fit)
     gbs = minibs * ctx.dp
     sch = schedule(rules, gbs, ctx.precision)
     ev = eval_time_s(ctx, fit, rules.eval_samples)

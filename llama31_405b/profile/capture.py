@@ -14,13 +14,19 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..train.hooks import Hook
 from ..train.loop import Run
 from . import attribution as at
 from .marker import mark_folder
+
+if TYPE_CHECKING:
+    from torch.autograd.profiler import record_function
+    from torch.profiler import profile
 
 
 def _tasks() -> set[int]:
@@ -114,7 +120,7 @@ def _annotated(fn, label):
     def wrapper(*args, **kwargs):
         with record_function(label):
             return fn(*args, **kwargs)
-    wrapper._profile_wrapped = True
+    setattr(wrapper, "_profile_wrapped", True)  # a function attribute: read back by getattr above
     return wrapper
 
 
@@ -168,12 +174,12 @@ class ProfileHook(Hook):
     def __init__(self, plan: Plan, *, rank: int, graphs: bool = False, stream=sys.stderr):
         self.plan, self.rank, self.stream = plan, rank, stream
         self.graphs = graphs
-        self.t_prev = None
+        self.t_prev = time.perf_counter()
         self.baseline_s: list[float] = []
         self.eager_s: list[float] = []
         self.profiled_s: list[float] = []
-        self.prof = None
-        self.rf = None
+        self.prof: profile | None = None
+        self.rf: record_function | None = None
         self.done = False
         self.profiled = False
 
@@ -203,10 +209,11 @@ class ProfileHook(Hook):
         acts = [ProfilerActivity.CPU]
         if run.device.gpu:
             acts.append(ProfilerActivity.CUDA)
-        self.prof = profile(activities=acts, record_shapes=False)
-        self.prof.start()
-        self.rf = record_function(f"profile_step#{len(self.profiled_s)}")
-        self.rf.__enter__()
+        prof = profile(activities=acts, record_shapes=False)
+        prof.start()
+        rf = record_function(f"profile_step#{len(self.profiled_s)}")
+        rf.__enter__()
+        self.prof, self.rf = prof, rf
         self.main_tid = _gettid()
 
     def on_step_end(self, run, stats):
@@ -220,8 +227,9 @@ class ProfileHook(Hook):
         eager_steps = p.baseline if self.graphs else 0
         timed = p.skip + p.baseline + eager_steps   # steps before the profiled ones
         last = timed + p.steps
-        if k > timed and self.prof is not None:
+        if k > timed and self.rf is not None:
             self.rf.__exit__(None, None, None)
+            self.rf = None
         phase = ("skipped" if k <= p.skip else "timed, no profiler" if k <= p.skip + p.baseline
                  else "timed eager, no profiler" if k <= timed
                  else "profiled" if self.profiled or self.rank != 0 else "profiled elsewhere")
@@ -241,8 +249,9 @@ class ProfileHook(Hook):
         elif k > timed and self.prof is not None:
             from torch.autograd.profiler import record_function
             if k < last:
-                self.rf = record_function(f"profile_step#{len(self.profiled_s)}")
-                self.rf.__enter__()
+                rf = record_function(f"profile_step#{len(self.profiled_s)}")
+                rf.__enter__()
+                self.rf = rf
             else:
                 self.prof.stop()
         if k == last:
@@ -263,17 +272,17 @@ class ProfileHook(Hook):
             meta = dict(rank=rank, main_tid=self.main_tid, groups=run.group_threads.groups,
                         parallel_groups=self.parallel_groups, export_s=export_s)
             _write_json(out / "traces" / f"rank{rank:05d}.meta.json", meta)
-        mean = (lambda xs: sum(xs) / len(xs) if xs else None)
+        base = self.eager_s or self.baseline_s
         rec = dict(rank=rank, host=socket.gethostname(), device=_device_name(run),
                    tp_rank=info.tp_rank, pp_rank=info.pp_rank, cp_rank=info.cp_rank,
                    dp_rank=info.dp_rank, profiled=self.prof is not None,
                    baseline_step_s=self.baseline_s, profiled_step_s=self.profiled_s,
                    eager_step_s=self.eager_s, cuda_graphs=self.graphs,
-                   overhead_ratio=(mean(self.profiled_s) / mean(self.eager_s or self.baseline_s)
-                                   if (self.eager_s or self.baseline_s) and self.profiled_s
-                                   else None),
-                   graphs_speedup=(mean(self.eager_s) / mean(self.baseline_s)
+                   overhead_ratio=(_mean(self.profiled_s) / _mean(base)
+                                   if base and self.profiled_s else None),
+                   graphs_speedup=(_mean(self.eager_s) / _mean(self.baseline_s)
                                    if self.eager_s and self.baseline_s else None),
+                   memory=_memory(run),
                    trace=str(trace_path.relative_to(out)) if self.prof is not None else None,
                    trace_bytes=trace_path.stat().st_size if self.prof is not None else None)
         _write_json(out / "ranks" / f"rank{rank:05d}.json", rec)
@@ -291,12 +300,27 @@ def _parallel_groups() -> dict:
     return {k: dist.get_process_group_ranks(g) for k, g in groups.items()}
 
 
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
 def _gettid() -> int:
-    try:
-        return os.gettid()
-    except AttributeError:
-        import threading
-        return threading.get_native_id()
+    """The OS thread id (Linux: gettid), as the trace's tid."""
+    return threading.get_native_id()
+
+
+def _memory(run) -> dict | None:
+    """This rank's device memory peaks over the run so far (the warm-up and the timed steps),
+    from PyTorch's caching allocator (torch.cuda.max_memory_allocated, max_memory_reserved):
+    what `plan --calibrate` fits the memory model's constants to. None on CPU: there is no
+    allocator record of the host's memory to compare the model with."""
+    if not run.device.gpu:
+        return None
+    import torch
+    gb = 1e9
+    return {"max_allocated_gb": torch.cuda.max_memory_allocated() / gb,
+            "max_reserved_gb": torch.cuda.max_memory_reserved() / gb,
+            "capacity_gb": torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / gb}
 
 
 def _device_name(run) -> str:
