@@ -187,3 +187,24 @@ def test_first_contact_layer_phase_is_a_partial_calibration(tmp_path, capsys):
                      str(tmp_path / "y.toml"), "--system", "h100-sxm")
     assert rc == 0, err
     assert dict(calibrated.read(tmp_path / "y.toml").fit.gemm_fraction)["bf16"] == pytest.approx(0.6)
+
+
+def test_several_profiles_of_the_fit_layout_calibrate_to_their_median(tmp_path, capsys):
+    """Three profiles of one layout on a drifting machine (the same constants but one host time
+    each): the calibration fits the median one; a profile of another layout is refused."""
+    cfg_path = tiny(tmp_path, "fit")
+    cfg = load_config(cfg_path)
+    folders = [measured.synthetic_profile(tmp_path / f"p{i}", cfg,
+                                          replace(known_fit(), host_s_per_layer_pass=h))
+               for i, h in enumerate((0.004, 0.009, 0.002))]
+    out = tmp_path / "median.toml"
+    rc, text, err = run(capsys, "--calibrate", *map(str, folders), "--calibration-out", str(out))
+    assert rc == 0, err
+    cal = calibrated.read(out)
+    assert cal.fit.host_s_per_layer_pass == pytest.approx(0.004, rel=1e-6)
+    assert cal.summary.source.startswith("median of ") and str(folders[2].resolve()) in cal.summary.source
+    other = measured.synthetic_profile(tmp_path / "dp", load_config(tiny(tmp_path, "dp", tp=1, pp=1, minibs=1)),
+                                       known_fit())
+    rc, _, err = run(capsys, "--calibrate", str(folders[0]), str(other), "--calibration-out",
+                     str(tmp_path / "mixed.toml"), "--config", str(cfg_path))
+    assert rc == 2 and f"{other}: tp: the profile has 1, the config 2" in err

@@ -1,6 +1,7 @@
 """`plan --calibrate PROFILE_DIR --calibration-out FILE`: the planner's constants fitted to a
 measured profile (docs/planner.md, "Calibrating from a profile"). A file instead of a folder is
-first contact's JSON report: a partial calibration (the BF16 GEMM rate of one layer)."""
+first contact's JSON report: a partial calibration (the BF16 GEMM rate of one layer). Several
+folders of the same run (profiled at different times) fit the median of each measured figure."""
 from __future__ import annotations
 
 import sys
@@ -30,7 +31,8 @@ def calibrate(args) -> int:
     from ..planner.context import Context
     from ..planner.step import breakdown
     from .options import load_or_report
-    src, out = Path(args.calibrate), args.calibration_out
+    srcs = [Path(s) for s in args.calibrate]
+    src, out = srcs[0], args.calibration_out
     if not out:
         return _err(["--calibrate needs --calibration-out FILE (the calibration file to write)"])
     if Path(out).exists():
@@ -38,6 +40,8 @@ def calibrate(args) -> int:
                      "overwritten: give another name"])
     try:
         if src.is_file():
+            if len(srcs) > 1:
+                return _err([f"--calibrate {src}: a first-contact report calibrates alone"])
             return _first_contact(args, src, out)
         m = measured.manifest(src)
     except measured.ProfileSummaryError as e:
@@ -49,7 +53,10 @@ def calibrate(args) -> int:
     cfg = load_or_report(cfg_path, None)
     if cfg is None:
         return 2
-    bad = [f"{src}: {x}" for x in measured.layout_mismatches(src, cfg)]
+    try:
+        bad = [f"{s}: {x}" for s in srcs for x in measured.layout_mismatches(s, cfg)]
+    except measured.ProfileSummaryError as e:
+        return _err([str(e)])
     for flag, field, mine, theirs in (("--system", "system", args.system, cfg.system.id),
                                       ("--precision", "precision", args.precision,
                                        cfg.precision.compute)):
@@ -58,7 +65,7 @@ def calibrate(args) -> int:
     if bad:
         return _err(["the profile is not of the run asked for:", *bad])
     try:
-        summary = measured.from_profile(src, cfg)
+        summary = measured.median_summary([measured.from_profile(s, cfg) for s in srcs])
         fit = fitting.solve(summary, cfg)
     except ValueError as e:
         return _err([str(e)])
@@ -68,7 +75,7 @@ def calibrate(args) -> int:
              "simulated_compute_s": b.compute_total_s, "measured_compute_s": summary.compute_s}
     path = calibrated.write(out, summary, fit, gemm_precision(ctx), check)
     print(f"calibration of {cfg.system.id} / {cfg.model.name} / {gemm_precision(ctx)} GEMMs from "
-          f"{src} ({summary.layout}) written to {path}")
+          f"{', '.join(map(str, srcs))} ({summary.layout}) written to {path}")
     for f in fields(fit):
         print(f"  {f.name} = {getattr(fit, f.name)}")
     print(f"  the profiled step: simulated {b.step_s * 1e3:.1f} ms, measured "

@@ -36,9 +36,10 @@ def register(sub) -> None:
     p.add_argument("--explain", action="store_true",
                    help="table of the per-scale configs' predictions and a PNG (see --out)")
     p.add_argument("--out", default="out/planner_scaling.png", help="PNG path for --explain")
-    p.add_argument("--calibrate", metavar="PROFILE_DIR",
-                   help="fit the model's constants to a `profile` folder (or first contact's JSON "
-                        "report: a partial calibration) and write them to --calibration-out")
+    p.add_argument("--calibrate", metavar="PROFILE_DIR", nargs="+",
+                   help="fit the model's constants to a `profile` folder (several of the same "
+                        "run: to the median of each figure; or first contact's JSON report: a "
+                        "partial calibration) and write them to --calibration-out")
     p.add_argument("--calibration-out", metavar="FILE", help="the calibration file --calibrate "
                    "writes (TOML; never overwritten)")
     p.add_argument("--calibration", metavar="FILE",

@@ -73,6 +73,34 @@ def from_profile(folder: str | Path, cfg) -> Summary:
         memory_allocated_gb=alloc, memory_reserved_gb=reserved)
 
 
+def median_summary(summaries: list[Summary]) -> Summary:
+    """One summary of several profiles of the same run: the median of each measured figure (a
+    machine whose speed drifts between profiles meets the fit at its middle). Its source names
+    every folder."""
+    import statistics
+    from dataclasses import fields, replace
+    if len(summaries) == 1:
+        return summaries[0]
+    first = summaries[0]
+    out = {}
+    for f in fields(Summary):
+        vals = [getattr(s, f.name) for s in summaries]
+        if f.name in ("parts", "exposed"):
+            keys = sorted({k for v in vals for k, _ in v})
+            out[f.name] = tuple((k, statistics.median(dict(v).get(k, 0.0) for v in vals))
+                                for k in keys)
+        elif isinstance(vals[0], float) and all(isinstance(v, float) for v in vals):
+            out[f.name] = statistics.median(vals)
+    parts = dict(out.get("parts", ()))
+    if parts:  # the compute and its shares: of the median parts, so that they add up
+        compute_s = sum(parts.values())
+        out.update(compute_s=compute_s,
+                   gemm_share_of_compute=(compute_s - parts.get("elementwise", 0.0)) / compute_s,
+                   ffn_share_of_compute=(parts.get("ffn_up", 0.0) + parts.get("ffn_down", 0.0))
+                   / compute_s)
+    return replace(first, **out, source="median of " + ", ".join(s.source for s in summaries))
+
+
 def peak_memory(folder: Path) -> tuple[float | None, float | None]:
     """The fullest rank's allocator peaks (max_memory_allocated, max_memory_reserved, GB) over
     the ranks' records; (None, None) when no rank recorded memory (a CPU profile)."""
