@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers.ports import free_port
+from helpers.coverage_env import coverage_env
 from llama31_405b.parallel import gather as g
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,7 +39,8 @@ def _ranks(ranks, world: int, timeout: float = 60.0) -> dict[int, dict]:
     port = free_port()
     procs = {r: subprocess.Popen([sys.executable, "-c", RANK, str(r), str(world), str(port),
                                   str(timeout)], cwd=REPO, stdout=subprocess.PIPE, text=True,
-                                 env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+                                 env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
+                                      **coverage_env()})
              for r in ranks}
     return {r: json.loads(p.communicate(timeout=timeout + 60)[0]) for r, p in procs.items()}
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.coverage_env import coverage_env
 from llama31_405b.config import load_config
 from llama31_405b.config.derived import param_count
 from llama31_405b.config.schema import ModelConfig
@@ -123,7 +124,7 @@ print(json.dumps({"params": n, "devices": devs, "layers": layers,
 def test_405b_first_pipeline_stage_on_meta_matches_analytic_count(tmp_path):
     script = tmp_path / "meta.py"
     script.write_text(META_SCRIPT)
-    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", **coverage_env()}
     r = subprocess.run([sys.executable, str(script), str(GB200_128)], capture_output=True,
                        text=True, timeout=600, env=env, cwd=REPO)
     assert r.returncode == 0, r.stderr[-3000:]

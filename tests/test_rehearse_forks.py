@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers.coverage_env import coverage_env
+
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow      # the server imports torch and megatron-core
 
@@ -46,7 +48,7 @@ def _drive(tmp_path: Path, mode: str) -> dict:
     (tmp_path / "fork_probe.py").write_text(PROBE)
     r = subprocess.run([sys.executable, "-c", DRIVER, mode, str(tmp_path)], cwd=REPO,
                        env={"PYTHONPATH": f"{REPO}:{tmp_path}", "PATH": "/usr/bin:/bin",
-                            "PYTHONWARNINGS": "ignore"},
+                            "PYTHONWARNINGS": "ignore", **coverage_env()},
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
