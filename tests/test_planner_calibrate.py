@@ -23,7 +23,9 @@ GB200_128 = REPO / "configs" / "config_GB200_2048x4x8xtp4pp8cp2.toml"
 KNOWN = dict(attention_bf16_fraction=0.09, elementwise_passes=31.0, host_s_per_layer_pass=0.004,
              gemm_fraction=(("fp32", 0.3),),
              gemm_part_scale=(("logits", 1.4), ("proj", 0.8), ("qkv", 1.2)),
-             comm_scale=(("CP", 2.0), ("DP", 6.0), ("PP", 2.0), ("TP", 2.0)))
+             comm_scale=(("PP", 2.0),), collective_latency_s=0.005, nvlink_bus_efficiency=0.2)
+"""A CPU's constants: gloo's one transport (systems/cpu.toml `one_transport`) has a latency and a
+bandwidth (nvlink_bus_efficiency), the pipeline's sends a scale of their own."""
 
 
 def tiny(tmp: Path, name: str, **layout) -> Path:
@@ -58,12 +60,26 @@ def test_fit_recovers_known_constants_from_a_synthetic_profile(tmp_path):
         assert getattr(got, name) == pytest.approx(getattr(fit, name), rel=1e-6), name
     for table in ("gemm_fraction", "gemm_part_scale"):
         assert dict(getattr(got, table)) == pytest.approx(dict(getattr(fit, table)), rel=1e-6)
-    # CP is not in the layout: it takes the measured kinds' geometric mean (all 2 except DP)
+    # the transport's latency and bandwidth from TP's small and DP's large collectives; TP and DP
+    # follow from them (scale 1), the pipeline sends keep theirs (solved with the bubble)
+    assert (got.collective_latency_s, got.nvlink_bus_efficiency) == pytest.approx((0.005, 0.2),
+                                                                                  rel=1e-6)
     scales = dict(got.comm_scale)
-    assert {k: scales[k] for k in ("TP", "PP", "DP")} == pytest.approx(
-        {"TP": 2.0, "PP": 2.0, "DP": 6.0}, rel=1e-6)
-    assert scales["CP"] == pytest.approx((2.0 * 2.0 * 6.0) ** (1 / 3), rel=1e-6)
+    assert {k: scales.get(k, 1.0) for k in ("TP", "PP", "DP", "CP")} == pytest.approx(
+        {"TP": 1.0, "PP": 2.0, "DP": 1.0, "CP": 1.0}, rel=1e-6)
     assert predict(cfg, got).step_time_s == pytest.approx(predict(cfg, fit).step_time_s, rel=1e-9)
+
+
+def test_a_system_of_several_links_fits_one_scale_per_measured_kind(tmp_path):
+    """GB200 (NVLink inside the rack, InfiniBand across, NCCL): no one transport, so each
+    measured kind gets its own scale from a synthetic profile of the published layout."""
+    cfg = load_config(GB200_128)
+    fit = replace(fitting.fitted(), comm_scale=(("CP", 2.0), ("DP", 3.0), ("PP", 1.5), ("TP", 1.2)),
+                  host_s_per_layer_pass=1e-4)
+    got = fitting.solve(measured.from_profile(measured.synthetic_profile(tmp_path / "p", cfg, fit),
+                                              cfg), cfg)
+    assert dict(got.comm_scale) == pytest.approx(dict(fit.comm_scale), rel=1e-5)
+    assert got.collective_latency_s is None
 
 
 def test_calibrate_command_writes_a_calibration_the_other_commands_use(tmp_path, capsys):

@@ -215,6 +215,10 @@ class Fitted:
     (part -> factor, 1 when absent): their shapes run at another rate than the FFN's."""
     comm_scale: tuple[tuple[str, float], ...] = ()
     """Measured / modelled time of each communication kind (TP, CP, PP, DP), 1 when absent."""
+    collective_latency_s: float | None = None
+    """Per-call latency of every collective and send, fitted with `nvlink_bus_efficiency` (the
+    bandwidth) where the system has one transport (systems `one_transport`) and the profile
+    measured collectives of two sizes; None: the system's `collective_latency_s` or ASSUMED's."""
     host_s_per_layer_pass: float | None = None
     """Host time (nothing running) per layer and microbatch pass, forward or backward; None:
     the system's `host_s_per_layer_pass`."""

@@ -11,7 +11,7 @@ simulation's (simulate.py).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from . import comm, compute
 from .calibration import ASSUMED, Fitted
@@ -168,6 +168,8 @@ def plan(ctx: Context, fit: Fitted) -> Plan:
 
 
 def _plan(ctx: Context, fit: Fitted) -> Plan:
+    if fit.collective_latency_s is not None:  # a calibration's transport latency (fitting.py)
+        ctx = replace(ctx, system=replace(ctx.system, collective_latency_s=fit.collective_latency_s))
     pp, vp = ctx.pp, ctx.vp
     made: dict[tuple, ChunkCost] = {}
 

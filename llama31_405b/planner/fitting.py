@@ -92,12 +92,53 @@ def _modelled(ctx: Context, fit: Fitted, b: Breakdown, kind: str) -> float:
     return {"TP": b.tp_s, "CP": b.cp_s, "PP": b.pp_s + b.bubble_s}[kind]
 
 
+def _transport(ctx: Context, fit: Fitted, target: dict) -> Fitted | None:
+    """One round of the latency and bandwidth of a system with one transport (systems
+    `one_transport`) from the two kinds whose messages differ most: TP's per-layer all-reduces
+    (many, small: latency) and DP's gradient collectives (few, large: bandwidth). The modelled
+    time of each is linear in the latency L and in x = 1 / nvlink_bus_efficiency (the bandwidth
+    is nvlink_gbs x efficiency); two figures, two unknowns. None where the layout lacks one of
+    the two kinds, or where no positive latency and bandwidth reproduce both."""
+    if not (ctx.system.one_transport and ctx.tp > 1 and ctx.dp * ctx.cp > 1
+            and target.get("TP") and target.get("DP")):
+        return None
+    scale = dict(fit.comm_scale) | {"TP": 1.0, "DP": 1.0}
+    base = replace(fit, comm_scale=tuple(sorted(scale.items())))
+    lat0 = fit.collective_latency_s or ctx.system.collective_latency_s or 1e-3
+    x0 = 1 / fit.nvlink_bus_efficiency
+
+    def model(lat: float, x: float) -> tuple[float, float]:
+        f = replace(base, collective_latency_s=lat, nvlink_bus_efficiency=1 / x)
+        b = breakdown(ctx, f)
+        return _modelled(ctx, f, b, "TP"), _modelled(ctx, f, b, "DP")
+    (t0, d0), (t1, d1), (t2, d2) = model(lat0, x0), model(2 * lat0, x0), model(lat0, 2 * x0)
+    at, ad, bt, bd = (t1 - t0) / lat0, (d1 - d0) / lat0, (t2 - t0) / x0, (d2 - d0) / x0
+    rt, rd = target["TP"] - (t0 - at * lat0 - bt * x0), target["DP"] - (d0 - ad * lat0 - bd * x0)
+    det = at * bd - ad * bt
+    if abs(det) < 1e-12 * max(abs(at * bd), abs(ad * bt), 1e-30):
+        return None
+    lat, x = (rt * bd - rd * bt) / det, (at * rd - ad * rt) / det
+    if lat <= 0 or x <= 0:
+        return None
+    return replace(base, collective_latency_s=lat, nvlink_bus_efficiency=1 / x)
+
+
 def _comm(ctx: Context, fit: Fitted, c: Summary, b: Breakdown) -> Fitted:
-    """One round of the communication constants: each measured kind's time ratio applied."""
+    """One round of the communication constants: on a system with one transport, its latency
+    and bandwidth where the profile has both of TP and DP (`_transport`; every other kind then
+    follows from them, scale 1, except the pipeline's, solved with its bubble); else each
+    measured kind's time ratio applied."""
     exposed = dict(c.exposed)
     target = {k: exposed.get(k) for k in KINDS}
     target["DP"] = c.dp_total_s
     present = {"TP": ctx.tp > 1, "CP": ctx.cp > 1, "PP": ctx.pp > 1, "DP": ctx.dp * ctx.cp > 1}
+    link = _transport(ctx, fit, target)
+    if link is not None:
+        fit = link
+        if present["PP"] and target["PP"]:
+            pp = _pp_scale(ctx, fit, target["PP"], fit.scale("comm_scale", "PP"))
+            fit = replace(fit, comm_scale=tuple(sorted((dict(fit.comm_scale) | {"PP": pp}).items())))
+        return fit
     scale = dict(fit.comm_scale)
     ratios = {}
     for k in KINDS:

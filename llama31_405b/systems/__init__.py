@@ -89,6 +89,13 @@ class SystemSpec:
     """Time of one collective or send beyond its bytes; 0: the planner's assumed NVLink,
     scale-out and send latencies (microseconds on GPUs). On a CPU, gloo's per-call cost with the
     ranks sharing the cores."""
+    one_transport: bool = False
+    """Every collective and send of a job runs over one transport with one latency and one
+    bandwidth (a CPU's gloo over loopback): a profile whose collectives come in two message
+    sizes (TP's per-layer all-reduces, DP's gradient buckets) then fits that latency and
+    bandwidth (planner fitting.py), and every kind, measured or not, follows from them. False
+    (GPUs): NVLink, the scale-out network and NCCL's protocols differ by kind: one scale per
+    measured kind."""
     host_s_per_layer_pass: float = 0.0
     """Host time per layer and microbatch pass (forward or backward) with nothing running on the
     device, the prior a calibration replaces: 0 on GPUs (CUDA graphs, launches ahead of the
