@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from .calibration import Summary
 
@@ -82,7 +83,7 @@ def median_summary(summaries: list[Summary]) -> Summary:
     if len(summaries) == 1:
         return summaries[0]
     first = summaries[0]
-    out = {}
+    out: dict[str, Any] = {}  # Summary's fields, each of its own type
     for f in fields(Summary):
         vals = [getattr(s, f.name) for s in summaries]
         if f.name in ("parts", "exposed"):
@@ -91,7 +92,7 @@ def median_summary(summaries: list[Summary]) -> Summary:
                                 for k in keys)
         elif isinstance(vals[0], float) and all(isinstance(v, float) for v in vals):
             out[f.name] = statistics.median(vals)
-    parts = dict(out.get("parts", ()))
+    parts: dict[str, float] = dict(out.get("parts", ()))
     if parts:  # the compute and its shares: of the median parts, so that they add up
         compute_s = sum(parts.values())
         out.update(compute_s=compute_s,
