@@ -1,12 +1,13 @@
 """The calibration file: the constants `plan --calibrate PROFILE_DIR` fitted, as data (TOML),
-naming the profile they came from; `plan`, `plan --write-configs` and `profile` use it with
-`--calibration FILE`.
+naming the profile they came from; `plan`, `plan --write-configs`, `profile` and the memory
+check (`config check`, `compliance precheck`, `launch preflight`) use it with `--calibration FILE`.
 
     [calibration]   where it came from: the profile folder (or the publication), its config,
                     system, model, GEMM precision and layout, when it was written
     [fitted]        the `calibration.Fitted` constants (the four of the published fit, the GEMM
                     efficiency of the profiled precision, the linear parts' rates relative to the
-                    FFN's, the communication scales, the host time per layer pass)
+                    FFN's, the communication scales or the transport's latency, the host time per
+                    layer pass, the memory model's activation scale and fragmentation)
     [measured]      the profile summary it was fitted to (`calibration.Summary`)
     [check]         the simulated step of the profiled layout with these constants, next to the
                     measurement (they agree: the fit reproduces what it was fitted to)

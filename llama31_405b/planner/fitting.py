@@ -10,10 +10,13 @@ adds each compute part, communication by kind and host gaps). One solver for bot
   run's precision, the rest of the GEMM share the attention (the published write-up counts the
   fused attention as GEMMs; a profile measures the attention and each linear part apart, whose
   rate relative to the FFN's is `gemm_part_scale`), the non-GEMM share the elementwise passes;
-* communication a profile measures: a scale per kind (TP, CP, PP, DP: measured / modelled time,
-  latency and bytes alike, since a profile sees one message size per kind); a kind the profiled
-  layout lacks takes the geometric mean of the measured ones (the same links, measured through
-  other collectives); the NVLink efficiency stays the published fit's;
+* communication a profile measures: on a system with one transport (systems `one_transport`:
+  a CPU's gloo), that transport's latency and bandwidth from TP's small and DP's large
+  collectives (`_transport`), every kind following from them, the pipeline's sends keeping a
+  scale solved with their bubble; elsewhere a scale per kind (TP, CP, PP, DP: measured /
+  modelled time, latency and bytes alike, since a profile sees one message size per kind), a
+  kind the profiled layout lacks taking the geometric mean of the measured ones (the same
+  links, measured through other collectives), the NVLink efficiency the published fit's;
 * the step is closed by one constant: the NVLink efficiency for the publication (secant on
   1/efficiency, which the communication time is proportional to), the host time per layer pass
   for a profile (it measured the host gaps);
