@@ -13,12 +13,17 @@ tokens (training steps with optimizer updates, evaluation passes; train.warmup) 
 restore (from the master weights: the checkpoint is read once) -> manual GC start. After
 run_start a loader thread (train.prefetch) reads the next step's batch while the current one
 computes.
+
+What the init builds (the device, the process groups' ParallelInfo, the model chunks, the
+optimizer, the schedule, the datasets) is declared on `Run` with its type and assigned by
+`_init`: the hooks' `on_init_start` sees none of it, everything after the init sees all of it.
 """
 from __future__ import annotations
 
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -27,6 +32,16 @@ from .failure import (RunAborted, SignalWatch, StopRequest, check_finite, lost_p
 from .hooks import Hook, Hooks, StepStats
 from .manual_gc import ManualGC
 from .schedule import LRSchedule
+
+if TYPE_CHECKING:   # megatron.core is imported by the init, after the TE environment check
+    from megatron.core.distributed import DistributedDataParallel
+    from megatron.core.optimizer import MegatronOptimizer
+
+    from ..parallel.setup import ParallelInfo
+    from ..systems.device import Device
+    from .graphs import FullIterationGraphs
+    from .inputs import CheckedInputs
+    from .prefetch import Prefetcher
 
 
 @dataclass
@@ -46,6 +61,18 @@ class RunState:
 
 
 class Run:
+    # built by _init, in this order (MLPerf init); read only after it
+    device: Device
+    info: ParallelInfo
+    model: list[DistributedDataParallel]
+    """The model chunks of this rank (one per virtual pipeline stage), in Megatron's DDP."""
+    optimizer: MegatronOptimizer
+    schedule: LRSchedule
+    last_stage: bool
+    train_ds: Any
+    """The training blend (data.datasets, or the caller's `datasets`): indexed by sample."""
+    valid_ds: Any
+
     def __init__(self, cfg, *, seed: int, hooks: list[Hook], dist_env=None,
                  timeout_s: float = 600.0, signal_grace_s: float = 20.0,
                  init_checkpoint: str | None = None, datasets=None, sets=()):
@@ -59,13 +86,9 @@ class Run:
         self._datasets = datasets
         self.state = RunState()
         self.stop = StopRequest()
-        self.info = None
-        self.device = None
-        self.model = None
-        self.optimizer = None
         self.gc = ManualGC.from_config(cfg)
-        self._graphs = None       # train.graphs.FullIterationGraphs (full-iteration graphs)
-        self._loader = None       # train.prefetch.Prefetcher, started by the first step
+        self._graphs: FullIterationGraphs | None = None   # with full-iteration graphs
+        self._loader: Prefetcher | None = None             # started by the first step
         self._init_ckpt = ""
         self.failure: BaseException | None = None
         """The exception that ended the run (None: it ended by itself or by RunAborted)."""
@@ -106,7 +129,7 @@ class Run:
         self.info = setup_parallel(cfg, self.dist_env, timeout_s=self.timeout_s, device=device)
         self._check_placement()
         from .inputs import check_inputs
-        self._inputs = check_inputs(cfg, init_checkpoint=self.init_checkpoint, sets=self.sets,
+        self._inputs: CheckedInputs = check_inputs(cfg, init_checkpoint=self.init_checkpoint, sets=self.sets,
                                     data=self._datasets is None)
         seed_model_parallel(self.seed,
                             cuda_graphs=device.gpu and cfg.performance.cuda_graphs != "none")
@@ -123,7 +146,10 @@ class Run:
             ckpt_format.load(chunks, ckpt, cfg)    # read once, in parallel: never again
             self._quantized_init = quantized_values(chunks)   # fp8/fp4 params only (warm-up)
         self.model = wrap_for_training(cfg, chunks)
-        self.optimizer = get_megatron_optimizer(optimizer_config(cfg), self.model)
+        # megatron-core 0.19.2 annotates model_chunks List[MegatronModule], which is invariant:
+        # its DistributedDataParallel is a MegatronModule, and the function only reads the list
+        self.optimizer = get_megatron_optimizer(optimizer_config(cfg),
+                                                self.model)  # type: ignore[arg-type]
         if not device.gpu and cfg.parallel.cp == 1:   # CP's RoPE split pins memory in forward
             cpu_compat.fast_paths(self.model, self.optimizer)
         self.schedule = LRSchedule.from_config(cfg)

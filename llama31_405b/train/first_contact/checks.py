@@ -84,7 +84,7 @@ def run_checks(config: str | Path = DEFAULT_CONFIG, *, layers: int = 1,
                                                  f"against {TE_SERIES}.x (Dockerfile)")
             else:
                 rep.passed("transformer_engine", f"version {version}", version=str(version))
-    if te and compute is None:
+    if compute is None:   # only with TE: without it the slice runs the local BF16 layers
         rep.not_run("recipe", why)
         rep.rest_not_run(f"needs a quantized recipe: {why}")
         return rep
@@ -231,7 +231,6 @@ def trace_calls(rep: Report, run) -> None:
     figures of the check in progress: a hang names the call it hung in."""
     import time
     counts: dict[str, int] = {}
-    gpu = run.device is None or run.device.gpu
 
     def wrap(name):
         inner = getattr(run, name)
@@ -243,7 +242,7 @@ def trace_calls(rep: Report, run) -> None:
             rep.progress(f"{name} call {i}")
             t0 = time.perf_counter()
             out = inner(*a, **k)
-            if gpu and torch.cuda.is_available():
+            if run.device.gpu:   # decided by the run's init, which makes these calls
                 torch.cuda.synchronize()
             dt = time.perf_counter() - t0
             if check is not None:

@@ -63,6 +63,9 @@ def run_dp2_phase(rep: Report, config, *, layers: int, seq_length: int, steps: i
             rep.not_run("dp2_eval_sync", f"needs 2 GPUs (this machine has {n})")
             return
     with Timed(rep, "dp2_eval_sync"):
+        if steps < 1:   # before any rank starts: the replay check (0) follows the first step
+            raise ValueError(f"--steps {steps}: the DP 2 phase needs at least 1 training step "
+                             "(its replayed training step follows the first optimizer step)")
         tmp = Path(tempfile.mkdtemp(prefix="first_contact_dp2_"))
         result = tmp / "result.json"
         port = _free_port()
@@ -159,6 +162,9 @@ def worker(argv=None) -> int:
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--result", required=True)
     a = ap.parse_args(argv)
+    if a.steps < 1:
+        ap.error(f"--steps {a.steps}: at least 1 (the replayed training step follows the first "
+                 "optimizer step)")
 
     from ...config import launch_env, load_config
     from ..batches import synthetic_microbatches
@@ -178,20 +184,19 @@ def worker(argv=None) -> int:
     run = Run(scfg, seed=1234, hooks=[], init_checkpoint="", datasets=synthetic_datasets(scfg))
     try:
         run._init()
-        trained = train_synced = None
-        for i in range(a.steps):
+        run.train_step()
+        # the training graph (0): a replay right after the first step's optimizer step gathers
+        tokens = dict(seq_length=scfg.model.seq_length, vocab_size=scfg.model.vocab_size)
+        run._zero_grads()
+        run._forward_backward(synthetic_microbatches(
+            scfg.derived.num_microbatches, mbs=scfg.batch.micro_batch_size,
+            seed=TRAIN_SEED, **tokens))
+        trained = param_hash(run.model)
+        for m in run.model:
+            m.start_param_sync(force_sync=True)
+        train_synced = param_hash(run.model)
+        for _ in range(a.steps - 1):
             run.train_step()
-            if i == 0:
-                # the training graph (0): a replay right after an optimizer step gathers
-                tokens = dict(seq_length=scfg.model.seq_length, vocab_size=scfg.model.vocab_size)
-                run._zero_grads()
-                run._forward_backward(synthetic_microbatches(
-                    scfg.derived.num_microbatches, mbs=scfg.batch.micro_batch_size,
-                    seed=TRAIN_SEED, **tokens))
-                trained = param_hash(run.model)
-                for m in run.model:
-                    m.start_param_sync(force_sync=True)
-                train_synced = param_hash(run.model)
         value = run.evaluate()                      # the timed-evaluation path
         seen = param_hash(run.model)
         for m in run.model:                         # Megatron-LM's sync before evaluation

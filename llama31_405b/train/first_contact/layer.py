@@ -166,7 +166,9 @@ def nvfp4_emulation(shape=(4096, 16384, 26624), iters: int = 3) -> dict:
         xd, wd = x.to(dev).requires_grad_(True), w.to(dev).requires_grad_(True)
         y = nvfp4_linear(xd, wd)
         y.backward(dy.to(dev))
-        out[dev] = [t.detach().cpu() for t in (y, xd.grad, wd.grad)]
+        gx, gw = xd.grad, wd.grad
+        assert gx is not None and gw is not None   # leaves that require grad, after backward
+        out[dev] = [t.detach().cpu() for t in (y, gx, gw)]
     cpu_vs_gpu = max(_rel(a, b) for a, b in zip(out["cuda"], out["cpu"]))
     T, K, N = shape
     gc = torch.Generator(device="cuda").manual_seed(4)
