@@ -37,11 +37,29 @@ if TYPE_CHECKING:   # megatron.core is imported by the init, after the TE enviro
     from megatron.core.distributed import DistributedDataParallel
     from megatron.core.optimizer import MegatronOptimizer
 
+    from ..config.schema import Config
     from ..parallel.setup import ParallelInfo
     from ..systems.device import Device
     from .graphs import FullIterationGraphs
     from .inputs import CheckedInputs
     from .prefetch import Prefetcher
+
+
+def te_env_checked(cfg: Config, device: Device, *, te_installed: bool | None = None) -> bool:
+    """Whether a run checks Transformer Engine's environment (precision.te_recipe.require_te_env:
+    the recipe knobs and the kernel-choice knobs, attention backend and cuDNN norms included)
+    before TE is imported: every GPU run with TE's layers, BF16 included (model.builder takes
+    them on a GPU whenever TE is installed), and every fp8/nvfp4 GPU run (which model.builder
+    refuses without TE). `te_installed`: whether transformer_engine is importable (default: ask
+    the import system without importing it)."""
+    if not device.gpu:
+        return False
+    if cfg.precision.compute in ("fp8", "nvfp4"):
+        return True
+    if te_installed is None:
+        from ..model.builder import _has_module
+        te_installed = _has_module("transformer_engine")
+    return te_installed
 
 
 @dataclass
@@ -114,9 +132,10 @@ class Run:
         cfg = self.cfg
         self.device = device = decide(cfg)      # refuses a GPU config without a GPU
         gpu_quant = device.gpu and cfg.precision.compute in ("fp8", "nvfp4")
-        if gpu_quant:
-            # TE reads the NVFP4 recipe knobs from the environment when it is imported (and
-            # megatron.core imports it): check them before the first megatron import
+        if te_env_checked(cfg, device):
+            # TE reads the recipe knobs from the environment when it is imported (and
+            # megatron.core imports it), its kernel choices (attention backend, cuDNN norms) in
+            # BF16 too: check them before the first megatron import
             from ..precision.te_recipe import require_te_env
             require_te_env(cfg)
         cpu_compat.apply(device)
