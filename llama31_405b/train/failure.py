@@ -27,7 +27,10 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from types import FrameType
+from typing import Any
 
 from .siblings import Siblings, describe_lost
 
@@ -153,6 +156,10 @@ def _point(status: str, reason: str, where) -> StopPoint:
     return StopPoint(status, reason, int(step), int(samples), int(time.time() * 1e3))
 
 
+_Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+"""What signal.signal takes and returns."""
+
+
 class SignalWatch:
     """Turns SIGTERM/SIGINT into `on_signal(reason)`, called at once from a watchdog thread, and
     exits the process if the run has not finished `grace_s` later."""
@@ -165,8 +172,9 @@ class SignalWatch:
         self.received: int | None = None
         self._reason = ""
         self.done = threading.Event()
-        self._old = {}
-        self._r = self._w = None
+        self._old: dict[int, _Handler] = {}   # signal -> the handler install replaced
+        self._pair: tuple[socket.socket, socket.socket] | None = None
+        """(read, write) ends of the wakeup fd's socket pair: made by install."""
         self._old_fd = -1
 
     def reason(self) -> str:
@@ -187,21 +195,22 @@ class SignalWatch:
         _siblings = Siblings.of_this_rank()
         for s in self.SIGNALS:
             self._old[s] = signal.signal(s, self._handler)
-        self._r, self._w = socket.socketpair()
-        self._r.setblocking(True)
-        self._w.setblocking(False)
-        self._old_fd = signal.set_wakeup_fd(self._w.fileno(), warn_on_full_buffer=False)
-        threading.Thread(target=self._watch, name="signal-watchdog", daemon=True).start()
+        r, w = self._pair = socket.socketpair()
+        r.setblocking(True)
+        w.setblocking(False)
+        self._old_fd = signal.set_wakeup_fd(w.fileno(), warn_on_full_buffer=False)
+        threading.Thread(target=self._watch, args=(r,), name="signal-watchdog",
+                         daemon=True).start()
         return self
 
     def _handler(self, signum, frame):
         # main thread, between bytecodes: an assignment only (see the module docstring)
         self.received = self.received or signum
 
-    def _watch(self):
+    def _watch(self, r: socket.socket):
         while True:
             try:
-                data = self._r.recv(1)
+                data = r.recv(1)
             except OSError:
                 return
             if not data or self.done.is_set():
@@ -223,16 +232,17 @@ class SignalWatch:
 
     def uninstall(self):
         self.done.set()
-        if self._r is None:
+        if self._pair is None:
             return
+        r, w = self._pair
         try:
-            self._w.send(b"\0")   # wake the watchdog so it sees `done` and returns
+            w.send(b"\0")   # wake the watchdog so it sees `done` and returns
         except OSError:
             pass
         signal.set_wakeup_fd(self._old_fd)
         for s, h in self._old.items():
             signal.signal(s, h)
-        for sock in (self._w, self._r):
+        for sock in (w, r):
             try:
                 sock.close()
             except OSError:
