@@ -72,10 +72,13 @@ def gpt_dataset_config(cfg, *, seed: int, tokenizer=None):
         raise DataError(f"data.train_weights has {len(p.weights)} entries for "
                         f"{len(p.train)} data.train_prefixes")
     tok = tokenizer or load_tokenizer(p.tokenizer)
+    # megatron-core 0.19.2 types the tokenizer MegatronTokenizerBase but reads only vocab_size,
+    # eod, eos and pad of it (GPTDatasetConfig.__post_init__, GPTDataset, MegatronDataset), which
+    # data.tokenizer.SentencePieceTokenizer has
     return GPTDatasetConfig(
         random_seed=seed, sequence_length=cfg.model.seq_length,
         blend_per_split=[([str(x) for x in p.train], list(p.weights)), None, None],
-        path_to_cache=str(p.index_cache), tokenizer=tok,
+        path_to_cache=str(p.index_cache), tokenizer=tok,  # type: ignore[arg-type]
         reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
         create_attention_mask=False, mmap_bin_files=False)
 
@@ -168,8 +171,11 @@ def build_datasets(cfg, *, seed: int, train_samples: int, verified: dict | None 
     level = quiet.level
     quiet.setLevel(max(level, logging.WARNING))
     try:
+        # sizes: megatron-core 0.19.2 annotates List[int], yet reads None as "no such split"
+        # (BlendedMegatronDatasetBuilder.__init__ and build test sizes[i] is None)
         train, _, _ = BlendedMegatronDatasetBuilder(
-            GPTDataset, [train_samples, None, None], lambda: True, gcfg).build()
+            GPTDataset, [train_samples, None, None],  # type: ignore[list-item]
+            lambda: True, gcfg).build()
     finally:
         quiet.setLevel(level)
     if train is None or len(train) < train_samples:

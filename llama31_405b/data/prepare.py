@@ -31,7 +31,7 @@ import os
 import shutil
 import sys
 from collections import deque
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +46,7 @@ from .progress import Progress
 from .reader import BlockReader, SkipCounts
 from .tokenizer import TOKENIZATION, SentencePieceTokenizer
 from . import unit as unit_mod
-from .unit import PartWriter, Unit, inherit_tokenizer, tokenize_blocks
+from .unit import Block, PartWriter, Unit, inherit_tokenizer, tokenize_blocks
 
 @dataclass(frozen=True)
 class Output:
@@ -253,10 +253,10 @@ def prepare(outputs: list[Output], tokenizer: str | Path, *, data_dir: str | Pat
 class _Now:
     """A result computed on the spot (no pool): a Future's result()."""
 
-    def __init__(self, value) -> None:
+    def __init__(self, value: list[Block]) -> None:
         self.value = value
 
-    def result(self):
+    def result(self) -> list[Block]:
         return self.value
 
 
@@ -264,10 +264,12 @@ class _Slot:
     """One block's result within a task of several blocks (set when the task is submitted)."""
 
     def __init__(self) -> None:
-        self.task = None
+        self.task: Future[list[Block]] | _Now | None = None
         self.index = 0
 
-    def get(self):
+    def get(self) -> Block:
+        # _run's handle submits the pending batch before it reads a block of it
+        assert self.task is not None, "a block read before its task was submitted"
         return self.task.result()[self.index]
 
 
