@@ -108,10 +108,10 @@ def run_count(benchmark: str) -> int:
 def validate_runs(runs: list[RunLog], cfg=None) -> tuple[str, list[str]]:
     """(benchmark, warnings); PackageError for what the checkers would refuse."""
     benches = {r.benchmark for r in runs}
-    if len(benches) != 1 or None in benches:
+    bench = benches.pop() if len(benches) == 1 else None
+    if bench is None:
         raise PackageError("logs disagree on submission_benchmark: " + ", ".join(
             f"{r.path}={r.benchmark!r}" for r in runs))
-    bench = benches.pop()
     want = run_count(bench) if _known(bench) else None
     if want is not None and len(runs) != want:
         raise PackageError(f"{len(runs)} logs for {bench}; a submission has exactly {want} "
@@ -140,6 +140,7 @@ def validate_runs(runs: list[RunLog], cfg=None) -> tuple[str, list[str]]:
     where: dict[tuple, str] = {}
     for r in runs:
         e = r.first("seed")
+        assert e is not None    # its value was found above
         key = (e.metadata.get("file"), e.metadata.get("lineno"), str(e.value))
         if key in where:
             raise PackageError(
@@ -272,7 +273,7 @@ def run_summarizer(org_dir: Path, benchmark: str, ruleset: str) -> tuple[Step, f
     if out_csv.is_file():
         with out_csv.open() as f:
             rows = list(csv.DictReader(f))
-        vals = [r.get(benchmark) for r in rows if r.get(benchmark)]
+        vals = [v for r in rows if (v := r.get(benchmark))]
         score = float(vals[0]) if vals else None
     ok = rc == 0 and score is not None and not probs
     notices = [ln.strip() for ln in text.splitlines() if ln.startswith("NOTICE")]

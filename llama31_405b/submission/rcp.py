@@ -124,12 +124,14 @@ def check_runs(runs: list[RunLog], *, ruleset: str = RULESET,
     results_dir, writes/removes scaling.json there as the checker does."""
     benches = {r.benchmark for r in runs}
     gbss = {r.gbs for r in runs}
-    if len(benches) != 1 or len(gbss) != 1 or None in gbss:
+    bench = next(iter(benches)) if len(benches) == 1 else None
+    gbs = next(iter(gbss)) if len(gbss) == 1 else None
+    if bench is None or gbs is None:
         msg = ("Benchmark names in files do not match" if len(benches) != 1 else
                "Could not detect global_batch_size" if None in gbss else
-               "Batch sizes in files do not match")
+               "Batch sizes in files do not match" if len(gbss) != 1 else
+               "Could not detect submission_benchmark")
         return RcpResult(False, msg, 1.0, [], None)
-    bench, gbs = benches.pop(), int(gbss.pop())
     ck = make_checker(bench, ruleset, rcp_file)
     samples = [r.samples_to_converge for r in runs]
     not_converged = sum(s is None for s in samples)
@@ -162,14 +164,18 @@ def check_runs(runs: list[RunLog], *, ruleset: str = RULESET,
 def rcp_records(runs: list[RunLog], *, creator: str, when: str, platform: str,
                 precision: str) -> dict:
     """RCP records in the checker's JSON format, one per GBS, from converged runs."""
-    by_gbs: dict[int, list[RunLog]] = {}
+    by_gbs: dict[int, list[tuple[RunLog, float]]] = {}
     for r in runs:
-        if r.samples_to_converge is None:
+        samples, gbs = r.samples_to_converge, r.gbs
+        if samples is None:
             raise ValueError(f"{r.path}: run did not converge (run_stop status {r.status!r}); "
                              "an RCP needs converged runs only")
-        by_gbs.setdefault(int(r.gbs), []).append(r)
+        if gbs is None:
+            raise ValueError(f"{r.path}: no global_batch_size logged; an RCP is per batch size")
+        by_gbs.setdefault(gbs, []).append((r, samples))
     out = {}
-    for gbs, rs in sorted(by_gbs.items()):
+    for gbs, converged in sorted(by_gbs.items()):
+        rs = [r for r, _ in converged]
         bench = rs[0].benchmark
         if len(rs) < 3:
             raise ValueError(f"GBS {gbs}: {len(rs)} converged run(s); the checker's olympic mean "
@@ -184,7 +190,7 @@ def rcp_records(runs: list[RunLog], *, creator: str, when: str, platform: str,
                 "opt_learning_rate_warmup_steps": first.value("opt_learning_rate_warmup_steps"),
                 "gradient_accumulation_steps": first.value("gradient_accumulation_steps"),
             },
-            "Epochs to converge": [int(r.samples_to_converge) for r in rs],
+            "Epochs to converge": [int(samples) for _, samples in converged],
         }
     return out
 
