@@ -1,5 +1,7 @@
 """Hugging Face Llama 3.1 -> Megatron distributed checkpoint: mapping, checks, conversion,
-resume, and loading at TP1 and TP2xPP2 with logits equal to the Hugging Face model's."""
+resume, and loading at TP1 and TP2xPP2 with logits equal to the Hugging Face model's; the chunks
+of a TP (checkpoint.chunking): what megatron-core requests at that TP, one chunk per request, and
+both chunkings loading bit for bit at their own TP and another."""
 from __future__ import annotations
 
 import json
@@ -16,6 +18,9 @@ from llama31_405b.checkpoint import mapping
 from llama31_405b.config.load import load_config
 from llama31_405b.config.schema import ModelConfig
 
+WORKER = Path(__file__).resolve().parent / "helpers" / "ckpt_load_worker.py"
+ZIP_OVERHEAD = 4096
+"""Bytes torch.save adds around each stored chunk (zip headers, pickle), an upper bound."""
 TINY = ModelConfig(num_layers=2, hidden_size=16, ffn_hidden_size=24, num_attention_heads=4,
                    num_query_groups=2, kv_channels=4, vocab_size=40)
 
@@ -102,6 +107,19 @@ def converted(hf_dir, tmp_path_factory) -> tuple[Path, Path]:
     from llama31_405b.cli import main
     root = tmp_path_factory.mktemp("conv")
     cfg = write_config(root / "tp1.toml")
+    out = root / "megatron"
+    assert main(["checkpoint", "convert", "--hf", str(hf_dir), "--config", str(cfg),
+                 "--out", str(out)]) == 0
+    return cfg, out
+
+
+@pytest.fixture(scope="session")
+def converted_tp2(hf_dir, tmp_path_factory) -> tuple[Path, Path]:
+    """(config, Megatron checkpoint) converted through the CLI with a TP2 config: the chunks
+    megatron-core requests at TP2."""
+    from llama31_405b.cli import main
+    root = tmp_path_factory.mktemp("conv_tp2")
+    cfg = write_config(root / "tp2.toml", tp=2)
     out = root / "megatron"
     assert main(["checkpoint", "convert", "--hf", str(hf_dir), "--config", str(cfg),
                  "--out", str(out)]) == 0
@@ -208,9 +226,10 @@ def test_verify_cli_reports_and_passes(converted, hf_dir, monkeypatch, capsys):
     assert "max |logit diff|" in text and "PASS" in text
 
 
-def test_other_hidden_size_fails_before_writing(hf_dir, tmp_path, capsys):
+@pytest.mark.parametrize("tp", [1, 2])
+def test_other_hidden_size_fails_before_writing(hf_dir, tmp_path, capsys, tp):
     from llama31_405b.cli import main
-    cfg = write_config(tmp_path / "h96.toml", hidden_size=96)
+    cfg = write_config(tmp_path / "h96.toml", hidden_size=96, tp=tp)
     out = tmp_path / "never"
     rc = main(["checkpoint", "convert", "--hf", str(hf_dir), "--config", str(cfg),
                "--out", str(out)])
@@ -277,3 +296,111 @@ def test_405b_model_matches_the_mapping():
     assert len(tensors) == len(mapping.targets(cfg.model)) == 6 * 126 + 3
     entry = tensors[(mapping.QKV, 125)][1]
     assert tuple(entry.local_shape) == ((128 + 2 * 8) * 128, 16384)
+
+
+# ---------------------------------------------------------------- the chunks of a TP
+
+def test_chunks_of_a_tp_that_does_not_divide_are_refused_before_writing(hf_dir, tmp_path,
+                                                                        capsys):
+    from llama31_405b.cli import main
+    cfg = write_config(tmp_path / "tp1.toml")
+    out = tmp_path / "never"
+    rc = main(["checkpoint", "convert", "--hf", str(hf_dir), "--config", str(cfg),
+               "--chunks-tp", "3", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "--chunks-tp 3" in err and "model.num_query_groups = 2 is not divisible by TP 3" in err
+    assert "model.ffn_hidden_size = 160 is not divisible by TP 3" in err
+    assert "--chunks-tp 1 for whole layers" in err
+    assert not out.exists()
+
+
+def test_chunking_splits_as_megatron_and_counts_what_a_request_reads():
+    """checkpoint.chunking on the small model at TP2: the stored pieces of each split tensor,
+    the vocab cut at the true rows, and the bytes a request pays for."""
+    from llama31_405b.checkpoint.chunking import Chunking, ChunkingError, problems
+    model = ModelConfig(num_layers=4, hidden_size=64, ffn_hidden_size=160, num_attention_heads=8,
+                        num_query_groups=2, kv_channels=8, vocab_size=320)
+    c = Chunking.for_model(model, 2)
+    assert c.vocab_chunk_rows == 256                      # 320 padded to 512 at TP2, over 2
+    assert c.intervals(mapping.EMBED, 0, 320) == [(0, 256), (256, 320)]
+    assert c.intervals(mapping.FC1, 0, 320) == [(0, 80), (80, 160), (160, 240), (240, 320)]
+    assert c.intervals(mapping.PROJ, 1, 64) == [(0, 32), (32, 64)]
+    assert c.intervals(mapping.PROJ, 0, 64) == [(0, 64)]
+    assert c.intervals(mapping.ATTN_NORM, 0, 64) == [(0, 64)]
+    assert c.owners(mapping.FC1, (320, 64)) == [0, 1] and c.owners(mapping.MLP_NORM, (64,)) == [0]
+    # a TP2 request reads its own chunk; the same request against whole layers reads the layer
+    whole = Chunking.for_model(model, 1)
+    assert c.read_bytes(mapping.PROJ, (64, 64), (0, 32), (64, 32), 4) == 64 * 32 * 4
+    assert whole.read_bytes(mapping.PROJ, (64, 64), (0, 32), (64, 32), 4) == 64 * 64 * 4
+    # the padded vocab rows [256, 512) of TP rank 1 overlap the stored [256, 320) only
+    assert c.read_bytes(mapping.EMBED, (320, 64), (256, 0), (256, 64), 4) == 64 * 64 * 4
+    assert problems(model, 3) == ["model.num_attention_heads = 8 is not divisible by TP 3",
+                                  "model.num_query_groups = 2 is not divisible by TP 3",
+                                  "model.ffn_hidden_size = 160 is not divisible by TP 3"]
+    with pytest.raises(ChunkingError, match="not divisible by TP 4"):
+        Chunking.for_model(model, 4)
+    assert Chunking.of_record({}, model) == whole         # records from before the chunking
+    assert Chunking.of_record({"chunking": c.record()}, model) == c
+    with pytest.raises(ChunkingError, match="is not a chunking record"):
+        Chunking.of_record({"chunking": {"tp": "2"}}, model)
+
+
+@pytest.mark.slow
+def test_tp_chunks_are_what_megatron_requests_and_load_bit_exact_at_any_tp(
+        converted, converted_tp2, hf_dir, tmp_path):
+    """A TP2 config's conversion stores each tensor in megatron-core's TP2 pieces (the record
+    says so); loaded at TP2 (2 gloo ranks) every request finds exactly one stored chunk, its own,
+    and is read once; loaded at TP1, and the whole-layer conversion at TP2, torch DCP reshards.
+    Every requested tensor equals the Hugging Face weights bit for bit (padded vocab rows zero),
+    and the read plan predicts each rank's bytes."""
+    from torch.distributed.checkpoint import FileSystemReader
+    cfg2, tp2 = converted_tp2
+    _, tp1 = converted
+    info = json.loads((tp2 / "llama31_405b.json").read_text())
+    assert info["chunking"] == {"tp": 2, "vocab_chunk_rows": 256}
+    md = FileSystemReader(str(tp2)).read_metadata().state_dict_metadata
+    L = SMALL["num_hidden_layers"]
+    assert len(md[mapping.QKV].chunks) == 2 * L and len(md[mapping.FC1].chunks) == 4 * L
+    assert len(md[mapping.ATTN_NORM].chunks) == L and len(md[mapping.EMBED].chunks) == 2
+    assert tuple(md[mapping.EMBED].size) == (SMALL["vocab_size"], SMALL["hidden_size"])
+    stored, norms = _stored_bytes(tp2), _stored_bytes(tp2, "norm")
+
+    def run(cfg, nproc, ckpts):
+        out = tmp_path / f"chunks_{nproc}.json"
+        r = zygote.run_script(WORKER, ["chunks", cfg, hf_dir, json.dumps(list(map(str, ckpts))),
+                                       out], nproc, timeout=300)
+        assert r.returncode == 0, r.stderr[-4000:]
+        return json.loads(out.read_text())
+    at_tp2 = run(cfg2, 2, [tp2, tp1])
+    cfg1 = write_config(tmp_path / "tp1.toml")
+    (at_tp1,) = run(cfg1, 1, [tp2])
+    for rank in at_tp2 + [at_tp1]:
+        for r in rank:
+            assert r["differ"] == [], r
+            assert abs(r["bytes_read"] - r["predicted"]["after_bytes"]) \
+                <= ZIP_OVERHEAD * r["chunks_read"], r
+    own, whole = [rank[0] for rank in at_tp2], [rank[1] for rank in at_tp2]
+    # TP2 chunks at TP2: each request is one chunk of its own; each rank reads its own chunks,
+    # the two ranks every chunk once (the replicated norms each)
+    assert all(r["not_own_chunk"] == [] for r in own), own
+    assert all(r["chunks_read"] == r["requests"] for r in own)
+    assert sum(r["chunks_read"] for r in own) == stored[0] + norms[0]
+    assert sum(r["bytes_read"] for r in own) == stored[1] + norms[1]
+    # whole layers at TP2: every rank reads every stored chunk (the layers whole), so the two
+    # read the checkpoint twice
+    assert all(r["not_own_chunk"] for r in whole)
+    assert all((r["chunks_read"], r["bytes_read"]) == _stored_bytes(tp1) for r in whole), whole
+    # TP2 chunks at TP1: the one rank reads every chunk once
+    assert (at_tp1[0]["chunks_read"], at_tp1[0]["bytes_read"]) == stored
+
+
+def _stored_bytes(ckpt: Path, containing: str = "") -> tuple[int, int]:
+    """(tensor chunks, their bytes on disk) in the checkpoint's DCP index, of the tensors whose
+    key contains `containing`."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    md = FileSystemReader(str(ckpt)).read_metadata()
+    items = [i for i in md.storage_data if containing in i.fqn
+             and isinstance(md.state_dict_metadata[i.fqn], TensorStorageMetadata)]
+    return len(items), sum(md.storage_data[i].length for i in items)

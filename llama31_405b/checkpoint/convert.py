@@ -8,9 +8,12 @@ Flow (details and the memory argument in docs/checkpoint.md):
    take its sharded state dict: Megatron's own keys, global shapes, layer offsets, SwiGLU
    factory and `_extra_state` objects, i.e. exactly what a Megatron save of the model writes.
 3. For each Megatron tensor: read its Hugging Face source(s) one at a time, fuse (QKV, fc1) into
-   one buffer, put it in the template's ShardedTensor and save it as its own part with Megatron's
-   save; free it. Peak memory ~ the largest fused tensor x 1.5 (+ the interpreter and Megatron).
-4. Join the parts: move the data files, write one `.metadata`. The result loads at any TP/PP/VP.
+   one buffer, put it in the template's ShardedTensor, split it into the pieces the chunking
+   stores (checkpoint.chunking: whole layers at TP1, or the pieces megatron-core requests at the
+   config's TP) and save each TP rank's pieces as their own part with Megatron's save; free it.
+   Peak memory ~ the largest fused tensor x 1.5 (+ the interpreter and Megatron).
+4. Join the parts: move the data files, write one `.metadata`. The result loads at any TP/PP/VP;
+   a run at the chunking's TP reads each stored chunk once per job (docs/checkpoint.md).
 
 Resumable: parts live in OUT/.convert_parts with a fingerprint of the inputs; a rerun skips the
 finished parts (a part is finished once its marker is written, after Megatron's save returned).
@@ -31,6 +34,7 @@ from pathlib import Path
 
 from ..config.schema import Config
 from . import mapping
+from .chunking import RECORD_KEY, Chunking, ChunkingError
 from .dcp_parts import METADATA, join, part_done, save_part
 from .format import write_model_info
 from .hf_reader import HFCheckpoint
@@ -160,11 +164,15 @@ def _filled(entry, tensor):
     return {entry.key: dataclasses.replace(entry, data=tensor, dtype=tensor.dtype)}
 
 
-def _fingerprint(hf: HFCheckpoint, cfg: Config, dtype) -> dict:
+def _fingerprint(hf: HFCheckpoint, cfg: Config, dtype, chunking: Chunking) -> dict:
     tensors = {n: [t.dtype, list(t.shape)] for n, t in sorted(hf.tensors.items())}
     model = dataclasses.asdict(cfg.model)
-    digest = hashlib.sha256(json.dumps([tensors, model, str(dtype)]).encode()).hexdigest()
-    return {"hf_dir": str(hf.dir.resolve()), "dtype": str(dtype), "sha256": digest}
+    # whole layers fingerprint as before the chunking existed (an unfinished TP1 conversion
+    # resumes); a split one also by its chunking
+    inputs = [tensors, model, str(dtype)] + ([chunking.record()] if chunking.tp > 1 else [])
+    digest = hashlib.sha256(json.dumps(inputs).encode()).hexdigest()
+    return {"hf_dir": str(hf.dir.resolve()), "dtype": str(dtype), "chunk_tp": chunking.tp,
+            "sha256": digest}
 
 
 def _check_out(out: Path, fp: dict) -> Path:
@@ -180,7 +188,8 @@ def _check_out(out: Path, fp: dict) -> Path:
         if old.get("sha256") != fp["sha256"]:
             raise FileExistsError(
                 f"{parts} holds an unfinished conversion of other inputs ({old.get('hf_dir')}, "
-                f"{old.get('dtype')}); delete {parts} to start over")
+                f"{old.get('dtype')}, chunks for TP {old.get('chunk_tp', 1)}); delete {parts} "
+                "to start over")
     elif out.exists() and any(p.name != PARTS_DIR for p in out.iterdir()):
         raise FileExistsError(f"{out} is not empty; choose an empty or new --out directory")
     return parts
@@ -205,22 +214,62 @@ def _check_disk(out: Path, pending: list, dtype) -> None:
             "choose another --out")
 
 
-def convert(hf_dir: str | Path, cfg: Config, out_dir: str | Path, *, log=print,
-            progress_interval_s: float = 5.0) -> ConvertResult:
-    """Convert the Hugging Face checkpoint hf_dir for the model of cfg into out_dir."""
+def chunking_for(cfg: Config, chunk_tp: int | None = None) -> Chunking:
+    """The chunking a conversion for cfg writes: split as megatron-core splits the tensors at
+    `chunk_tp`, by default the config's parallel.tp. Refuses, naming the model keys, a TP that
+    does not divide them."""
+    tp = cfg.parallel.tp if chunk_tp is None else chunk_tp
+    try:
+        return Chunking.for_model(cfg.model, tp)
+    except ChunkingError as e:
+        whose = (f"parallel.tp = {tp} of {cfg.source}" if chunk_tp is None
+                 else f"--chunks-tp {tp}")
+        raise mapping.ConversionError(
+            f"cannot store the tensors in the chunks of {whose}: {e}; convert with a TP that "
+            "divides them (--chunks-tp N), or --chunks-tp 1 for whole layers, which load at any "
+            "TP") from None
+
+
+def _part_names(target: mapping.Target, chunking: Chunking) -> list[tuple[int, str]]:
+    """(TP rank, part directory name) of each part the target is written in: one part per TP
+    rank whose pieces are stored; at TP1 one part per tensor, named as before the chunking."""
+    if chunking.tp == 1:
+        return [(0, "")]
+    return [(r, f"_tp{r}") for r in chunking.owners(target.key, target.shape)]
+
+
+def _pieces(sharded: dict, chunking: Chunking) -> dict[int, dict]:
+    """The filled entries of one tensor, split into stored pieces, by TP rank."""
+    out: dict[int, dict] = {}
+    for name, sh in sharded.items():
+        for rank, pieces in chunking.split(sh).items():
+            for j, piece in enumerate(pieces):
+                out.setdefault(rank, {})[f"{name}@{rank}.{j}"] = piece
+    return out
+
+
+def convert(hf_dir: str | Path, cfg: Config, out_dir: str | Path, *, chunk_tp: int | None = None,
+            log=print, progress_interval_s: float = 5.0) -> ConvertResult:
+    """Convert the Hugging Face checkpoint hf_dir for the model of cfg into out_dir, each tensor
+    stored in the chunks megatron-core requests at TP `chunk_tp` (default: cfg's parallel.tp;
+    1: whole layers)."""
     t0 = time.monotonic()
     hf = HFCheckpoint(hf_dir)
     mapping.check(hf.tensors, hf.config, cfg.model, str(hf.dir))   # raises before any write
+    chunking = chunking_for(cfg, chunk_tp)                            # so does this
     out = Path(out_dir)
     dtype = params_dtype(cfg)
     targets = mapping.targets(cfg.model)
     with single_process_megatron():
         tensors, objects = _index_template(sharded_template(cfg), cfg)
-        fp = _fingerprint(hf, cfg, dtype)
+        fp = _fingerprint(hf, cfg, dtype, chunking)
         parts = _check_out(out, fp)
-        part_dirs = [parts / "p_objects"] + [parts / f"p{i:05d}" for i in range(len(targets))]
+        names = [_part_names(t, chunking) for t in targets]
+        target_parts = [[(r, parts / f"p{i:05d}{suffix}") for r, suffix in ns]
+                        for i, ns in enumerate(names)]
+        part_dirs = [parts / "p_objects"] + [d for tp_parts in target_parts for _, d in tp_parts]
         src_bytes = [sum(hf.tensors[s].nbytes for s in t.sources) for t in targets]
-        done = [part_done(d) for d in part_dirs[1:]]
+        done = [all(part_done(d) for _, d in tp_parts) for tp_parts in target_parts]
         _check_disk(_existing(out), [t for t, ok in zip(targets, done) if not ok], dtype)
         # every check passed: from here on, files are written
         parts.mkdir(parents=True, exist_ok=True)
@@ -230,17 +279,23 @@ def convert(hf_dir: str | Path, cfg: Config, out_dir: str | Path, *, log=print,
         resumed = sum(done)
         already = sum(b for b, ok in zip(src_bytes, done) if ok)
         log(f"convert: {len(targets)} Megatron tensors from {len(hf.tensors)} Hugging Face "
-            f"tensors, {human_bytes(hf.total_bytes)} -> {out} ({str(dtype).split('.')[-1]})"
+            f"tensors, {human_bytes(hf.total_bytes)} -> {out} ({str(dtype).split('.')[-1]}, "
+            + ("whole layers" if chunking.tp == 1 else f"in the chunks of TP{chunking.tp}") + ")"
             + (f"; resuming, {resumed} already written" if resumed else ""))
         bar = ByteProgress("convert", sum(src_bytes), already=already,
                            interval_s=progress_interval_s)
-        for target, part, nbytes, ok in zip(targets, part_dirs[1:], src_bytes, done):
+        for target, tp_parts, nbytes, ok in zip(targets, target_parts, src_bytes, done):
             if ok:
                 continue
             _, entry = tensors[(target.key, target.layer)]
             tensor = mapping.fill(target, cfg.model, hf.read, dtype)
-            save_part(_filled(entry, tensor), part)
-            del tensor
+            # one part per TP rank: Megatron's writer copies a view before writing it, so only
+            # one rank's pieces are copied at a time
+            pieces = _pieces(_filled(entry, tensor), chunking)
+            for rank, part in tp_parts:
+                if not part_done(part):
+                    save_part(pieces[rank], part)
+            del tensor, pieces
             bar.update(nbytes, target.label)
         join(part_dirs, out)
     result = ConvertResult(out_dir=out, tensors=len(targets), bytes_read=bar.done - already,
@@ -250,7 +305,7 @@ def convert(hf_dir: str | Path, cfg: Config, out_dir: str | Path, *, log=print,
     write_model_info(out, cfg, stored_vocab_rows=cfg.model.vocab_size, extra={"converted_from": {
         "format": "huggingface-safetensors", "source": str(hf.dir.resolve()),
         "config": cfg.source, "dtype": result.dtype, "tensors": result.tensors,
-        "source_bytes": hf.total_bytes}})
+        "source_bytes": hf.total_bytes}, RECORD_KEY: chunking.record()})
     shutil.rmtree(parts)
     log(f"convert: done, {len(targets)} tensors, {human_bytes(hf.total_bytes)} in "
         f"{human_seconds(result.seconds)} -> {out}")

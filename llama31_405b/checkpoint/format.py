@@ -9,7 +9,9 @@ A checkpoint directory holds
   names tensors by their global position (global layer numbers, TP offsets), so a checkpoint
   written at one TP/PP/VP layout loads at any other;
 - `llama31_405b.json` (MODEL_INFO): the model section it was written for, the shape fields at
-  top level, the number of vocab rows stored, and where the weights came from. Written last and
+  top level, the number of vocab rows stored, how the tensors are chunked (`chunking`:
+  checkpoint.chunking; absent in conversions from before it, which stored whole layers), and
+  where the weights came from. Written last and
   atomically by every writer: its presence marks a complete checkpoint, and its shape fields let
   a checkpoint of another model be refused by name before any tensor is read.
 
@@ -126,7 +128,19 @@ def check_compatible(path: str | Path, cfg, *, key: str = "") -> dict:
     if diff:
         raise CheckpointError(f"{where}: checkpoint does not match the model of {cfg.source}: "
                               + "; ".join(diff))
+    stored_chunking(info, cfg, where)
     return info
+
+
+def stored_chunking(info: dict, cfg, where: str = ""):
+    """How the checkpoint of model record `info` stores its tensors (checkpoint.chunking.Chunking;
+    any chunking loads at any TP, the record only says what a load reads)."""
+    from .chunking import Chunking, ChunkingError
+    try:
+        return Chunking.of_record(info, cfg.model)
+    except ChunkingError as e:
+        raise CheckpointError(f"{where or 'checkpoint'}: {MODEL_INFO}: {e}; the record is "
+                              "damaged: convert or pre-train it again (docs/checkpoint.md)") from None
 
 
 # -- save and load -------------------------------------------------------------------------------
@@ -140,7 +154,11 @@ def save(chunks, path: str | Path, cfg, *, extra: dict | None = None) -> None:
     dist.barrier()
     dist_checkpointing.save(sharded_state(chunks), str(p))
     if dist.get_rank() == 0:
-        write_model_info(p, cfg, stored_vocab_rows=cfg.derived.padded_vocab_size, extra=extra)
+        # stored as the run holds it: in the chunks of its TP, at its padded vocab
+        from .chunking import RECORD_KEY, Chunking
+        chunks_record = {RECORD_KEY: Chunking.for_model(cfg.model, cfg.parallel.tp).record()}
+        write_model_info(p, cfg, stored_vocab_rows=cfg.derived.padded_vocab_size,
+                         extra={**chunks_record, **(extra or {})})
     dist.barrier()
 
 

@@ -25,6 +25,9 @@ class VerifyResult:
     seq_len: int
     argmax_agreement: float
     """Fraction of positions where both models predict the same next token."""
+    chunk_tp: int = 1
+    """The TP whose chunks the checkpoint stores (its record, checkpoint.chunking; 1: whole
+    layers): any loads at any TP, a load at this TP reads each chunk once."""
 
 
 def sample_tokens(vocab: int, sequences: int, seq_len: int, seed: int):
@@ -97,10 +100,10 @@ def verify(cfg: Config, hf_dir: str | Path, megatron_dir: str | Path, *, sequenc
 
     from ..model.builder import build_model
     from ..parallel.setup import seed_model_parallel
-    from .format import load
+    from .format import load, stored_chunking
     seed_model_parallel(seed)   # the build initialises weights before the load
     chunks = build_model(cfg)
-    load(chunks, megatron_dir, cfg)      # what training calls
+    info = load(chunks, megatron_dir, cfg)      # what training calls
     if cfg.parallel.vp > 1:
         # the interleaved schedule runs microbatches in groups of PP
         sequences = -(-sequences // cfg.parallel.pp) * cfg.parallel.pp
@@ -115,7 +118,8 @@ def verify(cfg: Config, hf_dir: str | Path, megatron_dir: str | Path, *, sequenc
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(stats, op=dist.ReduceOp.MAX)
     return VerifyResult(max_abs_diff=stats[0].item(), max_abs_logit=stats[1].item(),
-                        sequences=sequences, seq_len=seq_len, argmax_agreement=stats[2].item())
+                        sequences=sequences, seq_len=seq_len, argmax_agreement=stats[2].item(),
+                        chunk_tp=stored_chunking(info, cfg, str(megatron_dir)).tp)
 
 
 __all__ = ["VerifyResult", "megatron_logits", "hf_logits", "verify", "sample_tokens", "compare"]

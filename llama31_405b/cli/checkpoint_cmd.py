@@ -1,4 +1,4 @@
-"""`checkpoint convert --hf DIR --config CONFIG --out DIR` and
+"""`checkpoint convert --hf DIR --config CONFIG [--chunks-tp N] --out DIR` and
 `checkpoint verify --hf DIR --megatron DIR --config CONFIG`."""
 from __future__ import annotations
 
@@ -12,7 +12,13 @@ def register(sub) -> None:
                      "checkpoint (streamed tensor by tensor; resumable)")
     c.add_argument("--hf", required=True, metavar="DIR", help="Hugging Face model directory")
     c.add_argument("--config", required=True, metavar="CONFIG",
-                   help="run config: model shape and parameter dtype (precision.params)")
+                   help="run config: model shape, parameter dtype (precision.params) and the "
+                   "chunking: every tensor is stored split as megatron-core splits it at the "
+                   "config's parallel.tp, so a run at that TP reads the checkpoint once per job "
+                   "(docs/checkpoint.md); it loads at any other TP too")
+    c.add_argument("--chunks-tp", type=int, default=None, metavar="N",
+                   help="store the chunks of TP N instead of the config's parallel.tp; 1 writes "
+                   "whole layers (each of a run's TP ranks then reads every layer whole)")
     c.add_argument("--out", required=True, metavar="DIR",
                    help="output directory (new or empty; a rerun resumes an interrupted one)")
     c.set_defaults(func=convert_cmd)
@@ -48,7 +54,8 @@ def convert_cmd(args) -> int:
     from ..config import ConfigError, load_config
     try:
         cfg = load_config(args.config)
-        convert(args.hf, cfg, args.out, log=lambda s: print(s, file=sys.stderr, flush=True))
+        convert(args.hf, cfg, args.out, chunk_tp=args.chunks_tp,
+                log=lambda s: print(s, file=sys.stderr, flush=True))
     except (ConfigError, HFCheckpointError, ConversionError, FileExistsError) as e:
         return _error(str(e))
     return 0
@@ -87,6 +94,7 @@ def verify_cmd(args) -> int:
         print(f"verify: {r.sequences} sequences x {r.seq_len} tokens at TP{cfg.parallel.tp} "
               f"PP{cfg.parallel.pp} VP{cfg.parallel.vp}: max |logit diff| = "
               f"{r.max_abs_diff:.3e} (largest |logit| {r.max_abs_logit:.3g}, next-token argmax "
-              f"agreement {100 * r.argmax_agreement:.1f}%), tolerance {tol:g}: "
+              f"agreement {100 * r.argmax_agreement:.1f}%; checkpoint in the chunks of "
+              f"TP{r.chunk_tp}), tolerance {tol:g}: "
               f"{'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1
