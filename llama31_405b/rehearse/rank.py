@@ -118,15 +118,19 @@ def _transformer_config(cfg):
     return built, changes, {k: repr(v) for k, v in gpu_only.items()}
 
 
-def checkpoint_reads(chunks, cfg) -> dict:
+def checkpoint_reads(chunks, cfg) -> tuple[dict, dict]:
     """The bytes this rank reads from the converted initial checkpoint, before and with the
-    parallel load (checkpoint/read_plan.py), from the rank's sharded state dict."""
+    parallel load (checkpoint/read_plan.py), from the rank's sharded state dict: converted in
+    whole layers (`--chunks-tp 1`), and in the chunks of the config's TP (the default)."""
     from megatron.core import parallel_state as ps
 
+    from ..checkpoint.chunking import Chunking
     from ..checkpoint.read_plan import rank_read
-    return rank_read(chunks, cfg,
-                     group_size=ps.get_data_parallel_world_size(with_context_parallel=True),
-                     group_rank=ps.get_data_parallel_rank(with_context_parallel=True)).as_dict()
+    group = {"group_size": ps.get_data_parallel_world_size(with_context_parallel=True),
+             "group_rank": ps.get_data_parallel_rank(with_context_parallel=True)}
+    return (rank_read(chunks, cfg, **group).as_dict(),
+            rank_read(chunks, cfg, chunking=Chunking.for_model(cfg.model, cfg.parallel.tp),
+                      **group).as_dict())
 
 
 def rehearse_rank(cfg, rank: int, alloc, clock: dict[str, float]) -> dict:
@@ -166,7 +170,7 @@ def rehearse_rank(cfg, rank: int, alloc, clock: dict[str, float]) -> dict:
     with torch.device("meta"):
         chunks = build_model(cfg, config=tcfg, **cpu_decision(cfg))
     lap("model")
-    reads = checkpoint_reads(chunks, cfg)
+    reads, reads_tp = checkpoint_reads(chunks, cfg)
     lap("checkpoint read")
     with torch.device("meta"):
         model = wrap_for_training(cfg, chunks)
@@ -181,7 +185,7 @@ def rehearse_rank(cfg, rank: int, alloc, clock: dict[str, float]) -> dict:
             "bytes": {**measure.buffer_bytes(model), **measure.optimizer_bytes(opt),
                       "te_copies": measure.te_copy_bytes(chunks, cfg)},
             "params": measure.param_count(chunks), "config_changes": changes,
-            "checkpoint_read": reads,
+            "checkpoint_read": reads, "checkpoint_read_tp_chunks": reads_tp,
             "nccl": _nccl_summary(), "quantized_params": _quantized_params(cfg),
             "gpu_only_fields": gpu_only}
 

@@ -144,13 +144,15 @@ def format_rank(res: dict, capacity: float, gpu: bool = True) -> list[str]:
         out.append(f"  {label:<18}{'-':>12}  {_gb(pl[key]):>11}          {src}")
     out.append(f"  {'total':<18}{_gb(rank_total(res)):>12}  of {capacity / GB:.0f} GB"
                + ("" if gpu else " (CPU system: the planner's GPU reserve; not checked)"))
-    rd = res.get("checkpoint_read")
+    rd, rt = res.get("checkpoint_read"), res.get("checkpoint_read_tp_chunks")
     if rd:
         out.append(f"  initial checkpoint read: {rd['after_bytes'] / GB:.2f} GB, once, its "
                    f"share of the {rd['slice_bytes'] / GB:.2f} GB slice over a DP x CP group of "
                    f"{rd['group_size']} (before the parallel load: "
                    f"{rd['before_bytes'] / GB:.2f} GB, the slice at init and again at the "
-                   "warm-up restore)")
+                   "warm-up restore)" + ("" if not rt else
+                   f"; converted in the chunks of TP{rt['chunk_tp']}: "
+                   f"{rt['after_bytes'] / GB:.2f} GB of a {rt['slice_bytes'] / GB:.2f} GB slice"))
     return out
 
 
@@ -158,7 +160,13 @@ def format_checkpoint_totals(t: dict | None) -> str:
     if not t:
         return ("initial checkpoint read, whole job: not computed (play a rank of every "
                 "pipeline stage)")
-    return (f"initial checkpoint read, whole job: {t['after_bytes'] / 1e12:.2f} TB once "
+    if t.get("chunk_tp", 1) != 1:
+        return (f"initial checkpoint read, whole job, converted in the chunks of "
+                f"TP{t['chunk_tp']} (the default): {t['after_bytes'] / 1e12:.2f} TB "
+                f"(checkpoint {t['checkpoint_bytes'] / 1e12:.2f} TB, each chunk read by one "
+                "TP rank's groups; the norms by every TP rank's)")
+    return (f"initial checkpoint read, whole job, converted in whole layers (--chunks-tp 1): "
+            f"{t['after_bytes'] / 1e12:.2f} TB "
             f"(checkpoint {t['checkpoint_bytes'] / 1e12:.2f} TB, read whole by each TP rank's "
             f"groups); before the parallel load {t['before_bytes'] / 1e12:.1f} TB "
             "(every rank its slice, twice)")
@@ -209,6 +217,8 @@ def format_text(rep: dict) -> str:
                      "and the quantized weight copies (the 'TE weight copies' row, not built here)")
     if "checkpoint_read" in rep:
         lines.append(format_checkpoint_totals(rep["checkpoint_read"]))
+    if rep.get("checkpoint_read_tp_chunks"):
+        lines.append(format_checkpoint_totals(rep["checkpoint_read_tp_chunks"]))
     lines.append("planner check (weights, gradients, optimizer within "
                  f"{PLANNER_TOLERANCE:.0%}): " + ("ok" if not rep["planner_check"]
                                                    else "; ".join(rep["planner_check"])))

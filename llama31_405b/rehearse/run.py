@@ -218,14 +218,16 @@ def rehearse(config: str, opts: Options) -> dict:
                               "notes": []}),
            "ranks": rank_results, "wall_s": round(time.monotonic() - start, 1)}
     out["checkpoint_read"] = checkpoint_totals(cfg, rank_results)
+    out["checkpoint_read_tp_chunks"] = checkpoint_totals(cfg, rank_results, "_tp_chunks")
     out.update(report.verdict(out))
     return out
 
 
-def checkpoint_totals(cfg, rank_results: list[dict]) -> dict | None:
-    """The whole job's initial-checkpoint reads (checkpoint/read_plan.py totals), from the slice
-    bytes of the played ranks; None unless every pipeline stage was played."""
+def checkpoint_totals(cfg, rank_results: list[dict], which: str = "") -> dict | None:
+    """The whole job's initial-checkpoint reads (checkpoint/read_plan.py totals), from the reads
+    of the played ranks (`which`: "" whole layers, "_tp_chunks" the config's TP chunks); None
+    unless every pipeline stage was played."""
     from ..checkpoint.read_plan import totals
-    stages = {r["coords"]["pp"]: r["checkpoint_read"]["slice_bytes"] for r in rank_results
-              if r.get("ok") and r.get("checkpoint_read")}
+    key = "checkpoint_read" + which
+    stages = {r["coords"]["pp"]: r[key] for r in rank_results if r.get("ok") and r.get(key)}
     return totals(stages, world=cfg.derived.world_size, tp=cfg.parallel.tp, pp=cfg.parallel.pp)
