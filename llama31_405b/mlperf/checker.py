@@ -135,11 +135,6 @@ def mllog_line_numbers(path: str | Path) -> list[int]:
     return [i for i, b in enumerate(raw.decode("latin-1").splitlines(), start=1) if TOKEN in b]
 
 
-def benchmark_of(path: str | Path) -> str | None:
-    events, _ = read_events(path)
-    return next((str(e.value) for e in events if e.key == "submission_benchmark"), None)
-
-
 class _Capture(logging.Handler):
     def __init__(self) -> None:
         super().__init__(level=logging.INFO)

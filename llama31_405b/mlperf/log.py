@@ -208,12 +208,6 @@ class RunLog:
         e = self.first("run_stop")
         return None if e is None else e.metadata.get("status")
 
-    @property
-    def stop_reason(self) -> str:
-        """run_stop's metadata reason ('' when none was logged)."""
-        e = self.first("run_stop")
-        return "" if e is None else str(e.metadata.get("reason", ""))
-
     def outcome(self) -> str:
         """How the run ended, in words: 'success', 'aborted (<reason>)', 'no run_stop' (the
         process was killed before it could log one, or the log was cut), or, for a run_stop
