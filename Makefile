@@ -57,6 +57,7 @@ typecheck: $(STAMP)
 COV_OUT := $(CURDIR)/.coverage-out
 coverage: $(STAMP)
 	@rm -rf $(COV_OUT) && mkdir -p $(COV_OUT)/data
+	@$(PY) scripts/coverage_inventory.py --record-sources $(COV_OUT)/sources.json
 	@start=$$(date +%s); \
 	  export COVERAGE_PROCESS_START=$(CURDIR)/pyproject.toml COVERAGE_FILE=$(COV_OUT)/data/.coverage; \
 	  $(MAKE) --no-print-directory test; rc1=$$?; \
