@@ -167,3 +167,14 @@ def test_rows_printed_for_pasting_read_back_as_the_same_keys(tmp_path):
     assert set(ci.read_page(rows)) == set(units)
     assert "pkg/m.py::f › if a | b: #2" in units
     assert "pkg/m.py::f › else of elif b:" in units
+
+
+def test_guessed_reasons_name_the_library_or_leave_todo(tmp_path):
+    text = ("def gpu(cfg):\n    import transformer_engine.pytorch as te\n    return te.Linear\n\n\n"
+            "def load(p):\n    try:\n        return open(p)\n    except OSError as e:\n"
+            "        raise ValueError(p) from e\n\n\ndef plain():\n    return 1\n")
+    units = _package(tmp_path, text)
+    why = {k: ci.guess(u, tmp_path)[0] for k, u in units.items()}
+    assert why["pkg/m.py::gpu"] == "GPU only: Transformer Engine"
+    assert why["pkg/m.py::load › except OSError as e:"] == "error path no test provokes"
+    assert why["pkg/m.py::plain"] == "TODO"
