@@ -6,10 +6,12 @@ double (tests/helpers/graph_double.py), from random weights, for 4 steps with ev
 steps 2 and 4.
 
 Every logged evaluation equals, bit for bit, an eager evaluation of the same weights at the same
-layout after a forced synchronous parameter gather (train.evaluation.sync_params). Without that
-sync the evaluation graph, captured after a pass that had gathered, replays without a gather and
-scores this rank's shard at step k with the other shards at step k-1 (measured before the fix:
-8.15964 logged vs 8.12306 synchronised at step 2; docs/gpu_settings.md)."""
+layout after a forced synchronous parameter gather. Without a gather of its own the evaluation
+graph, captured after a pass that had gathered, replays without one and scores this rank's shard
+at step k with the other shards at step k-1 (measured before the first fix, a synchronous gather
+before every evaluation: 8.15964 logged vs 8.12306 synchronised at step 2; docs/gpu_settings.md).
+Now the evaluation gathers inside its pass, each chunk's gather dispatched ahead of its forward
+passes (train.evaluation.GatherAhead), and the graph captures those gathers."""
 import json
 
 import pytest
@@ -52,12 +54,34 @@ def test_logged_evaluations_score_the_weights_of_their_step(rec):
 
 def test_both_graphs_were_captured_and_replayed(rec):
     assert rec["captured"] == {"training": True, "validation": True}
-    # the evaluation graph was captured with every parameter gather already dispatched (its
-    # replays gather nothing), the training graph with none (its replays gather)
-    assert rec["capture_flags"]["validation"] and all(rec["capture_flags"]["validation"])
+    # both graphs were captured with no parameter gather dispatched: their replays gather
+    # (train.evaluation resets the dispatch state before every evaluation, train.graphs before
+    # the training capture)
+    assert rec["capture_flags"]["validation"] and not any(rec["capture_flags"]["validation"])
     assert rec["capture_flags"]["training"] and not any(rec["capture_flags"]["training"])
     # 4 timed steps; 2 timed evaluations (the forced-sync ones run eagerly)
     assert rec["replays"] == {"training": 4, "validation": 2}
+
+
+def test_every_evaluation_gathers_inside_its_pass_dispatched_ahead(rec):
+    """train.evaluation.GatherAhead: the logged evaluations' gathers are dispatched
+    asynchronously inside the pass (none forced before it), every forward pre-hook finds its
+    bucket group's gather already dispatched (chunk 0's before the schedule, chunk 1's when
+    chunk 0's first forward starts), so the pre-hooks only wait."""
+    for rank, r in enumerate(rec["ranks"]):
+        g = r["eval_gathers"]
+        groups = sum(c["bucket_groups"] for c in r["chunks"])
+        assert g["forced"] == 0, f"rank {rank}: a synchronous gather before the pass: {g}"
+        assert g["dispatched"] == 2 * groups, f"rank {rank}: {g}"     # 2 logged evaluations
+        assert g["waits"] > 0 and g["not_ahead"] == 0, f"rank {rank}: {g}"
+
+
+def test_every_gloo_group_runs_one_worker_thread(rec):
+    """llama31_405b.parallel.gloo_workers: with torch's two worker threads per gloo group, two
+    asynchronous parameter all-gathers of one group ran at once and corrupted the heap
+    (bench/gloo_async_gather.py); the world and data-parallel groups of every rank run one."""
+    for rank, r in enumerate(rec["ranks"]):
+        assert r["gloo_threads"] == {"world": 1, "dp": 1}, f"rank {rank}: {r['gloo_threads']}"
 
 
 def test_the_run_trains(rec):

@@ -191,12 +191,30 @@ def estimate_step_s(ctx: Context, fit: Fitted) -> float:
 
 def eval_time_s(ctx: Context, fit: Fitted, samples: int) -> float:
     """One evaluation: forward passes of `samples` sequences over the DP replicas on the busiest
-    rank (compute and TP/CP of the forward), plus the pipeline fill."""
+    rank (compute and TP/CP of the forward), plus the pipeline fill, plus the part of its
+    parameter all-gather the passes do not hide (`eval_gather_exposed_s`)."""
     per_replica = math.ceil(samples / ctx.dp)
     n_mb = math.ceil(per_replica / ASSUMED.eval_micro_batch_size)
     fwd = plan(ctx, fit).fwd_mb_s * ASSUMED.eval_micro_batch_size / ctx.mbs
     fill = (ctx.pp - 1) / ctx.vp if ctx.pp > 1 else 0.0
-    return (n_mb + fill) * fwd
+    return (n_mb + fill) * fwd + eval_gather_exposed_s(ctx, fit, n_mb, fwd)
+
+
+def eval_gather_exposed_s(ctx: Context, fit: Fitted, n_mb: int, fwd_mb_s: float) -> float:
+    """The evaluation's parameter all-gather that its forward passes do not hide, on pipeline
+    rank 0 (train.evaluation.GatherAhead): chunk 0's first bucket before any forward; chunk i's
+    gather, dispatched when chunk i-1's first forward starts and queued behind the earlier ones,
+    against the min(PP, microbatches) forwards of chunk i-1 the interleaved forward-only schedule
+    runs before chunk i's first (one chunk at VP 1: its bucket chain overlaps the rest)."""
+    chunks = plan(ctx, fit).chunks[0]
+    per_chunk = fwd_mb_s / len(chunks) * (min(ctx.pp, n_mb) if len(chunks) > 1 else n_mb)
+    exposed = start = chunks[0].gather_s / chunks[0].buckets
+    done = chunks[0].gather_s
+    for c in chunks[1:]:
+        done = max(done, start) + c.gather_s        # dispatched at chunk i-1's first forward
+        wait = max(0.0, done - (start + per_chunk))
+        exposed, start = exposed + wait, start + per_chunk + wait
+    return exposed
 
 
 @dataclass(frozen=True, slots=True)

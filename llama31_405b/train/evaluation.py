@@ -7,8 +7,14 @@ exchanged, not per-rank means, so the value does not depend on how the sequences
 `eval_batches` reads this rank's validation microbatches (after run_start only); the warm-up
 passes synthetic microbatches of the same count and shapes (train.warmup) to `evaluate`.
 
-Every evaluation (timed, warm-up, the CUDA-graph capture pass) scores the weights of its step:
-`sync_params` gathers the parameters first, outside any captured region (below).
+Every evaluation (timed, warm-up, the CUDA-graph capture pass) scores the weights of its step,
+and gathers them overlapped with its own forward passes (`GatherAhead`, below): the gather
+dispatch state is reset first (the pass gathers whatever came before it), each model chunk's
+parameter all-gather is dispatched ahead of that chunk's forward passes (the first chunk's
+before the schedule starts), and the DDP forward pre-hooks only wait for them. The dispatches run
+inside the schedule function that the evaluation graph captures, so every replay gathers too.
+`sync_params` (a synchronous gather of everything before the pass) is what the evaluation did
+before; bench/eval_gather.py times both.
 """
 from __future__ import annotations
 
@@ -31,38 +37,80 @@ def eval_batches(valid_ds, cfg, *, dp_rank: int, dp: int) -> list[dict[str, torc
     return eval_microbatches(valid_ds, shard=shard, mbs=mbs, multiple_of=multiple)
 
 
+def _gathering(model) -> list:
+    """The DDP chunks whose parameters arrive by the overlapped all-gather."""
+    chunks = model if isinstance(model, list) else [model]
+    return [m for m in chunks if getattr(m, "use_forward_hook", False)]
+
+
+def _dispatch(chunk, *, whole: bool) -> None:
+    """Start the asynchronous all-gather of `chunk`'s bucket groups not dispatched yet: all of
+    them with `align_param_gather` (its pre-hooks pass `skip_next_bucket_dispatch=True` and only
+    wait), else the head of the bucket chain (megatron-core 0.19.2 DistributedDataParallel links
+    `bucket_groups[i].next_param_gather_bucket_group = bucket_groups[i - 1]`: the last group
+    gathers first), whose pre-hook dispatches the next one when it waits."""
+    for groups in (chunk.bucket_groups, chunk.expert_parallel_bucket_groups):
+        for g in (groups if whole else groups[-1:]):
+            if not g.param_gather_dispatched:
+                g.start_param_sync()
+
+
+class GatherAhead:
+    """A forward-only schedule function (megatron-core 0.19.2 `get_forward_backward_func()`'s, or
+    `schedule`) whose pass gathers the parameters overlapped with itself: chunk 0's all-gather is
+    dispatched before the schedule runs, chunk i+1's when chunk i's first forward starts (a
+    forward pre-hook on chunk i), and the DDP pre-hooks wait for each bucket group when its first
+    parameter is used. Megatron's forward-only schedules drop `config.param_sync_func`, which does
+    this for training (`forward_backward_pipelining_with_interleaving`). Afterwards no gather is in
+    flight. The caller resets the dispatch state first (`evaluate`); called with keyword
+    arguments only, as the schedule function. Several gathers of one group are in flight at
+    once, as in a training step: on gloo that needs one worker thread per group
+    (parallel.gloo_workers)."""
+
+    def __init__(self, schedule=None):
+        self.schedule = schedule
+
+    def __call__(self, **kwargs):
+        schedule = self.schedule
+        if schedule is None:
+            from megatron.core.pipeline_parallel import get_forward_backward_func
+            schedule = get_forward_backward_func()
+        chunks = _gathering(kwargs["model"])
+        if not chunks:
+            return schedule(**kwargs)
+        whole = chunks[0].ddp_config.align_param_gather
+        _dispatch(chunks[0], whole=whole)
+        hooks = [c.register_forward_pre_hook(lambda *_, nxt=nxt: _dispatch(nxt, whole=whole))
+                 for c, nxt in zip(chunks, chunks[1:])]
+        try:
+            return schedule(**kwargs)
+        finally:
+            for h in hooks:
+                h.remove()
+            for c in chunks:
+                for g in c.bucket_groups + c.expert_parallel_bucket_groups:
+                    if g.param_gather_handle is not None:     # unused in the pass: finish it
+                        g.start_param_sync(force_sync=True)
+
+
 def sync_params(model_chunks) -> bool:
-    """Make every DP rank's parameters those of the last optimizer step, synchronously, where
-    the distributed optimizer overlaps the parameter all-gather with the next forward pass.
-    Returns whether it gathered.
+    """Make every DP rank's parameters those of the last optimizer step with one synchronous
+    gather of everything: `DistributedDataParallel.start_param_sync(force_sync=True)` on every
+    chunk, what Megatron-LM's `force_param_sync` (megatron/training/training.py) does before
+    checkpointing and, with its pre-hooks disabled (`disable_forward_pre_hook(param_sync=True)`),
+    before evaluating. Returns whether it gathered.
 
-    Why (megatron-core 0.19.2): `DistributedOptimizer.step_with_ready_grads` writes only this
-    rank's shard of the parameter buffer and leaves the all-gather to the DDP forward pre-hooks
-    (`_ParamAndGradBucketGroup.finish_param_sync`, which gathers only while
-    `param_gather_dispatched` is false). An evaluation never resets that flag (only
-    `finish_grad_sync`, in a training step, does), the interleaved schedule drops
-    `config.param_sync_func` for forward-only passes (`schedules.py`,
-    `forward_backward_pipelining_with_interleaving`), and a CUDA-graph replay runs no Python
-    hook at all. So the evaluation graph, captured after an eager pass that gathered, holds no
-    gather: without this call every timed evaluation would see this rank's shard at step k and
-    the others' at step k-1.
+    Why an evaluation must gather at all (megatron-core 0.19.2): `DistributedOptimizer.
+    step_with_ready_grads` writes only this rank's shard of the parameter buffer and leaves the
+    all-gather to the DDP forward pre-hooks (`_ParamAndGradBucketGroup.finish_param_sync`, which
+    gathers only while `param_gather_dispatched` is false); an evaluation never resets that flag
+    (only `finish_grad_sync`, in a training step, does), the interleaved schedule drops
+    `config.param_sync_func` for forward-only passes, and a CUDA-graph replay runs no Python. An
+    evaluation graph captured after a pass that had gathered would hold no gather, and every
+    timed evaluation would score this rank's shard at step k and the others' at step k-1.
 
-    How: `DistributedDataParallel.start_param_sync(force_sync=True)` on every chunk, what
-    Megatron-LM's `force_param_sync` (megatron/training/training.py) does before checkpointing;
-    before evaluating it disables the pre-hooks with the same synchronous gather
-    (`disable_forward_pre_hook(param_sync=True)`) and re-enables them afterwards, which leaves the
-    same state. Called before the schedule (and so outside `FullCudaGraphWrapper`'s capture).
-    The optimizer's `prepare_model_params_for_param_sync`, which Megatron-LM calls first, only
-    acts with `reuse_grad_buf_for_mxfp8_param_ag`, which this project never sets.
-
-    State left for the next training step: every bucket group has `param_gather_dispatched`
-    true and no gather in flight, so its forward pre-hooks wait for nothing and issue nothing:
-    the parameters are already those of the last optimizer step, and no optimizer step comes
-    between an evaluation and the next forward pass. That step's `finish_grad_sync` resets the
-    flags, so the forward after the next optimizer step gathers again. With the interleaved
-    schedule (`align_param_gather`) the schedule's `param_sync_func` re-dispatches each chunk's
-    gather anyway (`start_param_sync` only asserts that none is in flight, which holds). A
-    captured training graph replays the gathers it captured whatever the flags say."""
+    This was the evaluation's gather until `GatherAhead`, which gathers inside the pass, overlapped
+    with it; the whole gather here is exposed. bench/eval_gather.py times both."""
     chunks = [m for m in model_chunks if getattr(m, "use_forward_hook", False)]
     if not chunks:
         return False                    # no overlapped gather: the optimizer step gathered
@@ -75,16 +123,18 @@ def sync_params(model_chunks) -> bool:
 def evaluate(model_chunks, microbatches, cfg, *, last_stage: bool, tp_rank: int, gpu: bool,
              forward_only_fn=None) -> float:
     """Log perplexity of `microbatches` summed over all ranks, with the weights of the last
-    optimizer step (`sync_params`). `forward_only_fn` replaces Megatron's schedule function
-    (train.graphs: the evaluation CUDA graph)."""
+    optimizer step, gathered overlapped with the pass (`GatherAhead`). `forward_only_fn`
+    replaces it (train.graphs: the evaluation CUDA graph, which wraps a GatherAhead)."""
+    from .graphs import reset_gather_dispatch
     mbs = cfg.batch.eval_micro_batch_size or cfg.batch.micro_batch_size
-    sync_params(model_chunks)
+    with torch.no_grad():
+        reset_gather_dispatch(model_chunks)     # the pass gathers whatever came before it
     for m in model_chunks:
         m.eval()
     with torch.no_grad():
         local = run_schedule(model_chunks, microbatches, seq_length=cfg.model.seq_length,
                              mbs=mbs, forward_only=True, cp=cfg.parallel.cp, gpu=gpu,
-                             forward_backward=forward_only_fn)
+                             forward_backward=forward_only_fn or GatherAhead())
     for m in model_chunks:
         m.train()
     total = global_sum(local, contributes=last_stage and tp_rank == 0, gpu=gpu)

@@ -24,7 +24,7 @@ What a capture records depends on Python state: the wrapper does not set megatro
 `_IS_GRAPH_CAPTURING`, so the DDP forward pre-hooks run during the capture, and at VP 1 (no
 `align_param_gather`) they issue a bucket's parameter all-gather only while its
 `param_gather_dispatched` is false (`_ParamAndGradBucketGroup.finish_param_sync`). A forced
-gather (the restore's, an evaluation's `sync_params`) sets it true and only a training step's
+gather (the warm-up restore's) or an evaluation's gathers set it true and only a training step's
 `finish_grad_sync` resets it, so a training capture right after one would record no gather and
 every replay would train on the other ranks' stale shards. `FullIterationGraphs.train` therefore
 resets the dispatch state (`DistributedDataParallel.reset_param_sync_dispatch_state`) right
@@ -89,6 +89,7 @@ class FullIterationGraphs:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         from ..model.builder import graph_capture_iteration
+        from .evaluation import GatherAhead
         StaticBufferLoader.static_buffers = {"training": [], "validation": []}
         FullCudaGraphWrapper.cuda_graph = {"training": None, "validation": None}
         FullCudaGraphWrapper.result = {"training": None, "validation": None}
@@ -98,8 +99,11 @@ class FullIterationGraphs:
         self.train = _GatheringCapture(FullCudaGraphWrapper(
             schedule, cuda_graph_warmup_steps=graph_capture_iteration(cfg),
             use_single_mempool=single_pool))
+        # the evaluation pass with its parameter gathers dispatched ahead (train.evaluation):
+        # captured with them, so every replay gathers the weights of its step, overlapped
         self.eval = FullCudaGraphWrapper(
-            schedule, cuda_graph_warmup_steps=EVAL_CAPTURE_PASS, use_single_mempool=single_pool)
+            GatherAhead(schedule), cuda_graph_warmup_steps=EVAL_CAPTURE_PASS,
+            use_single_mempool=single_pool)
 
     @staticmethod
     def captured() -> dict[str, bool]:

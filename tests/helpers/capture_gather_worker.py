@@ -48,13 +48,18 @@ def main() -> int:
         cfg, performance=dataclasses.replace(cfg.performance, cuda_graphs="full_iteration"),
         run=dataclasses.replace(cfg.run, warmup_iters=1))
     before_reset: list[list[bool]] = []     # the gather flags the reset found (capture time)
-    reset = graphs.reset_gather_dispatch
+    capture_call = graphs._GatheringCapture.__call__
 
-    def recording_reset(model):
-        before_reset.append(graph_double._flags(model))
-        return 0 if no_reset else reset(model)
+    def recording_call(self, **kwargs):
+        w = self.wrapper
+        if type(w).cuda_graph["training"] is None and \
+                type(w).curr_iteration["training"] == w.cuda_graph_warmup_steps:
+            before_reset.append(graph_double._flags(kwargs["model"]))
+            if no_reset:
+                return w(**kwargs)          # the capture without the reset
+        return capture_call(self, **kwargs)
 
-    graphs.reset_gather_dispatch = recording_reset
+    graphs._GatheringCapture.__call__ = recording_call
     double = graph_double.install()
     checks: list[list[int]] = []
 

@@ -32,11 +32,38 @@ def _ddp_facts(run) -> dict:
             "forward_pre_hook": m.use_forward_hook,
         })
     t = run.model[0].config
-    return {"chunks": chunks, "vp": t.virtual_pipeline_model_parallel_size,
+    from megatron.core import parallel_state as ps
+
+    from llama31_405b.parallel.gloo_workers import worker_threads
+    threads = {"world": worker_threads(),
+               "dp": worker_threads(ps.get_data_parallel_group(with_context_parallel=True))}
+    return {"chunks": chunks, "gloo_threads": threads, "vp": t.virtual_pipeline_model_parallel_size,
             "account_for_embedding": t.account_for_embedding_in_pipeline_split,
             "account_for_loss": t.account_for_loss_in_pipeline_split,
             "layers": [len(getattr(getattr(m.module, "module", m.module), "decoder").layers)
                        for m in run.model]}
+
+
+def _count_gathers(counts: dict) -> None:
+    """Count, while counts["on"], the parameter gathers of the bucket groups: dispatched
+    asynchronously (`start_param_sync()`), forced synchronously, and the forward pre-hook waits
+    (`finish_param_sync`) that found their gather not yet dispatched (issued at the wait itself,
+    not ahead)."""
+    from megatron.core.distributed.param_and_grad_buffer import _ParamAndGradBucketGroup as G
+    start, finish = G.start_param_sync, G.finish_param_sync
+
+    def start_param_sync(self, force_sync=False):
+        if counts["on"]:
+            counts["forced" if force_sync else "dispatched"] += 1
+        return start(self, force_sync=force_sync)
+
+    def finish_param_sync(self, skip_next_bucket_dispatch=False):
+        if counts["on"]:
+            counts["waits"] += 1
+            counts["not_ahead"] += not self.param_gather_dispatched
+        return finish(self, skip_next_bucket_dispatch=skip_next_bucket_dispatch)
+
+    G.start_param_sync, G.finish_param_sync = start_param_sync, finish_param_sync
 
 
 def main() -> int:
@@ -56,9 +83,15 @@ def main() -> int:
         cfg.performance, cuda_graphs="full_iteration"))
     graph_double.install()
     record = {"losses": [], "evals": []}
+    counts = {"on": False, "dispatched": 0, "forced": 0, "waits": 0, "not_ahead": 0}
+    _count_gathers(counts)
 
     class Compare(Hook):
+        def on_eval_start(self, run, step):
+            counts["on"] = True             # the logged evaluation's gathers only
+
         def on_eval_end(self, run, step, value, eval_time_s):
+            counts["on"] = False
             for m in run.model:                       # the weights of this step, everywhere
                 m.start_param_sync(force_sync=True)
             forced = evaluation.evaluate(
@@ -78,6 +111,7 @@ def main() -> int:
     record["capture_flags"] = graph_double.CAPTURES
     record["replays"] = graph_double.REPLAYS
     facts = _ddp_facts(run)
+    facts["eval_gathers"] = {k: v for k, v in counts.items() if k != "on"}
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, facts)
     record["ranks"] = every

@@ -14,11 +14,13 @@ hooks issue: `param_gather_dispatched` of every bucket group of every model chun
 false). Every later call ("replay") re-runs the schedule function on the wrapper's static buffers
 with those flags set as at capture, copies the losses into the capture's result tensors (a replay
 refreshes them in place), and puts back the flags it found (no Python ran). So:
-- the evaluation graph, captured after a pass that had gathered (every flag true), replays
-  without any effective forward pre-hook: no gather, as on the GPU;
-- the training graph, captured with every flag false (the eager step before it ended in
-  `finish_grad_sync`, which resets them), replays its gathers, and its backward hooks and
-  gradient reduce-scatters run as the captured ones do.
+- a graph captured after a pass that had gathered (every flag true) replays without any
+  effective forward pre-hook: no gather, as on the GPU (what the evaluation graph did before
+  train.evaluation reset the flags; what a training capture right after a forced gather did
+  before train.graphs reset them);
+- a graph captured with every flag false replays its gathers (and the gathers the schedule
+  function dispatches itself, train.evaluation.GatherAhead, which reruns), and its backward
+  hooks and gradient reduce-scatters run as the captured ones do.
 
 What it cannot stand for: device-side effects (stream order, memory pools and addresses, a
 kernel or collective that reads a stale pointer), host synchronisation forbidden inside a

@@ -24,8 +24,8 @@ x 16 bytes (BF16 weight and gradient, FP32 master, two Adam moments) = 64 GiB pl
 for one layer; a second layer adds 50 GiB, too tight for one H200's 139 GiB.
 
 "dp2" phase: with two or more GPUs, the slice at DP 2 with the distributed optimizer, the
-overlapped parameter gather and full-iteration graphs: the evaluation after training steps must
-score synchronised weights (module dp2); with one GPU "not run: needs 2 GPUs". "layer" phase
+overlapped parameter gather and full-iteration graphs: a replayed training step and the
+evaluation after training steps must use synchronised weights (module dp2); with one GPU "not run: needs 2 GPUs". "layer" phase
 (P4): the BF16 matrix-product ceiling of the GPU and one 405B-width layer's forward and
 backward time, MFU and the planner's prediction (module layer). `--cpu` runs the slice and the
 DP 2 phase on the CPU (gloo, no CUDA graphs) with the config's own width: tiny configs only.
