@@ -107,11 +107,6 @@ def _gemm_passes(peak: float, b_in: float, hbm: float, sms: int, tile: tuple[int
     return out[0], out[1], out[2]
 
 
-def gemm_time(ctx: Context, M: int, N: int, K: int, fit: Fitted) -> float:
-    """Forward + data-gradient + weight-gradient GEMMs of a (M, N, K) linear layer, seconds."""
-    return sum(gemm_passes(ctx, M, N, K, fit))
-
-
 def part_passes(ctx: Context, fit: Fitted) -> dict[str, tuple[float, float, float]]:
     """(forward, data-gradient, weight-gradient) seconds of each linear part, with the part's
     measured rate relative to the FFN's (`Fitted.gemm_part_scale`, a profile's shape classes)."""

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config.rcp import TINY_RCP_FILE, rcp_file_for
-from ..config.rules import BENCHMARKS, TINY_LLAMA31, hparams
-from ..mlperf.checker import COMPLIANCE_DIR, RULESET, USAGE
+from ..config.rules import TINY_LLAMA31
+from ..mlperf.checker import RULESET, USAGE
 from ..mlperf.log import RunLog
 
 RUNS_PER_SUBMISSION = {TINY_LLAMA31.name: 3}
@@ -193,37 +193,6 @@ def rcp_records(runs: list[RunLog], *, creator: str, when: str, platform: str,
             "Epochs to converge": [int(samples) for _, samples in converged],
         }
     return out
-
-
-def first_tiny_rcps() -> dict:
-    """The committed first version of the tiny RCP file, before any tiny run was measured.
-
-    Data: the llama31_405b RCP at GBS 1152 (mlperf-logging, ruleset 6.0.0) converges after
-    294,912 / 313,344 x4 / 331,776 samples = 16 / 17 x4 / 18 evaluation intervals of 18,432
-    samples. The same counts of tiny evaluation intervals (tiny_llama31: 160 samples at GBS 8) give
-    the tiny points. The real tiny runs replace this file via `compliance tiny-rcp LOG...`."""
-    ck = make_checker("llama31_405b", RULESET)
-    ref = next(r for r in ck.rcp_data.values() if r["BS"] == 1152)
-    real = hparams(BENCHMARKS["llama31_405b"], 1152)
-    interval_real = real.eval_interval_steps * 1152
-    from ..config import load_config
-    r = TINY_LLAMA31
-    tiny = load_config(COMPLIANCE_DIR.parent / "configs" / "tiny_cpu.toml")
-    assert tiny.derived.gbs == r.ref_gbs, "configs/tiny_cpu.toml runs at the tiny reference GBS"
-    hp = hparams(r, r.ref_gbs)
-    interval = hp.eval_interval_steps * r.ref_gbs
-    counts = [round(s / interval_real) for s in ref["Epochs to converge"]]
-    return {f"{r.name}_ref_{r.ref_gbs}": {
-        "Benchmark": r.name, "Creator": "llama31_405b project (first version, not measured)",
-        "When": ("derived: llama31_405b RCP at GBS 1152 in evaluation intervals "
-                 f"{sorted(counts)} x tiny interval {interval} samples; replace with "
-                 "`python -m llama31_405b compliance tiny-rcp LOG...` from tiny runs"),
-        "Platform": "cpu", "Precision": "FP32", "BS": r.ref_gbs,
-        "Hyperparams": {"opt_base_learning_rate": hp.lr,
-                        "opt_learning_rate_warmup_steps": hp.warmup_steps,
-                        "gradient_accumulation_steps": tiny.derived.gradient_accumulation_steps},
-        "Epochs to converge": [c * interval for c in sorted(counts)],
-    }}
 
 
 def write_rcps(records: dict, path: str | Path = TINY_RCP_FILE) -> Path:
