@@ -10,7 +10,7 @@ the dispatches and the forward pre-hooks' waits); the evaluation's wall time bes
 rank 0's medians and the after/before ratios. On a shared 2-core machine the gloo threads and 4
 ranks compete for the cores: read the ratios, not the seconds.
 
-Each gloo group runs one worker thread (llama31_405b.parallel.gloo_workers; printed): with torch's
+Each gloo group runs one worker thread (llama31_405b.gloo_workers; printed): with torch's
 two, 2 of 12 runs of this bench aborted on heap corruption inside gloo (bench/gloo_async_gather.py
 reproduces it without a model; docs/training.md).
 
@@ -108,7 +108,7 @@ def worker(evals: int, samples: int, out: str) -> int:
     if dist.get_rank() == 0:
         from megatron.core import parallel_state as ps
 
-        from llama31_405b.parallel import gloo_workers
+        from llama31_405b import gloo_workers
         got["gloo_threads"] = gloo_workers.worker_threads(
             ps.get_data_parallel_group(with_context_parallel=True))
         Path(out).write_text(json.dumps(got))

@@ -8,7 +8,7 @@ buffer, four for the first chunk and one for the second), runs a little compute,
 and all-reduces a small vector on the world group. With torch 2.13's default of two worker
 threads per gloo group (`--threads 2`) runs abort, typically with `malloc(): unaligned tcache
 chunk detected` or a segmentation fault in a gloo worker thread; with one worker thread
-(`--threads 1`, what llama31_405b.parallel.gloo_workers sets on the CPU path) they do not.
+(`--threads 1`, what llama31_405b.gloo_workers sets on the CPU path) they do not.
 Prints one line per run: ok, or the signal that ended it. Results: docs/training.md
 ("The evaluation's parameter gather on gloo").
 
@@ -35,7 +35,7 @@ def worker(threads: int, iters: int) -> int:
     from torch.distributed.distributed_c10d import _coalescing_manager
 
     if threads == 1:
-        from llama31_405b.parallel import gloo_workers
+        from llama31_405b import gloo_workers
         gloo_workers.apply()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

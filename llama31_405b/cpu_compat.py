@@ -128,8 +128,8 @@ def apply(device=None) -> bool:
     global _mode
     _mode = _CudaToCpu()
     _mode.__enter__()
-    # gloo runs a group's asynchronous collectives on one worker thread (parallel.gloo_workers)
-    from .parallel import gloo_workers
+    # gloo runs a group's asynchronous collectives on one worker thread (gloo_workers)
+    from . import gloo_workers
     gloo_workers.apply()
     _applied = True
     return True

@@ -19,7 +19,7 @@ LAYERS = {
     # facts about machines, the known-warning filters, how a failure ends (failures)
     "systems": 0, "known_warnings": 0, "failures": 0,
     # the typed config tree and its rules; the process setup the config implies
-    "config": 1, "cpu_compat": 1,
+    "config": 1, "cpu_compat": 1, "gloo_workers": 1,
     # one concern each, on top of the config
     "mlperf": 2, "precision": 2, "planner": 2, "data": 2,
     "model": 3, "parallel": 3,

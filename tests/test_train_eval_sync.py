@@ -77,7 +77,7 @@ def test_every_evaluation_gathers_inside_its_pass_dispatched_ahead(rec):
 
 
 def test_every_gloo_group_runs_one_worker_thread(rec):
-    """llama31_405b.parallel.gloo_workers: with torch's two worker threads per gloo group, two
+    """llama31_405b.gloo_workers: with torch's two worker threads per gloo group, two
     asynchronous parameter all-gathers of one group ran at once and corrupted the heap
     (bench/gloo_async_gather.py); the world and data-parallel groups of every rank run one."""
     for rank, r in enumerate(rec["ranks"]):

@@ -65,7 +65,7 @@ class GatherAhead:
     flight. The caller resets the dispatch state first (`evaluate`); called with keyword
     arguments only, as the schedule function. Several gathers of one group are in flight at
     once, as in a training step: on gloo that needs one worker thread per group
-    (parallel.gloo_workers)."""
+    (gloo_workers)."""
 
     def __init__(self, schedule=None):
         self.schedule = schedule
@@ -125,7 +125,7 @@ def evaluate(model_chunks, microbatches, cfg, *, last_stage: bool, tp_rank: int,
     """Log perplexity of `microbatches` summed over all ranks, with the weights of the last
     optimizer step, gathered overlapped with the pass (`GatherAhead`). `forward_only_fn`
     replaces it (train.graphs: the evaluation CUDA graph, which wraps a GatherAhead)."""
-    from .graphs import reset_gather_dispatch
+    from .gather_dispatch import reset as reset_gather_dispatch
     mbs = cfg.batch.eval_micro_batch_size or cfg.batch.micro_batch_size
     with torch.no_grad():
         reset_gather_dispatch(model_chunks)     # the pass gathers whatever came before it

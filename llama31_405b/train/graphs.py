@@ -28,7 +28,7 @@ gather (the warm-up restore's) or an evaluation's gathers set it true and only a
 `finish_grad_sync` resets it, so a training capture right after one would record no gather and
 every replay would train on the other ranks' stale shards. `FullIterationGraphs.train` therefore
 resets the dispatch state (`DistributedDataParallel.reset_param_sync_dispatch_state`) right
-before the training capture, whatever came before it (`reset_gather_dispatch`).
+before the training capture, whatever came before it (`train.gather_dispatch.reset`).
 
 The training graph is captured at iteration `model.builder.graph_capture_iteration(cfg)` (the
 last warm-up iteration when run.warmup_iters >= 2), the evaluation graph at the second
@@ -41,26 +41,10 @@ static inputs: everything the warm-up changed is restored in place (train.warmup
 """
 from __future__ import annotations
 
+from .gather_dispatch import reset as reset_gather_dispatch
+
 EVAL_CAPTURE_PASS = 1
 """The evaluation pass (0-based) that is captured: one eager pass first."""
-
-
-def reset_gather_dispatch(model) -> int:
-    """Mark every DDP bucket group's parameter all-gather as not dispatched, so the next forward
-    pre-hooks gather (megatron-core 0.19.2 `DistributedDataParallel.reset_param_sync_dispatch_state`).
-    A gather still in flight is finished first (`start_param_sync(force_sync=True)` on its bucket
-    group waits for it): the reset refuses to run over one. Returns the bucket groups reset."""
-    n = 0
-    for chunk in model if isinstance(model, list) else [model]:
-        if not getattr(chunk, "use_forward_hook", False):
-            continue                     # no overlapped gather: the optimizer step gathers
-        groups = chunk.bucket_groups + chunk.expert_parallel_bucket_groups
-        for group in groups:
-            if group.param_gather_handle is not None:
-                group.start_param_sync(force_sync=True)
-        chunk.reset_param_sync_dispatch_state()
-        n += len(groups)
-    return n
 
 
 class _GatheringCapture:

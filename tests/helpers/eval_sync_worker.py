@@ -34,7 +34,7 @@ def _ddp_facts(run) -> dict:
     t = run.model[0].config
     from megatron.core import parallel_state as ps
 
-    from llama31_405b.parallel.gloo_workers import worker_threads
+    from llama31_405b.gloo_workers import worker_threads
     threads = {"world": worker_threads(),
                "dp": worker_threads(ps.get_data_parallel_group(with_context_parallel=True))}
     return {"chunks": chunks, "gloo_threads": threads, "vp": t.virtual_pipeline_model_parallel_size,
