@@ -157,3 +157,37 @@ def test_a_score_difference_is_explained_by_what_differs():
     assert left_out == ("the result summarizer scores 250.000 min, leaving out converged runs "
                         f"whose logs fail the compliance checker ({LOGS[1]}); the package's score "
                         "counts the converged runs: 256.333 min")
+
+
+@pytest.mark.slow      # uses the package above
+def test_a_second_package_into_the_same_tree_is_refused_and_keeps_the_first(packaged, capsys):
+    """The first package's results stay byte for byte; the refusal comes before any checker."""
+    rc, out = packaged
+    assert rc == 0
+    res = out / ORG / "results" / "hpg.dgxb200x8.n32" / "llama31_405b"
+    before = {p.name: p.read_bytes() for p in res.iterdir()}
+    rc2 = main(["submission", "package", "--logs", str(LOGS[0].parent), "--org", ORG,
+                "--out", str(out), "--ruleset", "5.1.0", "--system-desc", str(SYSTEM_JSON)])
+    assert rc2 == 2
+    err = capsys.readouterr().err
+    assert f"{res} already holds results" in err and "never replaced" in err
+    assert {p.name: p.read_bytes() for p in res.iterdir()} == before
+
+
+def test_a_tree_holding_other_systems_and_benchmarks_is_packaged_into_not_replaced(tmp_path):
+    """refuse_earlier_package: another system's or benchmark's results beside this package's
+    are no reason to refuse (and nothing removes them: assemble only adds); the same system
+    described otherwise is."""
+    from llama31_405b.submission.package import refuse_earlier_package
+    other = tmp_path / "org" / "results" / "other_system" / "llama31_405b"
+    other.mkdir(parents=True)
+    (other / "result_0.txt").write_text("kept\n")
+    (tmp_path / "org" / "results" / "sys" / "llama2_70b_lora").mkdir(parents=True)
+    refuse_earlier_package(out=tmp_path, org="org", system="sys", desc={"a": 1},
+                           benchmark="llama31_405b")
+    (tmp_path / "org" / "systems").mkdir()
+    (tmp_path / "org" / "systems" / "sys.json").write_text('{"a": 2}\n')
+    with pytest.raises(PackageError, match="already describes system 'sys' otherwise"):
+        refuse_earlier_package(out=tmp_path, org="org", system="sys", desc={"a": 1},
+                               benchmark="llama31_405b")
+    assert (other / "result_0.txt").read_text() == "kept\n"

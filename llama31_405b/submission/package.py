@@ -210,17 +210,34 @@ def code_files(root: Path = REPO) -> list[Path]:
                         if (root / n).is_file()]
 
 
+def _desc_text(desc: dict) -> str:
+    return json.dumps(desc, indent=4) + "\n"
+
+
+def refuse_earlier_package(*, out: Path, org: str, system: str, desc: dict, benchmark: str) -> None:
+    """A submission tree holds other systems' and benchmarks' results beside this package's:
+    nothing in it is deleted or replaced. Refused: results of this system and benchmark already
+    there, or another description of this system (PackageError, before any checker runs)."""
+    res_dir = out / org / "results" / system / benchmark
+    if res_dir.is_dir() and any(res_dir.iterdir()):
+        raise PackageError(f"{res_dir} already holds results (an earlier package): a result file is "
+                           "never replaced; choose a new --out, or move that folder away first")
+    sys_json = out / org / "systems" / f"{system}.json"
+    if sys_json.exists() and sys_json.read_text() != _desc_text(desc):
+        raise PackageError(f"{sys_json} already describes system {system!r} otherwise: choose a "
+                           "new --out, or make the descriptions agree")
+
+
 def assemble(runs: list[RunLog], *, out: Path, org: str, system: str, desc: dict,
              benchmark: str, impl: str) -> Path:
     org_dir = out / org
-    if org_dir.exists():
-        shutil.rmtree(org_dir)
+    refuse_earlier_package(out=out, org=org, system=system, desc=desc, benchmark=benchmark)
     res_dir = org_dir / "results" / system / benchmark
-    res_dir.mkdir(parents=True)
+    res_dir.mkdir(parents=True, exist_ok=True)
     for i, r in enumerate(runs):
         shutil.copyfile(r.path, res_dir / f"result_{i}.txt")
-    (org_dir / "systems").mkdir()
-    (org_dir / "systems" / f"{system}.json").write_text(json.dumps(desc, indent=4) + "\n")
+    (org_dir / "systems").mkdir(exist_ok=True)
+    (org_dir / "systems" / f"{system}.json").write_text(_desc_text(desc))
     impl_dir = org_dir / "benchmarks" / benchmark / "implementations" / impl
     for f in code_files():
         dst = impl_dir / f.relative_to(REPO)
@@ -383,6 +400,7 @@ def package(logs_dir: str | Path, *, out: str | Path, org: str, cfg=None,
                                      "--org", STATUS)
     except identity.SystemMismatch as e:
         raise PackageError(str(e)) from None
+    refuse_earlier_package(out=Path(out), org=org, system=system, desc=desc, benchmark=bench)
     comp = [check_log(r.path, ruleset=ruleset) for r in runs]
     bad = [c for c in comp if not c.ok]
     tolerated = 1 if len(runs) > 1 else 0
