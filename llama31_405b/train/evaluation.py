@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from .batches import eval_microbatches, eval_shard
+from .gather_dispatch import finish_in_flight, gathering, reset
 from .step import global_sum, run_schedule
 
 
@@ -35,12 +36,6 @@ def eval_layout(cfg, *, dp_rank: int, dp: int) -> tuple[range, int, int]:
 def eval_batches(valid_ds, cfg, *, dp_rank: int, dp: int) -> list[dict[str, torch.Tensor]]:
     shard, mbs, multiple = eval_layout(cfg, dp_rank=dp_rank, dp=dp)
     return eval_microbatches(valid_ds, shard=shard, mbs=mbs, multiple_of=multiple)
-
-
-def _gathering(model) -> list:
-    """The DDP chunks whose parameters arrive by the overlapped all-gather."""
-    chunks = model if isinstance(model, list) else [model]
-    return [m for m in chunks if getattr(m, "use_forward_hook", False)]
 
 
 def _dispatch(chunk, *, whole: bool) -> None:
@@ -75,7 +70,7 @@ class GatherAhead:
         if schedule is None:
             from megatron.core.pipeline_parallel import get_forward_backward_func
             schedule = get_forward_backward_func()
-        chunks = _gathering(kwargs["model"])
+        chunks = gathering(kwargs["model"])
         if not chunks:
             return schedule(**kwargs)
         whole = chunks[0].ddp_config.align_param_gather
@@ -88,9 +83,7 @@ class GatherAhead:
             for h in hooks:
                 h.remove()
             for c in chunks:
-                for g in c.bucket_groups + c.expert_parallel_bucket_groups:
-                    if g.param_gather_handle is not None:     # unused in the pass: finish it
-                        g.start_param_sync(force_sync=True)
+                finish_in_flight(c)             # a gather the pass did not use
 
 
 def sync_params(model_chunks) -> bool:
@@ -111,7 +104,7 @@ def sync_params(model_chunks) -> bool:
 
     This was the evaluation's gather until `GatherAhead`, which gathers inside the pass, overlapped
     with it; the whole gather here is exposed. bench/eval_gather.py times both."""
-    chunks = [m for m in model_chunks if getattr(m, "use_forward_hook", False)]
+    chunks = gathering(model_chunks)
     if not chunks:
         return False                    # no overlapped gather: the optimizer step gathered
     with torch.no_grad():
@@ -125,10 +118,9 @@ def evaluate(model_chunks, microbatches, cfg, *, last_stage: bool, tp_rank: int,
     """Log perplexity of `microbatches` summed over all ranks, with the weights of the last
     optimizer step, gathered overlapped with the pass (`GatherAhead`). `forward_only_fn`
     replaces it (train.graphs: the evaluation CUDA graph, which wraps a GatherAhead)."""
-    from .gather_dispatch import reset as reset_gather_dispatch
     mbs = cfg.batch.eval_micro_batch_size or cfg.batch.micro_batch_size
     with torch.no_grad():
-        reset_gather_dispatch(model_chunks)     # the pass gathers whatever came before it
+        reset(model_chunks)     # the pass gathers whatever came before it
     for m in model_chunks:
         m.eval()
     with torch.no_grad():

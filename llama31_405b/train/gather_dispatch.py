@@ -1,22 +1,33 @@
-"""The DDP parameter all-gather's dispatch state, reset: shared by the training graph's capture
-(train.graphs) and every evaluation (train.evaluation), which both must gather whatever came
-before them."""
+"""The DDP parameter all-gather's dispatch state: which chunks gather by it, finishing what is in
+flight, and the reset shared by the training graph's capture (train.graphs) and every evaluation
+(train.evaluation), which both must gather whatever came before them."""
 from __future__ import annotations
+
+
+def gathering(model) -> list:
+    """The DDP chunks whose parameters arrive by the overlapped all-gather (the others' optimizer
+    step gathers)."""
+    chunks = model if isinstance(model, list) else [model]
+    return [m for m in chunks if getattr(m, "use_forward_hook", False)]
+
+
+def finish_in_flight(chunk) -> list:
+    """Wait for every all-gather of `chunk` still in flight (`start_param_sync(force_sync=True)`
+    on its bucket group waits for it); returns the chunk's bucket groups."""
+    groups = chunk.bucket_groups + chunk.expert_parallel_bucket_groups
+    for group in groups:
+        if group.param_gather_handle is not None:
+            group.start_param_sync(force_sync=True)
+    return groups
 
 
 def reset(model) -> int:
     """Mark every DDP bucket group's parameter all-gather as not dispatched, so the next forward
     pre-hooks gather (megatron-core 0.19.2 `DistributedDataParallel.reset_param_sync_dispatch_state`).
-    A gather still in flight is finished first (`start_param_sync(force_sync=True)` on its bucket
-    group waits for it): the reset refuses to run over one. Returns the bucket groups reset."""
+    A gather still in flight is finished first: the reset never runs over one. Returns the
+    bucket groups reset."""
     n = 0
-    for chunk in model if isinstance(model, list) else [model]:
-        if not getattr(chunk, "use_forward_hook", False):
-            continue                     # no overlapped gather: the optimizer step gathers
-        groups = chunk.bucket_groups + chunk.expert_parallel_bucket_groups
-        for group in groups:
-            if group.param_gather_handle is not None:
-                group.start_param_sync(force_sync=True)
+    for chunk in gathering(model):
+        n += len(finish_in_flight(chunk))
         chunk.reset_param_sync_dispatch_state()
-        n += len(groups)
     return n
