@@ -152,9 +152,10 @@ def test_published_calibration_is_a_profile_summary_and_reproduces_the_constants
     assert CALIBRATION.closes == "nvlink_bus_efficiency" and not CALIBRATION.parts
     f = fitting.solve(CALIBRATION)
     assert f == fitting.fitted()
-    # the constants the solver gave before the published figures became data
+    # the constants the solver gives (nvlink_bus_efficiency 0.49303 before the simulation counted
+    # megatron-core's reverse-order dispatch of the interleaved first chunk's gather, 0.49431 since)
     assert (f.nvfp4_gemm_peak_fraction, f.attention_bf16_fraction, f.elementwise_passes,
-            f.nvlink_bus_efficiency) == pytest.approx((0.54005, 0.73921, 22.158, 0.49303), rel=1e-4)
+            f.nvlink_bus_efficiency) == pytest.approx((0.54005, 0.73921, 22.158, 0.49431), rel=1e-4)
     # written as a calibration file and used: the same 128-rack step
     path = calibrated.write(tmp_path / "published.toml", CALIBRATION, f, "nvfp4", {})
     assert calibrated.read(path).fit == f

@@ -79,7 +79,9 @@ def _close_step(ctx: Context, fit: Fitted, c: Summary) -> Fitted:
         return replace(fit, nvlink_bus_efficiency=1 / x)
     def f(x):
         return breakdown(ctx, replace(fit, host_s_per_layer_pass=x)).step_s - c.step_s
-    if f(0.0) >= 0:  # the rest of the model leaves no host time (the check shows the miss)
+    # the rest of the model leaves no host time (the check shows the miss); within the secant's
+    # own tolerance of the step, a rounding error of the sum (-4e-15 s) is no host time either
+    if f(0.0) >= -1e-9:
         return replace(fit, host_s_per_layer_pass=0.0)
     return replace(fit, host_s_per_layer_pass=_secant(f, fit.host_s_per_layer_pass or 1e-6,
                                                       "host time per layer pass"))

@@ -13,8 +13,9 @@ DP runs on a second stream per rank, one collective at a time in launch order:
   during the last backward, the others after it;
 * parameter all-gather of chunks 0 and 1 at the step's start and of chunk c+1 before the forward
   whose virtual id plus the pipeline rank is chunk c's first microbatch (param_sync_func,
-  align_param_gather); the first forward of a chunk waits for its gather (the first bucket, for
-  Megatron's one bucketed chunk).
+  align_param_gather); the first forward of a chunk waits for its gather (`first_gather_s`: for
+  Megatron's one bucketed chunk, the first bucket at VP 1, the whole chunk when interleaved,
+  since megatron-core 0.19.2 dispatches its bucket groups in reverse order of use).
 While a DP collective runs, the pass in progress slows down (NCCL's SMs and HBM traffic: the
 Plan's contention factors). The step ends when the last rank has drained its DP stream and scaled
 its gradients, then all ranks run the optimizer together (its gradient-norm all-reduce
@@ -31,8 +32,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from .costs import Plan
+from .costs import ChunkCost, Plan
 from .pipeline import rank_order, schedule_table
+
+
+def first_gather_s(chunk: ChunkCost, aligned: bool) -> float:
+    """Seconds from the start of a chunk's parameter all-gather in a training step until the
+    bucket its first forward uses has arrived: the whole chunk's gather when its bucket groups
+    are dispatched together in megatron-core 0.19.2's order (`aligned`: the interleaved
+    schedule's param_sync_func, DistributedDataParallel.start_param_sync over `bucket_groups`,
+    which DDP builds in reverse order of use), one bucket's share otherwise (the forward
+    pre-hooks' chain, `next_param_gather_bucket_group`, runs in order of use)."""
+    return chunk.gather_s if aligned else chunk.gather_s / chunk.buckets
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +166,12 @@ def _ranks(plan: Plan, m: int) -> tuple[Sim, ...]:  # noqa: C901 (one event loop
     def gather(r: int, c: int, at: float) -> None:
         cc = ch[r][c]
         s, e = launch(r, at, cc.gather_s)
-        gather_first[r][c], gather_end[r][c] = s + (e - s) / cc.buckets, e
+        # interleaved (align_param_gather): megatron-core 0.19.2's param_sync_func
+        # (DistributedDataParallel.start_param_sync) dispatches a chunk's bucket groups in list
+        # order, the reverse of their use, so the bucket the first forward needs arrives last;
+        # at VP 1 the pre-hooks' chain gathers in order of use (`first_gather_s`)
+        aligned = inter and plan.overlap_param
+        gather_first[r][c], gather_end[r][c] = s + first_gather_s(cc, aligned), e
 
     def reduce(r: int, c: int, at: float) -> None:
         if not reduced[r][c]:

@@ -183,7 +183,7 @@ def estimate_step_s(ctx: Context, fit: Fitted) -> float:
     first = p.chunks[0][0]
     c = p.chunks[0][-1]
     dp_total = sum(ch.reduce_s + ch.gather_s for ch in p.chunks[0])
-    exposed = first.reduce_s + first.gather_s / first.buckets
+    exposed = first.reduce_s + simulate.first_gather_s(first, ctx.vp > 1 and p.overlap_param)
     slowdown = max(0.0, dp_total - exposed) * p.inflation(c.bwd, c.work_bwd)
     return ((1 + bubble_fraction(ctx)) * busy + exposed + slowdown
             + max(p.finalize_s) + p.optimizer_s + p.zero_s + p.host_s)

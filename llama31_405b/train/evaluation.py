@@ -39,13 +39,19 @@ def eval_batches(valid_ds, cfg, *, dp_rank: int, dp: int) -> list[dict[str, torc
 
 
 def _dispatch(chunk, *, whole: bool) -> None:
-    """Start the asynchronous all-gather of `chunk`'s bucket groups not dispatched yet: all of
-    them with `align_param_gather` (its pre-hooks pass `skip_next_bucket_dispatch=True` and only
-    wait), else the head of the bucket chain (megatron-core 0.19.2 DistributedDataParallel links
-    `bucket_groups[i].next_param_gather_bucket_group = bucket_groups[i - 1]`: the last group
-    gathers first), whose pre-hook dispatches the next one when it waits."""
+    """Start the asynchronous all-gather of `chunk`'s bucket groups not dispatched yet, in the
+    order the forward pass uses them: all of them with `align_param_gather` (its pre-hooks pass
+    `skip_next_bucket_dispatch=True` and only wait), else the head of the bucket chain, whose
+    pre-hook dispatches the next one when it waits. megatron-core 0.19.2 DistributedDataParallel
+    builds `bucket_groups` in reverse order of use (gradients are ready from the output back)
+    and links `bucket_groups[i].next_param_gather_bucket_group = bucket_groups[i - 1]`: the last
+    group is used first. Its own `start_param_sync` (the interleaved schedule's
+    param_sync_func) walks the list forwards, so the first forward waits for the whole chunk's
+    gather; here the groups go last to first, and the first forward waits for one bucket
+    (tests/test_gather_dispatch_order.py records both orders; the planner counts Megatron's,
+    planner.simulate.first_gather_s)."""
     for groups in (chunk.bucket_groups, chunk.expert_parallel_bucket_groups):
-        for g in (groups if whole else groups[-1:]):
+        for g in (groups[::-1] if whole else groups[-1:]):
             if not g.param_gather_dispatched:
                 g.start_param_sync()
 
