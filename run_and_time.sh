@@ -24,7 +24,9 @@
 #                 config's launch_env forced over the image's (--container-env)
 #   DATADIR       dataset root (overrides data.data_dir)
 #   CKPTDIR       checkpoint root (overrides checkpoint.ckpt_dir)
-#   CLEAR_CACHES  auto (default: drop the page cache where permitted), 1 (required), 0 (never)
+#   CLEAR_CACHES  auto (default: drop the page cache on a Slurm allocation's nodes where
+#                 permitted; a local run keeps the machine's cache), 1 (required, locally too),
+#                 0 (never)
 #   PYTHON        interpreter outside a container (default .venv/bin/python, else python3)
 #   PREFLIGHT=0   skip the pre-flight step (Slurm; on by default): placement of every rank and,
 #                 on GB200, the multi-node NVLink fabric and IMEX channel of every node
@@ -71,6 +73,9 @@ die() { echo "run_and_time.sh: $*" >&2; exit 2; }
 say() { echo "[run_and_time $(date -u +%H:%M:%S)] $*" >&2; }
 
 [ -n "${CONFIG:-}" ] || die "set CONFIG=configs/<file>.toml (see the header of run_and_time.sh)"
+if [ -n "${NEXP:-}" ] && ! [[ "$NEXP" =~ ^0*[1-9][0-9]*$ ]]; then
+  die "NEXP=$NEXP: the number of runs must be a whole number >= 1 (unset: run.num_runs)"
+fi
 
 # --- where the code is: sbatch runs a spooled copy of this file, so fall back to the submit dir
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -276,6 +281,9 @@ say "config $CONFIG: $LAUNCH_WORLD_SIZE rank(s) on $LAUNCH_NODES node(s) x $LAUN
 clear_caches() {  # prints true or false
   local mode=${CLEAR_CACHES:-auto} ok=false
   case "$mode" in 0|no|false) echo false; return 0 ;; esac
+  # auto drops it on a Slurm allocation's nodes only: a local run (a laptop, a shared
+  # workstation, root or not) keeps the machine's page cache unless CLEAR_CACHES=1 asks
+  if [ "$mode" = auto ] && [ "$IN_SLURM" != 1 ]; then echo false; return 0; fi
   # on the host, never in the container; root writes the sysctl, others may have a sudo rule
   local drop='sync; { echo 3 > /proc/sys/vm/drop_caches || sudo -n sysctl -q vm.drop_caches=3; } 2>/dev/null'
   if [ "$IN_SLURM" = 1 ]; then
@@ -385,9 +393,14 @@ for i in "${!LAUNCH_SEEDS[@]}"; do
   [ "$cleared" = true ] && flags+=(--cache-cleared)
   say "run $i: seed $seed, cache cleared: $cleared"
   if [ "$cleared" = false ] && [ "${CLEAR_CACHES:-auto}" = auto ] && [ "$i" = 0 ]; then
-    say "warning: the page cache could not be dropped (not root, no sudo rule for" \
-        "'sysctl vm.drop_caches=3'): the logs record cache_clear false; for a submission run" \
-        "where it can be dropped, or set CLEAR_CACHES=1 to refuse to run without it"
+    if [ "$IN_SLURM" = 1 ]; then
+      say "warning: the page cache could not be dropped (not root, no sudo rule for" \
+          "'sysctl vm.drop_caches=3'): the logs record cache_clear false; for a submission run" \
+          "where it can be dropped, or set CLEAR_CACHES=1 to refuse to run without it"
+    else
+      say "note: a local run keeps this machine's page cache (CLEAR_CACHES=auto drops it on" \
+          "a Slurm allocation only): the logs record cache_clear false; CLEAR_CACHES=1 drops it here"
+    fi
   fi
   t0=$SECONDS; rc=0
   # the run's console (its stderr and the launcher's) is kept as console_<i>.txt: the outcome

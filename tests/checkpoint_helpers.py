@@ -90,3 +90,12 @@ def verify_rank(rank: int, world: int, port: int, config: str, hf: str, megatron
         teardown_parallel()
     if rank == 0:
         Path(result).write_text(json.dumps(dataclasses.asdict(r)))
+
+
+def empty_dcp_index() -> bytes:
+    """A torch DCP `.metadata` naming no data file: the index of a stand-in checkpoint whose
+    tensors nothing reads (checkpoint.data_files reads the index)."""
+    import pickle
+
+    from torch.distributed.checkpoint.metadata import Metadata
+    return pickle.dumps(Metadata(state_dict_metadata={}, storage_data={}))

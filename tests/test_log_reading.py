@@ -79,9 +79,9 @@ def test_every_tool_refuses_the_file_with_the_reader_s_message(edit, command, tm
     out = capsys.readouterr()
     assert rc == STATUS[command], out.out + out.err
     assert str(problem) in out.out + out.err        # the same message: file, line, what
-    if command == "launch check-log":               # no convergence read from such a file
-        assert out.out.startswith(f"FAIL {log}: NOT compliant, run_stop status success -- "
-                                  f"{problem}")
+    if command == "launch check-log":   # no run_stop status, no convergence from such a file
+        assert out.out.startswith(f"FAIL {log}: NOT compliant, not one run's log (the reader "
+                                  f"refused it) -- {problem}")
     assert not (tmp_path / "report.png").exists()
     assert not (tmp_path / "pkg" / ORG).exists()
 

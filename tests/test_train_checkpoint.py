@@ -8,6 +8,7 @@ import socket
 import pytest
 import torch
 
+from checkpoint_helpers import empty_dcp_index
 from helpers.ports import free_port
 from llama31_405b.checkpoint import format as ckpt_format
 from llama31_405b.checkpoint.format import CheckpointError, MODEL_INFO, check_compatible
@@ -17,7 +18,7 @@ from llama31_405b.config import load_config
 def _fake_ckpt(path, **model):
     path.mkdir()
     (path / "metadata.json").write_text("{}")
-    (path / ".metadata").write_bytes(b"")
+    (path / ".metadata").write_bytes(empty_dcp_index())
     (path / MODEL_INFO).write_text(json.dumps(model))
     return path
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from checkpoint_helpers import empty_dcp_index
 from helpers import zygote
 from llama31_405b.checkpoint.format import MODEL_INFO, SHAPE_KEYS, CheckpointError
 from llama31_405b.cli import main as cli_main
@@ -48,7 +49,7 @@ def _checkpoint(path: Path, cfg, **changes) -> Path:
     files are empty stand-ins: nothing here may read them."""
     path.mkdir(parents=True)
     (path / "metadata.json").write_text("{}")
-    (path / ".metadata").write_bytes(b"")
+    (path / ".metadata").write_bytes(empty_dcp_index())
     info = {k: getattr(cfg.model, k) for k in SHAPE_KEYS} | changes
     (path / MODEL_INFO).write_text(json.dumps(info))
     return path

@@ -106,8 +106,8 @@ def write_model_info(path: str | Path, cfg, *, stored_vocab_rows: int,
 
 def check_compatible(path: str | Path, cfg, *, key: str = "") -> dict:
     """The checkpoint's model info, after checking that it is complete and of cfg's model (its
-    files' presence and MODEL_INFO, no tensor). `key`: what named the path (a config key or an
-    option), put in front of it in messages."""
+    files' presence and MODEL_INFO, then every data file its index names; no tensor read).
+    `key`: what named the path (a config key or an option), put in front of it in messages."""
     p = Path(path)
     where = f"{key} = {p}" if key else str(p)
     lacking = missing_files(p)
@@ -129,7 +129,25 @@ def check_compatible(path: str | Path, cfg, *, key: str = "") -> dict:
         raise CheckpointError(f"{where}: checkpoint does not match the model of {cfg.source}: "
                               + "; ".join(diff))
     stored_chunking(info, cfg, where)
+    check_data_files(p, where)
     return info
+
+
+def check_data_files(path: Path, where: str) -> None:
+    """Every data file the checkpoint's torch DCP index names is there and as long as the index
+    records (checkpoint.data_files: the index and stat, no tensor read)."""
+    from .data_files import file_problems
+    try:
+        bad = file_problems(path)
+    except ValueError as e:
+        raise CheckpointError(f"{where}: {e}; the checkpoint is damaged: copy it again, or "
+                              "convert or pre-train it again (docs/checkpoint.md)") from None
+    if bad:
+        more = f" (and {len(bad) - 1} more file(s))" if len(bad) > 1 else ""
+        raise CheckpointError(
+            f"{where}: {bad[0]}{more}: the checkpoint's {DCP_METADATA} names data files that "
+            "are not all there (an interrupted copy, a deleted file); copy the whole checkpoint "
+            "folder again, or convert or pre-train it again (docs/checkpoint.md)")
 
 
 def stored_chunking(info: dict, cfg, where: str = ""):

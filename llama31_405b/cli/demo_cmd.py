@@ -21,7 +21,8 @@ CONFIG = "configs/tiny_cpu.toml"
 
 def register(sub) -> None:
     p = sub.add_parser("demo", help="the tiny benchmark end to end (make demo)")
-    p.add_argument("--config", default=CONFIG, help=f"tiny config (default {CONFIG})")
+    p.add_argument("--config", default=None, help=f"tiny config (default {CONFIG} of the "
+                   "repository)")
     p.add_argument("--seed", type=int, default=None,
                    help="run seed (default: run.seed_base, else one from the system's entropy)")
     p.add_argument("--logdir", default=None, help="where result_0.txt goes (default: a new "
@@ -42,6 +43,10 @@ def _say(msg: str) -> None:
 
 def run(args) -> int:
     from ..config import ConfigError, load_config
+    # relative paths resolved once, against the working folder, before the move into the
+    # repository (where the commands below run)
+    args.config = str(Path(args.config).absolute()) if args.config else str(REPO / CONFIG)
+    args.logdir = str(Path(args.logdir).absolute()) if args.logdir else None
     os.chdir(REPO)
     try:
         cfg = load_config(args.config)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from .options import add_set_option, load_or_report, load_with_sets
+from .options import add_set_option, load_or_report, load_with_sets, run_count
 
 EXIT_OK, EXIT_FAIL, EXIT_CONFIG, EXIT_PLACEMENT = 0, 1, 2, 3
 
@@ -23,7 +23,7 @@ def register(sub) -> None:
 
     e = s.add_parser("env", help="print the launch plan of a config as shell assignments")
     e.add_argument("config", metavar="CONFIG")
-    e.add_argument("--runs", type=int, default=None, help="runs (default: run.num_runs)")
+    e.add_argument("--runs", type=run_count, default=None, help="runs (default: run.num_runs)")
     e.add_argument("--seed-base", type=int, default=None,
                    help="run i uses seed SEED_BASE + i (default: run.seed_base; without one, "
                         "each run's seed is drawn from the system's entropy)")
@@ -169,5 +169,10 @@ def check_log(args) -> int:
                   file=sys.stderr)
             return EXIT_FAIL
         verdicts.append(v)
-        print(v.line(args.require_success) + (f"; {launcher}" if launcher else ""), flush=True)
+        # a rank that stopped answering (train.heartbeat): the launcher lists whichever task
+        # ended first, and a stopped rank 0 leaves no run_stop to name it
+        from ..train.heartbeat import stopped_first
+        stopped = "" if v.success else stopped_first(log)
+        print(v.line(args.require_success) + "".join(f"; {w}" for w in (stopped, launcher) if w),
+              flush=True)
     return exit_code(verdicts, args.require_success)

@@ -23,3 +23,16 @@ def load_or_report(path: str, sets: list[str] | None):
     except ConfigError as e:
         error(str(e))
         return None
+
+
+def run_count(text: str) -> int:
+    """argparse type of a number of runs: a whole number >= 1 (argparse names the option in its
+    message: "argument --runs: 0: the number of runs must be >= 1")."""
+    import argparse
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: not a whole number of runs") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n}: the number of runs must be >= 1")
+    return n

@@ -43,7 +43,9 @@ def package(args) -> int:
         print(f"warning: {w}")
     for step in res.steps:
         print(step.line(), file=sys.stdout if step.ok and not step.skipped else sys.stderr)
-    if res.score_min is not None:
+    if res.ok and res.score_min is not None:
         print(f"score: {res.score_min:.3f} minutes (olympic mean, RCP-normalised)")
+    elif res.score_min is not None:    # a failing package has no score: none printed beside FAIL
+        print("score: none (a step above failed)")
     print("verdict: " + ("PASS" if res.ok else "FAIL"))
     return 0 if res.ok else 1

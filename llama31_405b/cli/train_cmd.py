@@ -25,8 +25,9 @@ def register(sub) -> None:
                    "--mlperf-log: torchrun's own parser rejects --log as an ambiguous prefix")
     p.add_argument("--init-checkpoint", default=None,
                    help="override checkpoint.ckpt_dir/checkpoint.init")
-    p.add_argument("--timeout-s", type=float, default=600.0,
-                   help="collective timeout: a dead peer ends the run after this long at most")
+    p.add_argument("--timeout-s", type=float, default=None,
+                   help="collective timeout: a dead or stopped peer ends the run after this long "
+                   "at most (default: run.collective_timeout_s, 600)")
     p.add_argument("--cache-cleared", action="store_true",
                    help="the launcher dropped the page cache before this run (logged as cache_clear)")
     add_set_option(p)
@@ -94,6 +95,10 @@ def run(args) -> int:
     seed = run_seed(cfg, args.seed)
     if seed is None:
         return 2
+    if args.timeout_s is not None and not args.timeout_s > 0:
+        print(f"error: --timeout-s {args.timeout_s:g}: must be > 0 (seconds a collective waits "
+              "for its peers)", file=sys.stderr)
+        return 2
     return train(cfg, seed=seed, log_file=args.log, init_checkpoint=args.init_checkpoint,
                  timeout_s=args.timeout_s, cache_cleared=args.cache_cleared, sets=args.set)
 
@@ -118,10 +123,12 @@ def run_seed(cfg, given: int | None, environ=None) -> int | None:
 
 
 def train(cfg, *, seed: int, log_file: str | None = None, init_checkpoint: str | None = None,
-          timeout_s: float = 600.0, cache_cleared: bool = False, extra_hooks=(),
+          timeout_s: float | None = None, cache_cleared: bool = False, extra_hooks=(),
           sets=()) -> int:
     """One run of cfg on this rank; `sets`: the --set overrides cfg was loaded with (carried into
-    the commands that messages suggest, e.g. `data verify`). Returns the exit status."""
+    the commands that messages suggest, e.g. `data verify`); `timeout_s`: the collective timeout
+    (default run.collective_timeout_s). With a log file, every rank keeps a heartbeat beside it
+    (train.heartbeat: a rank that stops answering is named). Returns the exit status."""
     from ..parallel.distributed import dist_env_from_environ
     from ..parallel.setup import teardown_parallel
     from ..train.loop import Run
@@ -131,9 +138,19 @@ def train(cfg, *, seed: int, log_file: str | None = None, init_checkpoint: str |
     hooks = [MLPerfLogHook(cfg, seed=seed, log_file=log_file, rank=de.rank,
                            cache_cleared=cache_cleared),
              ProgressHook(cfg, rank=de.rank), *extra_hooks]
+    timeout_s = cfg.run.collective_timeout_s if timeout_s is None else timeout_s
     run = Run(cfg, seed=seed, hooks=hooks, dist_env=de, timeout_s=timeout_s,
               init_checkpoint=init_checkpoint, sets=sets)
-    status = run.execute()
+    beat = None
+    if log_file:
+        from ..train.heartbeat import Heartbeat, heartbeat_dir, interval_for
+        beat = Heartbeat(heartbeat_dir(log_file), de.rank, de.world_size,
+                         interval_for(timeout_s)).start()
+    try:
+        status = run.execute()
+    finally:
+        if beat is not None:
+            beat.stop()
     try:
         teardown_parallel()
     except Exception:  # noqa: BLE001 - peers may be gone after a failure

@@ -269,6 +269,11 @@ class RunConfig:
     """Untimed warm-up iterations before run_start; weights, optimizer, RNG and data are restored."""
     log_interval: int = 1
     """Steps between progress lines."""
+    collective_timeout_s: float = 600.0
+    """Seconds a collective waits for its peers (the process groups' timeout): a rank that died
+    or stopped answering ends the run after this long at most, the reason naming it
+    (train.heartbeat). `train --timeout-s` overrides it; run_and_time.sh takes it from the
+    config."""
     accept_memory_risk: bool = False
     """Launch a GPU config the planner predicts does not fit in GPU memory (experiments only):
     `config check`, `compliance precheck` and the launch pre-flight then print the risk instead

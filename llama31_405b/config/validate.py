@@ -238,6 +238,9 @@ def run_rules(cfg: Config, d: Derived) -> list[str]:
     out = []
     if cfg.run.num_runs < 1:
         out.append("run.num_runs must be >= 1")
+    if not cfg.run.collective_timeout_s > 0:
+        out.append(f"run.collective_timeout_s = {cfg.run.collective_timeout_s:g}: must be > 0 "
+                   "(seconds a collective waits for its peers)")
     bad_env = [k for k in cfg.env if not k.replace("_", "").isalnum() or k[0].isdigit()]
     if bad_env:
         out.append(f"env: invalid variable name(s) {bad_env}")

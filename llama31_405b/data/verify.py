@@ -194,7 +194,12 @@ def verify_data(cfg, *, full: bool = False, write_manifest: bool = False,
     p = data_paths(cfg)
     tok = _tokenizer(cfg, p)
     _check_writable(p, say)
-    infos = {prefix: read_index(prefix) for prefix in p.prefixes()}
+    infos = {}
+    for prefix in p.prefixes():
+        try:
+            infos[prefix] = read_index(prefix)
+        except DataError as e:
+            raise DataError(f"{e}{_recorded_dtype(p, prefix)}") from None
     _check_validation(cfg, infos[p.valid])
     where = p.manifest
     m = mf.load_manifest(p.data_dir, where)
@@ -312,9 +317,24 @@ def check_metadata(cfg):
         try:
             infos[prefix] = read_index(prefix, deep=False)
         except DataError as e:
-            raise DataError(f"{key}: {e}") from None
+            raise DataError(f"{key}: {e}{_recorded_dtype(p, prefix)}") from None
     _check_validation(cfg, infos[p.valid])
     return p, tok, infos
+
+
+def _recorded_dtype(p, prefix: Path) -> str:
+    """'; the manifest M records uint16 tokens for it' (what the dataset was prepared or
+    verified with), for a .idx/.bin pair that disagrees; '' when the manifest says nothing."""
+    try:
+        ds = mf.load_manifest(p.data_dir, p.manifest)["datasets"].get(mf.rel(prefix, p.data_dir))
+    except (DataError, OSError, ValueError, KeyError, TypeError):
+        return ""
+    ds = ds if isinstance(ds, dict) else {}
+    dtype = ds.get("dtype") or (ds.get("verified") or {}).get("dtype")
+    if not dtype:
+        return ""
+    return (f"; the manifest {p.manifest} records {dtype} tokens for {prefix.name} (restore the "
+            "files it describes, or prepare the data again)")
 
 
 def require_verified(cfg, sets=()) -> dict:

@@ -33,6 +33,8 @@ class Verdict:
     """mlperf.verdict: run_stop success after an evaluation at the target."""
     when: str = ""
     """The convergence in words ('converged: 5.58 <= 5.6, 235.864 min, ...')."""
+    refused: bool = False
+    """The reader refused the file (two runs, a damaged line): no run_stop of it is reported."""
 
     @property
     def success(self) -> bool:
@@ -40,10 +42,15 @@ class Verdict:
 
     def line(self, require_success: bool) -> str:
         ok = self.success if require_success else self.compliant
+        if self.refused:      # what a refused file says about run_stop is not this run's
+            return (f"FAIL {self.log}: NOT compliant, not one run's log (the reader refused it)"
+                    f" -- {self.detail}")
         return (f"{'PASS' if ok else 'FAIL'} {self.log}: "
                 f"{'compliant' if self.compliant else 'NOT compliant'}, run_stop status "
                 f"{self.outcome if self.status else 'missing'}"
-                + (f", {self.when}" if self.when and self.status == "success" else "")
+                # converged only by the rules that passed: no "converged" beside a failed rule
+                + (f", {self.when}" if self.when and self.status == "success"
+                   and (self.compliant or not self.converged) else "")
                 + ("" if self.compliant else f" -- {self.detail}"))
 
 
@@ -61,9 +68,20 @@ def check_log(log: str | Path, benchmark: str, report_dir: str | Path | None = N
         v = Verdict(str(log), False, None, "no run_stop",
                     "log file missing: the run wrote no MLPerf log")
     else:
-        res = run_compliance(log, ruleset=ruleset, config=config_for(benchmark, ruleset, division))
+        rules = config_for(benchmark, ruleset, division)
+        res = run_compliance(log, ruleset=ruleset, config=rules)
         try:
             run = load_run(log, strict=False)
+            bench = run.first("submission_benchmark")
+            if bench is not None and bench.value != benchmark:
+                res.parse_errors.insert(0, (
+                    f"{log}:{bench.lineno}: submission_benchmark {bench.value!r}, but the config "
+                    f"says run.benchmark = {benchmark!r}: the log of another benchmark's run "
+                    f"(checked with the rules of {bench.value!r}, as the log names it)"
+                    if config_for(bench.value, ruleset, division) == rules else
+                    f"{log}:{bench.lineno}: submission_benchmark {bench.value!r}, but the config "
+                    f"says run.benchmark = {benchmark!r}: the log of another benchmark's run"))
+                res.ok = False
             logged = run.first("submission_division")
             if logged is not None and logged.value != division:
                 res.parse_errors.insert(0, (
@@ -72,21 +90,23 @@ def check_log(log: str | Path, benchmark: str, report_dir: str | Path | None = N
                 res.ok = False
             conv = run.convergence()      # mlperf.verdict: the one owner of "converged"
             status, converged, when = run.status, conv.converged, conv.describe()
-            if run.problems:   # the reader's problem (in the detail) says more than a convergence
-                converged, when = False, ""       # read from a damaged or doubled file
             outcome = ("success" if status == "success" else conv.words)
+            refused = bool(run.problems)
+            if refused:        # the reader's problem (in the detail) says more than a convergence
+                converged, when = False, ""       # read from a damaged or doubled file
+                outcome = "not read: the reader refused the file"
         except LogError:
-            status, outcome, converged, when = None, "no run_stop", False, ""
+            status, outcome, converged, when, refused = None, "no run_stop", False, "", False
         problems = res.summary()
         detail = "" if res.ok else (problems[0] if problems else "failed") + (
             f" (+{len(problems) - 1} more)" if len(problems) > 1 else "")
-        v = Verdict(str(log), res.ok, status, outcome, detail, converged, when)
+        v = Verdict(str(log), res.ok, status, outcome, detail, converged, when, refused)
     if report_dir is not None:
         Path(report_dir).mkdir(parents=True, exist_ok=True)
         text = res.report() if res is not None else f"FAIL {log}: {v.detail}\n"
         report_path(report_dir, log).write_text(
             text + f"outcome: {v.outcome}" + (f", {v.when}" if v.when and v.status == "success"
-                                               else "") + "\n")
+                                               and (v.compliant or not v.converged) else "") + "\n")
     return v
 
 

@@ -6,6 +6,7 @@ Call order in train: setup_parallel -> placement check -> model build -> checkpo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from ..config.schema import Config
 from ..systems.device import Device, decide
@@ -91,8 +92,12 @@ def setup_parallel(cfg: Config, dist_env: DistEnv | None = None, *,
     else:
         init_process_group(de, backend=backend, timeout_s=timeout_s)
     if not ps.model_parallel_is_initialized():
+        # megatron-core 0.19.2 initialize_model_parallel annotates whole minutes but only builds
+        # timedelta(minutes=...), which takes a fraction: Megatron's groups get the run's
+        # timeout to the second (whole minutes made 90 s into 60 s and 15 s into 60 s)
+        minutes = cast(int, timeout_s / 60.0)
         ps.initialize_model_parallel(**megatron_parallel_kwargs(cfg),
-                                     distributed_timeout_minutes=max(1, int(timeout_s // 60)),
+                                     distributed_timeout_minutes=minutes,
                                      create_gloo_process_groups=create_gloo_process_groups)
     info = ParallelInfo(dist_env=de, backend=backend,
                         tp_rank=ps.get_tensor_model_parallel_rank(),

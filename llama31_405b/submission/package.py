@@ -261,6 +261,7 @@ def _problems(text: str) -> list[str]:
 
 
 def run_package_checker(org_dir: Path, ruleset: str) -> Step:
+    org_dir = Path(org_dir).absolute()   # the checkers run in another folder (_run's cwd)
     rc, text = _run(["mlperf_logging.package_checker", str(org_dir), USAGE, ruleset,
                      "--log_output", str(org_dir.parent / "package_checker.log")], org_dir.parent)
     probs = _problems(text)
@@ -274,6 +275,7 @@ def run_package_checker(org_dir: Path, ruleset: str) -> Step:
 
 
 def run_rcp_checker(res_dir: Path, ruleset: str) -> Step:
+    res_dir = Path(res_dir).absolute()   # the checker runs in another folder (_run's cwd)
     rc, text = _run(["mlperf_logging.rcp_checker", str(res_dir), "--rcp_version", ruleset,
                      "--log_output", str(res_dir.parents[3] / "rcp_checker.log")], res_dir.parents[3])
     verdict = next((ln.strip().removeprefix("INFO - ").removeprefix("ERROR - ") for ln in text.splitlines()
@@ -282,6 +284,7 @@ def run_rcp_checker(res_dir: Path, ruleset: str) -> Step:
 
 
 def run_summarizer(org_dir: Path, benchmark: str, ruleset: str) -> tuple[Step, float | None]:
+    org_dir = Path(org_dir).absolute()   # the summarizer runs in another folder (_run's cwd)
     out_csv = org_dir.parent / "summary.csv"
     rc, text = _run(["mlperf_logging.result_summarizer", str(org_dir), USAGE, ruleset,
                      "--csv", str(out_csv)], org_dir.parent)
@@ -380,7 +383,9 @@ def score_difference(theirs: float | None, own: float | None, runs: list[RunLog]
 def package(logs_dir: str | Path, *, out: str | Path, org: str, cfg=None,
             system_desc: str | Path | None = None, system: str | None = None,
             impl: str = "megatron-core", ruleset: str = RULESET) -> PackageResult:
-    """Assemble and check; PackageError when refused before the checkers."""
+    """Assemble and check; PackageError when refused before the checkers. Relative paths are
+    resolved once, against the working folder (the checkers run with the tree as theirs)."""
+    out = Path(out).absolute()
     if cfg is None and system_desc is None:
         raise PackageError("give --config (system data from llama31_405b/systems) or --system-desc")
     runs = read_runs(find_logs(logs_dir))

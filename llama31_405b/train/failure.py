@@ -64,13 +64,29 @@ _LOST_PEER = ("Connection closed by peer", "Connection reset by peer", "Broken p
               "Connection refused", "ncclRemoteError", "remote process exited",
               "NCCL communicator was aborted", "Socket Timeout", "Read error")
 _LOST_PEER_TYPES = ("DistBackendError", "DistNetworkError")
+# a peer that did not answer within the process groups' timeout (gloo's "Timed out waiting
+# 60000ms for recv operation to complete"; ProcessGroupNCCL's watchdog "Watchdog caught
+# collective operation timeout")
+_NO_ANSWER = ("Timed out waiting", "operation timeout", "DistTimeoutError")
 
 
 def lost_peer(exc: BaseException) -> bool:
-    """True when `exc` says a collective failed because a peer rank is gone."""
+    """True when `exc` says a collective failed because a peer rank is gone or did not answer."""
     text = str(exc)
     return (any(c.__name__ in _LOST_PEER_TYPES for c in type(exc).__mro__)
-            or any(m in text for m in _LOST_PEER))
+            or any(m in text for m in _LOST_PEER) or no_answer(exc))
+
+
+def no_answer(exc: BaseException) -> bool:
+    """True when a collective failed because a peer did not answer in time."""
+    text = f"{type(exc).__name__}: {exc}"
+    return any(m in text for m in _NO_ANSWER)
+
+
+def _backend_words(detail: str) -> str:
+    """The backend's message without its source locations ('[../gloo/.../pair.cc:81] ')."""
+    import re
+    return re.sub(r"\[[^\]\s]*\.(?:cc|cpp|c|h|hpp|py):\d+\]\s*", "", detail).strip()
 
 
 _siblings: Siblings | None = None
@@ -84,11 +100,20 @@ def _lost_ranks() -> str:
 
 
 def lost_rank_reason(exc: BaseException, detail: str) -> str:
-    """The logged reason of a collective that failed because a peer is gone; it names the lost
-    rank when it ran on this node (train.siblings)."""
+    """The logged reason of a collective that failed because a peer is gone or did not answer;
+    it names the lost rank when it ran on this node (train.siblings), the rank that stopped
+    answering from the run's heartbeats (train.heartbeat)."""
     named = _lost_ranks()
     if named:
         return f"{named}: a collective failed because a peer rank is gone ({detail})"
+    if no_answer(exc):
+        from . import heartbeat
+        hb = heartbeat.current
+        stalled = heartbeat.describe(hb.stalled()) if hb is not None else ""
+        words = _backend_words(detail)
+        if stalled:
+            return f"{stalled}: a collective timed out waiting for it ({words})"
+        return f"a rank stopped answering: a collective timed out ({words})"
     return f"lost rank(s): a collective failed because a peer rank is gone ({detail})"
 
 

@@ -6,8 +6,9 @@ check, before the model build).
   .idx header says, the validation set large enough, and, unless `data.require_verified = false`,
   a passing verification in the manifest with files unchanged since. Metadata only (the
   manifest, the tokenizer, .idx headers, stat): MLPerf's rules allow it before run_start;
-- the initial checkpoint's record (checkpoint.format.check_compatible): its files present and its
-  `llama31_405b.json` of this model; no tensor is read.
+- the initial checkpoint's record (checkpoint.format.check_compatible): its files present, its
+  `llama31_405b.json` of this model, and every data file its torch DCP index names present and
+  as long as the index records (checkpoint.data_files); no tensor is read.
 
 Every message names the config key (or option) as well as the path; a suggested `data verify`
 command carries the user's --set overrides.
