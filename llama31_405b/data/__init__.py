@@ -15,6 +15,7 @@ One module per concern:
   verify     verify_data(cfg): content checks (`data verify`), require_verified(cfg) /
              check_metadata(cfg): train's checks
   datasets   build_datasets(cfg, seed=, train_samples=): blended GPTDataset + packed validation
+  index_share  the .idx arrays a read needs: one read-only copy per node in shared memory
   tiny       ensure_tiny_data(data_dir): the tiny corpus, tokenizer and datasets
 """
 from .errors import DataError

@@ -12,11 +12,14 @@ and the files' stat may be read), and none is ever memory-mapped: megatron-core 
 (`_MMapBinReader`), and opens it at every read when false (`_FileBinReader`); so the blend is
 built with mmap_bin_files=False and each IndexedDataset then gets a `PreadBinReader`
 (data.binfile.BinFile: pread at the first read, once per process, and a stat check before every
-read), as does the validation set. A file changed or shrunk under the run is then a DataError
-naming it, where a mapped file that shrank killed the process with SIGBUS (the .idx arrays,
-which megatron-core keeps as views of a map, are copied into memory for the same reason) (a pickled copy, e.g.
-in a DataLoader worker, gets megatron's `_FileBinReader` back from `IndexedDataset.__setstate__`:
-lazy too, unmapped, unchecked; the project's loader is a thread, train.prefetch).
+read; the same reader checks the stat of the dataset's .idx at the same interval), as does the
+validation set. A .bin or .idx changed or shrunk under the run is then a DataError naming it,
+where a mapped file that shrank killed the process with SIGBUS. The .idx arrays a read needs,
+which megatron-core keeps as views of a map of the .idx, come instead from one read-only copy
+per node in shared memory (data.index_share: why that closes the SIGBUS window, and what it
+costs). (A pickled copy, e.g. in a DataLoader worker, gets megatron's `_FileBinReader` and its
+map of the .idx back from `IndexedDataset.__setstate__`: lazy, unchecked; the project's loader
+is a thread, train.prefetch.)
 
 Validation: the validation file's documents concatenated in order and cut
 into exactly `eval_samples` sequences: sample i is tokens [i*S, (i+1)*S) with labels shifted by
@@ -88,7 +91,14 @@ def _pread_bin_reader_class():
 
     class PreadBinReader(BinFile, _BinReader):
         """data.binfile.BinFile (pread, opened at the first read, the file's stat checked) as
-        megatron-core's `_BinReader`: `read(dtype, count, offset)`."""
+        megatron-core's `_BinReader`: `read(dtype, count, offset)`; with `idx` (a BinFile of
+        the dataset's .idx, never read), that file's stat is checked at the same interval."""
+        idx: BinFile | None = None
+
+        def read(self, dtype, count: int, offset: int) -> np.ndarray:
+            if self.idx is not None:
+                self.idx._check()   # a DataError naming the .idx when it changed
+            return super().read(dtype, count, offset)
 
     return PreadBinReader
 
@@ -105,56 +115,53 @@ def indexed_datasets(ds) -> list:
     return out
 
 
-def make_bin_reads_checked(ds, stamps: dict[str, FileStamp] | None = None) -> None:
+def make_bin_reads_checked(ds, stamps: dict[str, FileStamp] | None = None) -> list:
     """Give every IndexedDataset under `ds` a reader that preads its .bin from the first read
-    on and checks before each read that the file still matches `stamps[path]` (default: its stat
-    now)."""
-    from megatron.core.datasets.indexed_dataset import get_bin_path
+    on and checks before each read that the .bin and the .idx still match `stamps[path]`
+    (default: their stat now), and the .idx arrays a read needs from its node's shared copy
+    (data.index_share; every process of the job calls this: it has collectives). Returns the
+    index_share.SharedIndex of each."""
+    from megatron.core.datasets.indexed_dataset import get_bin_path, get_idx_path
+
+    from . import index_share
     reader = _pread_bin_reader_class()
-    for ix in indexed_datasets(ds):
-        path = get_bin_path(ix.path_prefix)
-        ix.bin_reader = reader(path, (stamps or {}).get(path))  # BinFile(path, stamp)
-        _index_in_memory(ix.index)
-
-
-_INDEX_ARRAYS = ("sequence_lengths", "sequence_pointers", "document_indices", "sequence_modes")
-
-
-def _index_in_memory(index) -> None:
-    """megatron-core 0.19.2's `_IndexReader` keeps the .idx mapped and its arrays are views of
-    the map (`numpy.frombuffer` over `bin_buffer_mmap`), read at every sample: an .idx shrunk
-    under the run would end it with SIGBUS. The arrays are copied into memory instead (12 bytes
-    per sequence and 8 per document: a few MB per C4 shard, already read whole by megatron-core
-    when it built the sample index), so no read of the run touches the map."""
-    for name in _INDEX_ARRAYS:
-        a = getattr(index, name, None)
-        if isinstance(a, np.ndarray):
-            setattr(index, name, np.array(a, copy=True))
+    stamps = dict(stamps or {})
+    found = indexed_datasets(ds)
+    for ix in found:
+        path, idx = get_bin_path(ix.path_prefix), get_idx_path(ix.path_prefix)
+        ix.bin_reader = reader(path, stamps.get(path))  # BinFile(path, stamp)
+        stamps.setdefault(idx, FileStamp.of(idx))
+        ix.bin_reader.idx = BinFile(idx, stamps[idx])
+    shared = index_share.share(found, stamps, shm_dir=index_share.SHM_DIR)
+    index_share.release(shared)
+    return shared
 
 
 def bin_stamps(cfg, verified: dict | None = None) -> dict[str, FileStamp]:
-    """The stat of every .bin the run reads, taken now (before run_start); with `verified`
-    (require_verified's records by manifest key), a file whose size or mtime differs from its
-    verification is refused here, naming it."""
+    """The stat of every .bin and .idx the run reads, taken now (before run_start); with
+    `verified` (require_verified's records by manifest key), a file whose size or mtime differs
+    from its verification is refused here, naming it."""
     from .manifest import rel
     p = data_paths(cfg)
     out = {}
     for prefix in (*p.train, p.valid):
-        path = f"{prefix}.bin"
-        stamp = out[path] = FileStamp.of(path)
-        rec = ((verified or {}).get(rel(prefix, p.data_dir)) or {}).get("files", {}).get(".bin")
-        if rec:
-            what = [f"size {rec.get('size')} -> {stamp.size} bytes"] * (rec.get("size") != stamp.size)
-            what += ["modified (mtime changed)"] * (rec.get("mtime_ns") != stamp.mtime_ns)
-            if what:
-                raise changed_error(path, what, "its verification")
+        for ext in (".bin", ".idx"):
+            path = f"{prefix}{ext}"
+            stamp = out[path] = FileStamp.of(path)
+            rec = ((verified or {}).get(rel(prefix, p.data_dir)) or {}).get("files", {}).get(ext)
+            if rec:
+                what = [f"size {rec.get('size')} -> {stamp.size} bytes"] * (
+                    rec.get("size") != stamp.size)
+                what += ["modified (mtime changed)"] * (rec.get("mtime_ns") != stamp.mtime_ns)
+                if what:
+                    raise changed_error(path, what, "its verification")
     return out
 
 
 def build_datasets(cfg, *, seed: int, train_samples: int, verified: dict | None = None):
     """(train_ds, valid_ds): the blended training set and the packed validation set. Their
-    reads check the .bin files against their stat of now (and, with `verified`, the
-    verification's record of them; see bin_stamps)."""
+    reads check the .bin and .idx files against their stat before the build (and, with
+    `verified`, the verification's record of them; see bin_stamps)."""
     import logging
 
     from megatron.core.datasets.blended_megatron_dataset_builder import (
@@ -165,6 +172,7 @@ def build_datasets(cfg, *, seed: int, train_samples: int, verified: dict | None 
     p = data_paths(cfg)
     for prefix in (*p.train, p.valid):
         read_index(prefix, deep=False)  # clear error before megatron's asserts
+    stamps = bin_stamps(cfg, verified)  # before megatron-core reads the .idx files
     p.index_cache.mkdir(parents=True, exist_ok=True)
     gcfg = gpt_dataset_config(cfg, seed=seed)
     quiet = logging.getLogger("megatron.core.datasets")
@@ -181,7 +189,6 @@ def build_datasets(cfg, *, seed: int, train_samples: int, verified: dict | None 
     if train is None or len(train) < train_samples:
         raise DataError(f"training blend built {0 if train is None else len(train)} samples, "
                         f"{train_samples} requested")
-    stamps = bin_stamps(cfg, verified)
     make_bin_reads_checked(train, stamps)
     valid = PackedValidationDataset(str(p.valid), num_samples=cfg.derived.eval_samples,
                                     seq_length=cfg.model.seq_length,

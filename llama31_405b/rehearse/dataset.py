@@ -12,6 +12,8 @@ each GPTDataset then builds, on rank 0 before init_stop (`_build_document_sample
   or a document is longer than 2^31 - 1 (`helpers.build_sample_idx`);
 - a shuffle index: one entry per sample, uint32, or int64 from 2^32 - 2 (`_build_shuffle_index`);
 and the BlendedDataset an int16 dataset index and an int64 sample index per requested sample.
+Beside it, what the training .idx files cost at init per node (`idx_footprint`: bytes read from
+the data file system and host memory, data/index_share.py).
 
 Document and token counts come from the prepared data's .idx files when they are there (only the
 .idx: the .bin is never opened), otherwise from the size of C4 en_6/en_7 below. The build time is
@@ -59,6 +61,9 @@ class DatasetIndex:
     """Longest document in tokens (0: unknown; only decides int32/int64 of the sample index)."""
     samples: int
     """Samples the blend asks this dataset for (surplus included)."""
+    document_entries: int = 0
+    """Entries of the .idx's document index (documents + 1; the C4 estimate: one sequence per
+    document, as prepared)."""
     epochs: int = 0
     document_index_bytes: int = 0
     sample_index_bytes: int = 0
@@ -81,6 +86,8 @@ class IndexPlan:
     build_how: str = ""
     peak_build_bytes: int = 0
     """Host memory of rank 0 while building (estimate: results + the largest transient)."""
+    idx_share: dict = field(default_factory=dict)
+    """The training .idx files at init, per node and for the whole job (`idx_footprint`)."""
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -95,9 +102,10 @@ class IndexPlan:
         return out
 
 
-def _idx_lengths(prefix: str) -> np.ndarray | None:
-    """Sequence lengths from PREFIX.idx (megatron-core's header: magic, version, dtype code,
-    sequence count, document count; then the int32 lengths); None when the file is absent."""
+def _idx_lengths(prefix: str) -> tuple[np.ndarray, int] | None:
+    """Sequence lengths and document-index entries from PREFIX.idx (megatron-core's header:
+    magic, version, dtype code, sequence count, document count; then the int32 lengths); None
+    when the file is absent."""
     path = Path(prefix + ".idx")
     if not path.is_file():
         return None
@@ -107,7 +115,22 @@ def _idx_lengths(prefix: str) -> np.ndarray | None:
     if len(head) < 34 or head[:9] != MAGIC:
         raise ValueError(f"{path}: not a Megatron index file")
     seqs = int.from_bytes(head[18:26], "little")
-    return np.fromfile(path, dtype=np.int32, count=seqs, offset=34)
+    return (np.fromfile(path, dtype=np.int32, count=seqs, offset=34),
+            int.from_bytes(head[26:34], "little"))
+
+
+def idx_footprint(cfg, datasets: list[DatasetIndex]) -> dict:
+    """The training .idx files at init (data/index_share.py): per node, the bytes read from the
+    data file system and the host memory they take, with one read-only copy per node of what a
+    read needs, and before it (every rank a private copy of whole files); the job's read totals."""
+    from ..data.index_share import node_footprint
+    d = cfg.derived
+    per_node = d.system.gpus_per_node
+    out = node_footprint([(x.documents, x.document_entries) for x in datasets],
+                         min(per_node, d.world_size)).as_dict()
+    out.update(nodes=d.nodes, job_read_bytes=out["read_bytes"] * d.nodes,
+               job_read_before_bytes=out["read_before_bytes"] * d.nodes)
+    return out
 
 
 def _sizes(datasets: list[DatasetIndex], seq: int) -> None:
@@ -150,20 +173,23 @@ def plan(cfg) -> tuple[IndexPlan, list[np.ndarray | None]]:
     lengths = []
     est_docs = C4_EN_TRAIN_DOCUMENTS * C4_SHARDS_PER_FILE // C4_EN_TRAIN_SHARDS
     for prefix, samples in zip(prefixes, per):
-        lens = _idx_lengths(prefix)
-        lengths.append(lens)
-        if lens is not None:
+        found = _idx_lengths(prefix)
+        lengths.append(None if found is None else found[0])
+        if found is not None:
+            lens, entries = found
             out.datasets.append(DatasetIndex(prefix, "idx", len(lens),
                                              int(lens.sum(dtype=np.int64)),
-                                             int(lens.max(initial=0)), samples))
+                                             int(lens.max(initial=0)), samples, entries))
         elif d.rules.name != "llama31_405b":
             raise ValueError(f"{prefix}.idx: missing, and the size of {d.rules.name}'s data is "
                              "not known without it: prepare the data (python -m llama31_405b "
                              "data prepare) or point data.data_dir at it")
         else:
             out.datasets.append(DatasetIndex(prefix, "C4 estimate", est_docs,
-                                             round(est_docs * TOKENS_PER_DOCUMENT), 0, samples))
+                                             round(est_docs * TOKENS_PER_DOCUMENT), 0, samples,
+                                             est_docs + 1))
     _sizes(out.datasets, cfg.model.seq_length)
+    out.idx_share = idx_footprint(cfg, out.datasets)
     # transient of the largest document index: numpy.mgrid's int64 pair and the int32 copy, and
     # the document id and length arrays (4 B each per document)
     largest = max((x.epochs * x.documents * 20 + x.documents * 8 for x in out.datasets), default=0)

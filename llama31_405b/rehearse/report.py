@@ -172,6 +172,17 @@ def format_checkpoint_totals(t: dict | None) -> str:
             "(every rank its slice, twice)")
 
 
+def format_idx_share(f: dict) -> str:
+    """The training .idx files at init (data/index_share.py, rehearse/dataset.idx_footprint)."""
+    return (f"  .idx at init, per node of {f['ranks_per_node']} ranks: "
+            f"{f['read_bytes'] / GB:.2f} GB read from the data file system, "
+            f"{f['memory_bytes'] / GB:.2f} GB of host memory (one read-only copy in shared "
+            f"memory of what a read needs; before, a private copy of the whole .idx per rank: "
+            f"{f['read_before_bytes'] / GB:.2f} GB read, {f['memory_before_bytes'] / GB:.2f} GB "
+            f"held); whole job ({f['nodes']:,} nodes): {f['job_read_bytes'] / 1e12:.2f} TB read "
+            f"(before: {f['job_read_before_bytes'] / 1e12:.2f} TB)")
+
+
 def format_text(rep: dict) -> str:
     ds = rep.get("dataset") or {}
     lines = [f"rehearsal of {rep['config']}: world {rep['world_size']} ({rep['layout']}), "
@@ -193,6 +204,8 @@ def format_text(rep: dict) -> str:
                      f"{rep['max_index_bytes'] / GB:g} allowed; {build}; rank 0 peak "
                      f"~{ds['peak_build_bytes'] / GB:.1f} GB")
         lines.append(f"  {per}")
+        if ds.get("idx_share"):
+            lines.append(format_idx_share(ds["idx_share"]))
     elif ds.get("skipped"):
         lines.append("dataset: skipped")
     elif ds:
