@@ -63,7 +63,7 @@ def worker(evals: int, samples: int, out: str) -> int:
     from llama31_405b.config import load_config
     from llama31_405b.train import evaluation
     from llama31_405b.train.batches import eval_microbatch_count, synthetic_microbatches
-    from llama31_405b.train.first_contact.slice import synthetic_datasets
+    from llama31_405b.first_contact.slice import synthetic_datasets
     from llama31_405b.train.loop import Run
     from llama31_405b.train.step import global_sum, run_schedule
     cfg = load_config(CONFIG, overrides={"run": {"division": "open", "max_steps": 2 * evals + 2},

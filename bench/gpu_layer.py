@@ -28,9 +28,14 @@ planner's attention figure is for a fused causal kernel (TE/cuDNN), so that row 
 different kernels and says so. RoPE is not applied (no rotary embedding is passed); it is
 elementwise and part of the planner's elementwise term.
 
-first-contact's layer phase (llama31_405b/train/first_contact/layer.py, run on the H200 by
+Then the shard's four linear GEMMs alone, in BF16 and in FP8 (`torch._scaled_mm`, E4M3,
+per-tensor scales; the training precision of the HGX H200 configs), forward + data + weight
+gradient, beside the dense peak and the planner's rate for that precision
+(llama31_405b.first_contact.gemm, the code first-contact's `gemms_tp4` check runs).
+
+first-contact's layer phase (llama31_405b/first_contact/layer.py, run on the H200 by
 scripts/h200_first_contact.py) measures the whole layer's forward and backward in this shard's
-shape and unsharded, with the GPU's matrix ceiling and MFU; this bench adds the per-part table.
+shape and unsharded, with the GPU's matrix ceilings and MFU; this bench adds the per-part table.
 
 Needs CUDA, torch and megatron-core (on the lent H200: carry the megatron-core wheel). Writes
 the table as JSON to $OUT/gpu_layer.json when OUT is set, or to --json-out.
@@ -53,17 +58,18 @@ HEADS, GROUPS, FFN, KV = 32, 2, 13312, 128  # per TP4 rank
 
 def shard_overrides(system: str) -> dict:
     """The shard's shapes over the config (shared with first-contact's layer phase, P4)."""
-    from llama31_405b.train.first_contact.layer import layer_overrides
+    from llama31_405b.first_contact.layer import layer_overrides
     return layer_overrides("tp4_shard", system, SEQ)
 
 
-def planner_rates(system: str) -> tuple[dict[str, float], float]:
-    """Predicted TFLOP/s per part and seconds of one layer (fwd + bwd) for the shard on `system`."""
+def planner_rates(system: str, precision: str = "bf16") -> tuple[dict[str, float], float]:
+    """Predicted TFLOP/s per part and seconds of one layer (fwd + bwd) for the shard on `system`
+    in `precision`."""
     from llama31_405b.planner import compute
-    from llama31_405b.planner.fitting import fitted
+    from llama31_405b.planner.calibrate import fitted
     from llama31_405b.planner.context import Context, Stage
     from llama31_405b.planner.spec import make_config
-    cfg = make_config(system, 1, tp=4, pp=1, vp=1, cp=2, minibs=1, precision="bf16")
+    cfg = make_config(system, 1, tp=4, pp=1, vp=1, cp=2, minibs=1, precision=precision)
     ctx = Context.of(cfg)
     fit = fitted()
     layer = compute.stage_parts(ctx, Stage("one layer", 1, False, False), fit)
@@ -163,6 +169,21 @@ def main() -> int:
               + ("   (unfused local attention vs the planner's fused causal kernel)"
                  if name == "attention" else ""),
               flush=True)
+    from llama31_405b.first_contact import gemm
+    for prec in gemm.PRECISIONS:
+        assumed = gemm.planner_assumption(args.system, prec)
+        by = gemm.shard_gemms({k: v["mnk"] for k, v in assumed["linears"].items()},
+                              precisions=(prec,), iters=args.iters, warmup=args.warmup)
+        for name, r in ((k, v[prec]) for k, v in by.items()):
+            r.update(gemm.against_planner(r, assumed, name))
+            rows.append(dict(part=f"gemm_{name}_{prec}", mnk=r["mnk"], ms=r["seconds"] * 1e3,
+                             achieved_tflops=r["tflops"], predicted_tflops=r["planner_tflops"],
+                             ratio=r["tflops"] / r["planner_tflops"],
+                             share_of_peak=r["share_of_peak"]))
+            print(f"  {name + ' ' + prec:<10} {r['seconds'] * 1e3:8.3f} ms  achieved "
+                  f"{r['tflops']:7.1f} TFLOP/s   planner {r['planner_tflops']:7.1f} TFLOP/s   "
+                  f"achieved/planner {rows[-1]['ratio']:.2f}   {r['share_of_peak']:.0%} of the "
+                  f"{assumed['peak_tflops']:.0f} dense peak (GEMMs alone)", flush=True)
     s = timed(lambda t: layer(hidden_states=t, attention_mask=mask), [x])
     rows.append(dict(part="layer", ms=s * 1e3, predicted_ms=predicted_layer_s * 1e3,
                      ratio=predicted_layer_s / s))

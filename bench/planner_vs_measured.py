@@ -196,7 +196,7 @@ def main() -> None:
         for r in range(1, a.rounds + 1):
             for n in order(names, a.fit, r):
                 profile(work, n, r, a.steps, loads)
-    from llama31_405b.planner import calibrated
+    from llama31_405b.planner import calibrate
     folders = {n: [work / f"profile_{n}_r{r}" for r in range(1, a.rounds + 1)] for n in names}
     missing = [str(f) for fs in folders.values() for f in fs if not (f / "analysis.json").is_file()]
     if missing:
@@ -205,7 +205,7 @@ def main() -> None:
     _run([sys.executable, "-m", "llama31_405b", "plan", "--calibrate", *map(str, folders[a.fit]),
           "--calibration-out", str(cal), "--config", str(config(work, a.fit))],
          work / f"calibrate_{cal.stem}.log")
-    fit = calibrated.read(cal).fit
+    fit = calibrate.read(cal).fit
     rows: dict[str, list] = {}
     for n in names:
         p = predicted(config(work, n), fit)

@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from llama31_405b.planner import calibration, convergence, fitted, predict  # noqa: E402
+from llama31_405b.planner import calibrate, convergence, fitted, predict  # noqa: E402
 from llama31_405b.planner.spec import make_config  # noqa: E402
 from llama31_405b.planner.sweep import Fixed, sweep  # noqa: E402
 from llama31_405b.planner.writer import SWITCH_MARGIN, plan_scale  # noqa: E402
@@ -128,7 +128,7 @@ def rows(uf: Path | None = None) -> list[dict]:
         out.append(dict(figure=figure, published=published, predicted=predicted, error=err, kind=kind,
                         unit=unit, band=band))
 
-    c = calibration.CALIBRATION
+    c = calibrate.CALIBRATION
     p128 = layout(128, 8)
     b = p128.breakdown
     comp = b["compute_total_s"]

@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
 """First contact on a bare single-H200 test machine (torch 2.11 / CUDA 13 preinstalled, no
 Transformer Engine, no megatron-core, no network; at most 64 MiB carried with the repository),
-in one prepared command. Three subcommands:
+in one prepared command. Four subcommands:
 
-  python scripts/h200_first_contact.py gather [--dest .whl]      # development machine (network)
-  python scripts/h200_first_contact.py check  [--wheels .whl]    # development machine (offline)
-  python3 scripts/h200_first_contact.py run OUT [--wheels .whl]  # the H200
+  .venv/bin/python scripts/h200_first_contact.py gather [--dest .whl]   # development machine
+  .venv/bin/python scripts/h200_first_contact.py check [--wheels .whl]  # (gather: network)
+  python3 scripts/h200_first_contact.py run OUT [--phases P,..]         # the H200
+  .venv/bin/python scripts/h200_first_contact.py merge DEST RUN...      # the runs' folders
 
 gather  downloads the wheels the image lacks (WHEELS: megatron-core and mlperf-logging, x86-64,
         CPython 3.12 like the image's python3) into an ignored folder (.whl/), refuses more than
-        64 MiB, then runs `check`.
+        64 MiB, then runs `check`. gather and check need Python 3.12 (they install cp312
+        wheels): another Python re-runs them with the project's .venv/bin/python, or refuses.
 check   installs those wheels offline into an empty --target folder and, in a `python -S`
         process whose path holds only the repository, that folder and this machine's copies of
         the packages the image has (IMAGE_PACKAGES; symbolic links to this environment's
@@ -17,17 +19,22 @@ check   installs those wheels offline into an empty --target folder and, in a `p
         imports lazily, then runs `first-contact --cpu` on the tiny config there (the no-TE
         path as far as a CPU goes). Exit status 1 on an ImportError that the image would see.
 run     on the H200: installs the wheels offline (pip --no-index --no-deps --target), then runs
-        first-contact's phases, each in its own process with its own time limit, so that a
-        hang in one still leaves the others' figures: layer (P4: BF16 matrix ceiling, one
-        405B-width layer's forward and backward, MFU, planner ratio), slice (the one-GPU slice
-        on Megatron's local layers in BF16), dp2 (not run with one GPU). Writes to OUT:
-        env.txt (GPU, driver, versions), log.txt (everything the phases printed), layer.json,
-        slice.json, dp2.json (each rewritten after every check, so a timeout keeps what was
-        reached), report.json (all checks merged) and summary.txt (one line per check). Ends
-        within --deadline-s (default 450 s, under the 8 minutes asked).
+        first-contact's phases (PHASES), each in its own process with its own time limit, so
+        that a hang in one still leaves the others' figures: layer (BF16 and FP8 matrix
+        ceilings and the TP4 shard's GEMMs, one 405B-width layer's forward and backward, MFU,
+        planner ratios, the NVFP4 emulation), slice (the one-GPU slice on Megatron's local
+        layers in BF16), dp2 (not started with one GPU). Writes to OUT: env.txt (GPU, driver,
+        versions), log.txt (everything the phases printed), layer.json, slice.json, dp2.json
+        (each rewritten after every figure or check, so a kill keeps what was reached),
+        report.json (every check from the phase that runs it) and summary.txt (one line per
+        check). Ends within --deadline-s (DEADLINE_S). `--phases slice` reruns a failed phase
+        alone; into a folder holding an earlier run's files it writes NAME.2.EXT (h200_outputs:
+        nothing is overwritten, the merge takes each phase's latest report).
+merge   copies the folders of several runs (a first run, then a phase rerun alone) into DEST,
+        under new names, and writes their merged report and summary there.
 
 With the device tool of this workplace (docs/gpu_settings.md, "First contact on a test H200"):
-  run(command="python3 scripts/h200_first_contact.py run $OUT", carry=[".whl"], timeout_s=540)
+  run(command="python3 scripts/h200_first_contact.py run $OUT", carry=[".whl"], timeout_s=240)
 """
 from __future__ import annotations
 
@@ -41,13 +48,19 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import h200_outputs as outputs  # noqa: E402  (beside this file: tags, merge, collect)
+from h200_outputs import merge as _merge, not_started, tagged  # noqa: E402
 WHEELS = {"megatron-core": "0.19.2", "mlperf-logging": "4.1.68"}
 """What the project imports on the H200 that its image lacks (pyproject.toml's dependencies
 minus IMAGE_PACKAGES; megatron-core's own requirements torch, numpy and packaging and
 mlperf-logging's pandas, pyyaml, numpy and scipy are in the image). Pinned as constraints/cpu.txt."""
 CARRY_LIMIT = 64 * 2**20
+PYTHON = (3, 12)
+"""The image's python3 (CPython 3.12.3): the wheels are for it."""
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",
              "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64")
 IMAGE_PACKAGES = """
@@ -116,8 +129,8 @@ def wheel_files(wheels: Path) -> list[Path]:
     names = [norm(f.name.split("-")[0]) for f in files]
     missing = sorted(set(WHEELS) - set(names))
     if missing:
-        raise SystemExit(f"error: {wheels} lacks {', '.join(missing)}: run "
-                         f"`python scripts/h200_first_contact.py gather` on a machine with network")
+        raise SystemExit(f"error: {wheels} lacks {', '.join(missing)}: run `.venv/bin/python "
+                         "scripts/h200_first_contact.py gather` on a machine with network")
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise SystemExit(f"error: {wheels} holds more than one version of {', '.join(dup)}")
@@ -257,31 +270,104 @@ def check(wheels: Path, *, run_cpu: bool = True) -> int:
 
 
 # -- run (on the H200) ----------------------------------------------------------------------------
+class Phase(NamedTuple):
+    """A phase `run` starts, in its own process (`first-contact --phases NAME`)."""
+    name: str
+    cap_s: float
+    """Hard limit of its process, unless no phase is started after it (then: what is left)."""
+    floor_s: float
+    """Kept back for it by the phases before it; with less left it is not started."""
+    gpus: int = 1
+    """GPUs it needs: where nvidia-smi -L lists fewer it is not started (its checks "not run"
+    with the reason; the process would spend ~15 s of imports to say the same)."""
+    args: tuple[str, ...] = ()
+    """More first-contact arguments; "{out}" becomes OUT and "{tag}" the run's tag: a phase's
+    extra output goes to OUT as f"NAME{tag}.EXT", so that a rerun into OUT never overwrites it,
+    and is named in EXTRA_OUTPUTS."""
+
+
+PHASES = (Phase("layer", 75, 30), Phase("slice", 150, 90), Phase("dp2", 90, 30, gpus=2))
+"""The phases in the order `run` starts them. Expected on one H200 (estimates: never run yet):
+install and env.txt 15 s, layer under a minute, slice 2-3 minutes, dp2 not started."""
+EXTRA_OUTPUTS: dict[str, tuple[str, ...]] = {"slice": ("profile_slice.tgz",)}  # profiling.pack_path
+"""Phase -> files it writes into OUT besides its report (names untagged, e.g. "profile.tar")."""
+RUN_FILES = ("env.txt", "log.txt", "report.json", "summary.txt")
+DEADLINE_S = 225.0
+"""`run` ends within this (the device command's timeout_s 240 leaves 15 s to the tool)."""
+INSTALL_TIMEOUT_S = 45
+SH_TIMEOUT_S = 8
+
+
 def _sh(cmd: str) -> str:
     try:
-        r = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=30)
+        r = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=SH_TIMEOUT_S)
         return f"$ {cmd}\n{r.stdout}{r.stderr}\n"
     except subprocess.TimeoutExpired:
-        return f"$ {cmd}\n(no answer in 30 s)\n"
+        return f"$ {cmd}\n(no answer in {SH_TIMEOUT_S} s)\n"
 
 
-def run(out: Path, wheels: Path, deadline_s: float, config: str, install: bool = True) -> int:
+def run_names() -> list[str]:
+    return [*RUN_FILES, *(f"{p.name}.json" for p in PHASES),
+            *(n for names in EXTRA_OUTPUTS.values() for n in names)]
+
+
+def run_tag(out: Path) -> str:
+    return outputs.run_tag(out, run_names())
+
+
+def merge(out: Path, phases: list[str] | None = None) -> tuple[dict, list[str]]:
+    """h200_outputs.merge of `phases` (default: every phase of PHASES)."""
+    return _merge(out, phases or [p.name for p in PHASES])
+
+
+def gpu_count() -> int | None:
+    """GPUs nvidia-smi -L lists; None where it does not answer (then every phase starts)."""
+    try:
+        r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
+                           timeout=SH_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if r.returncode != 0:
+        return None
+    return sum(line.startswith("GPU ") for line in r.stdout.splitlines())
+
+
+def run(out: Path, wheels: Path, deadline_s: float, config: str, install: bool = True,
+        phases: list[str] | None = None, gpus: int | None = None) -> int:
     t0 = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
-    log = open(out / "log.txt", "a", buffering=1)
+    tag = run_tag(out)
+    log = open(out / tagged("log.txt", tag), "a", buffering=1)
 
     def say(msg):
         line = f"[{time.monotonic() - t0:6.1f} s] {msg}"
         print(line, flush=True)
         log.write(line + "\n")
 
+    known = [p.name for p in PHASES]
+    phases = phases or known
+    if sorted(set(phases) - set(known)):
+        say(f"error: unknown phase(s) {', '.join(sorted(set(phases) - set(known)))}; known: "
+            f"{', '.join(known)}")
+        return 2
+    if tag:
+        say(f"{out} holds an earlier run's files: this run's end in {tag} (nothing overwritten)")
     site = Path(tempfile.gettempdir()) / "h200_first_contact_site"
     if install:
+        if sys.version_info[:2] != PYTHON:
+            say(f"error: the wheels are for CPython {PYTHON[0]}.{PYTHON[1]} (megatron-core ships "
+                f"cp312 wheels only); this is {sys.version.split()[0]}: run it with python3.12")
+            return 2
         shutil.rmtree(site, ignore_errors=True)
         files = wheel_files(wheels)
-        r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index",
-                            "--no-deps", "--no-compile", "--no-cache-dir", "--target", str(site),
-                            *map(str, files)], capture_output=True, text=True)
+        try:
+            r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index",
+                                "--no-deps", "--no-compile", "--no-cache-dir", "--target",
+                                str(site), *map(str, files)], capture_output=True, text=True,
+                               timeout=INSTALL_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            say(f"pip install: killed at its {INSTALL_TIMEOUT_S} s limit")
+            return 1
         say(f"pip install of {', '.join(f.name for f in files)}: exit {r.returncode} "
             f"{r.stderr[-500:]}")
         if r.returncode != 0:
@@ -291,7 +377,7 @@ def run(out: Path, wheels: Path, deadline_s: float, config: str, install: bool =
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(REPO)] + ([str(site)] if install else [])
         + [p for p in [os.environ.get("PYTHONPATH")] if p]), PYTHONUNBUFFERED="1")
-    (out / "env.txt").write_text(
+    (out / tagged("env.txt", tag)).write_text(
         _sh("nvidia-smi") + _sh(f"{sys.executable} -VV")
         + _sh(f"{sys.executable} -c 'import torch; print(torch.__version__, torch.version.cuda, "
               "torch.cuda.device_count(), torch.backends.cudnn.version())'")
@@ -299,67 +385,71 @@ def run(out: Path, wheels: Path, deadline_s: float, config: str, install: bool =
               "'^(torch|triton|numpy|megatron|mlperf|transformer|apex|pandas|scipy|pyyaml) '")
         + _sh("df -h /tmp; free -g; nproc"))
     say("env.txt written")
-    # phase, hard limit (s), seconds kept back for the phases after it (of a 450 s deadline;
-    # scaled with it). Expected on one H200: layer ~1 min, slice ~3 min, dp2 seconds (one GPU)
-    plan = [("layer", 150, 240), ("slice", 330, 30), ("dp2", 240, 5)]
-    for phase, cap, keep in plan:
+    gpus = gpu_count() if gpus is None else gpus
+    plan = []
+    for ph in PHASES:
+        if ph.name not in phases:
+            continue
+        if gpus is not None and gpus < ph.gpus:
+            why = f"needs {ph.gpus} GPUs (nvidia-smi -L lists {gpus}): not started"
+            not_started(out / tagged(f"{ph.name}.json", tag), ph.name, why)
+            say(f"phase {ph.name}: {why}")
+        else:
+            plan.append(ph)
+    for i, ph in enumerate(plan):
         left = deadline_s - (time.monotonic() - t0)
-        limit = min(cap, left - keep * deadline_s / 450)
-        if limit < 20:
-            say(f"phase {phase}: not run, {left:.0f} s left")
+        reserve = sum(q.floor_s for q in plan[i + 1:])
+        limit = left - reserve if i == len(plan) - 1 else min(ph.cap_s, left - reserve)
+        report = out / tagged(f"{ph.name}.json", tag)
+        if limit < ph.floor_s:
+            why = (f"not started: {left:.0f} s left of the {deadline_s:.0f} s deadline, "
+                   f"{reserve:.0f} s kept for the phases after it; it needs {ph.floor_s:.0f} s")
+            not_started(report, ph.name, why)
+            say(f"phase {ph.name}: {why}")
             continue
         cmd = [sys.executable, "-m", "llama31_405b", "first-contact", "--config", config,
-               "--phases", phase, "--report", str(out / f"{phase}.json"),
-               "--budget-s", str(int(limit - 10)), "--traceback"]
-        say(f"phase {phase}: limit {limit:.0f} s: {' '.join(cmd[1:])}")
+               "--phases", ph.name, "--report", str(report),
+               "--budget-s", str(int(limit - 10)), "--traceback",
+               *(a.format(out=out, tag=tag) for a in ph.args)]
+        say(f"phase {ph.name}: limit {limit:.0f} s: {' '.join(cmd[1:])}")
         try:
             p = subprocess.run(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                                timeout=limit)
-            say(f"phase {phase}: exit {p.returncode}")
+            say(f"phase {ph.name}: exit {p.returncode}")
         except subprocess.TimeoutExpired:
-            say(f"phase {phase}: killed at its {limit:.0f} s limit (its report keeps what it "
+            say(f"phase {ph.name}: killed at its {limit:.0f} s limit (its report keeps what it "
                 "reached)")
     for f in out.glob("*.tmp"):
         f.unlink()                       # a report cut off mid-write by a kill
-    merged, lines = merge(out, [p for p, _, _ in plan])
-    (out / "report.json").write_text(json.dumps(merged, indent=2))
-    (out / "summary.txt").write_text("\n".join(lines) + "\n")
+    merged, lines = merge(out)
+    (out / tagged("report.json", tag)).write_text(json.dumps(merged, indent=2))
+    (out / tagged("summary.txt", tag)).write_text("\n".join(lines) + "\n")
     say(f"done in {time.monotonic() - t0:.0f} s\n" + "\n".join(lines))
     return 1 if merged["summary"]["failed"] else 0
 
 
-def merge(out: Path, phases: list[str]) -> tuple[dict, list[str]]:
-    """One report: each phase's own checks from that phase's process ("phase P left no report"
-    if it wrote none); the common checks (gpu, transformer_engine, ...) from the first process
-    that ran them."""
-    owner = {"matmul_ceiling": "layer", "layer_bf16": "layer", "dp2_eval_sync": "dp2"}
-    common = ("gpu", "transformer_engine", "recipe", "gradient_accumulation_fusion")
-    docs = {p: json.loads((out / f"{p}.json").read_text()) for p in phases
-            if (out / f"{p}.json").exists()}
-    names = [c["name"] for d in docs.values() for c in d["checks"]]
-    names = list(dict.fromkeys(names or list(common) + list(owner)))
-    checks = {}
-    for n in names:
-        entries = {p: c for p, d in docs.items() for c in d["checks"] if c["name"] == n}
-        if n in common:
-            ran = [c for c in entries.values() if c["status"] != "not run"]
-            checks[n] = ran[0] if ran else next(iter(entries.values()))
-            continue
-        p = owner.get(n, "slice")
-        checks[n] = entries.get(p) or {"name": n, "status": "not run", "seconds": 0, "data": {},
-                                       "detail": f"phase {p} left no report"}
-    summary = {s: sum(c["status"] == s for c in checks.values())
-               for s in ("passed", "failed", "not run")}
-    w = max((len(n) for n in checks), default=0)
-    lines = [f"{n:<{w}}  {c['status']:<7}  {c['detail'].splitlines()[0] if c['detail'] else ''}"
-             for n, c in checks.items()]
-    lines.append(f"{summary['failed']} failed, {summary['passed']} passed, "
-                 f"{summary['not run']} not run")
-    return {"meta": {p: d.get("meta", {}) for p, d in docs.items()}, "summary": summary,
-            "checks": list(checks.values())}, lines
+def python_for_wheels(version=None, venv: Path = REPO / ".venv" / "bin" / "python") -> str | None:
+    """None when this Python is 3.12 (what the wheels are for: megatron-core ships cp312 wheels
+    only, and `check` installs them into this Python); else the project's environment's python
+    to run gather and check with, when it is a 3.12; else SystemExit naming the version."""
+    version = tuple(version or sys.version_info[:2])
+    if version == PYTHON:
+        return None
+    if venv.exists():
+        r = subprocess.run([str(venv), "-c", "import sys; print(*sys.version_info[:2])"],
+                           capture_output=True, text=True)
+        if r.returncode == 0 and tuple(map(int, r.stdout.split())) == PYTHON:
+            return str(venv)
+    raise SystemExit(
+        f"error: gather and check need Python {PYTHON[0]}.{PYTHON[1]} (megatron-core 0.19.2 "
+        f"ships cp312 wheels only, and check installs them into this Python); this is "
+        f"{version[0]}.{version[1]} and {venv} is not a {PYTHON[0]}.{PYTHON[1]}: run `make "
+        "setup` (scripts/find_python312.sh finds a Python 3.12), then .venv/bin/python "
+        "scripts/h200_first_contact.py ...")
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("gather", help="download the wheels (development machine, network)")
@@ -370,16 +460,31 @@ def main(argv=None) -> int:
     r = sub.add_parser("run", help="on the H200: install offline, run first-contact")
     r.add_argument("out", help="output folder (the device tool's $OUT)")
     r.add_argument("--wheels", default=str(REPO / ".whl"))
-    r.add_argument("--deadline-s", type=float, default=450.0)
+    r.add_argument("--deadline-s", type=float, default=DEADLINE_S)
+    r.add_argument("--phases", default=",".join(p.name for p in PHASES),
+                   help="comma-separated: rerun a failed phase alone (e.g. --phases slice)")
     r.add_argument("--config", default=str(REPO / "configs" / "config_GB200_128x4x144xtp4pp8cp2.toml"))
     r.add_argument("--no-install", action="store_true",
                    help="use the packages this Python has (a machine that has megatron-core)")
+    m = sub.add_parser("merge", help="collect device runs' folders into one and merge them")
+    m.add_argument("dest", help="folder the runs' files are copied into (nothing overwritten)")
+    m.add_argument("sources", nargs="*", help="the runs' folders, in the order they ran")
     a = ap.parse_args(argv)
+    if a.cmd in ("gather", "check"):
+        py = python_for_wheels()
+        if py is not None:
+            print(f"this is Python {sys.version.split()[0]}; gather and check need "
+                  f"{PYTHON[0]}.{PYTHON[1]}: re-running with {py}", file=sys.stderr, flush=True)
+            os.execv(py, [py, str(Path(__file__).resolve()), *argv])
     if a.cmd == "gather":
         return gather(Path(a.dest))
     if a.cmd == "check":
         return check(Path(a.wheels), run_cpu=not a.imports_only)
-    return run(Path(a.out), Path(a.wheels), a.deadline_s, a.config, install=not a.no_install)
+    if a.cmd == "merge":
+        return outputs.merge_folders(Path(a.dest), [Path(s) for s in a.sources],
+                                     [p.name for p in PHASES])
+    return run(Path(a.out), Path(a.wheels), a.deadline_s, a.config, install=not a.no_install,
+               phases=[p.strip() for p in a.phases.split(",") if p.strip()])
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The first-contact command (llama31_405b.train.first_contact): on a machine without a GPU every
+"""The first-contact command (llama31_405b.first_contact): on a machine without a GPU every
 check is reported "not run" with its reason and the exit status is 0; the recipe choice follows
 the GPU's compute capability; the one-GPU slice of a GB200 config is a valid one-rank config at
 405B width that Megatron accepts and that fits one H200; without Transformer Engine the slice
@@ -17,7 +17,7 @@ import pytest
 
 from llama31_405b.config import load_config
 from llama31_405b.config.derived import param_count
-from llama31_405b.train import first_contact as fc
+from llama31_405b import first_contact as fc
 
 from conftest import py_env
 
@@ -67,12 +67,16 @@ def test_a_gpu_without_transformer_engine_runs_the_local_bf16_slice(monkeypatch)
 
     import llama31_405b.systems.device as device
     from llama31_405b.model import builder
-    from llama31_405b.train.first_contact import checks
+    from llama31_405b.first_contact import checks
     monkeypatch.setattr(os, "environ", dict(os.environ))     # run_checks exports launch_env
     monkeypatch.setattr(device, "cuda_visible", lambda: True)
     props = types.SimpleNamespace(name="NVIDIA H200", major=9, minor=0, total_memory=141 * 2**30)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    # what torch reports free on an idle H200 (module fit compares the slice's estimate with it)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i=0: (139 * 2**30, 140 * 2**30))
+    from llama31_405b.first_contact import fit     # and its host's (a test H200's 128 GiB)
+    monkeypatch.setattr(fit, "host_available", lambda: 120 * 2**30)
     real_import = builtins.__import__
 
     def no_te(name, *a, **k):
@@ -95,6 +99,8 @@ def test_a_gpu_without_transformer_engine_runs_the_local_bf16_slice(monkeypatch)
     assert got["gradient_accumulation_fusion"][0] == "not run" and "Apex" in got["gradient_accumulation_fusion"][1]
     assert got["dp2_eval_sync"] == ("not run", "needs 2 GPUs (this machine has 1)")
     assert rep.failures == 0
+    fits = rep.checks["build"].data               # the slice's estimate fits one H200
+    assert fits["memory_estimate_gib"]["gpu"] < fits["memory_available_gib"]["gpu"] == 139
     scfg = seen["scfg"]
     assert seen["te"] is False and scfg.precision.compute == "bf16"
     assert scfg.model.seq_length == fc.LOCAL_SEQ_LENGTH and scfg.model.hidden_size == 16384
@@ -148,7 +154,7 @@ def test_the_report_is_written_as_it_goes_and_honours_the_budget(tmp_path):
 def test_layer_phase_flops_and_planner_prediction():
     from llama31_405b.config.schema import ModelConfig
     from llama31_405b.planner.compute import flops_by_part
-    from llama31_405b.train.first_contact import layer
+    from llama31_405b.first_contact import layer
     m = ModelConfig(seq_length=4096, num_layers=1)
     by = flops_by_part(m)
     assert layer.layer_flops(m) == {k: v for k, v in by.items() if k != "logits"}
@@ -264,7 +270,7 @@ def test_the_dp2_weight_hash_sees_one_changed_element():
     of a buffer moved by one unit in the last place changes its bucket's hash, and only that."""
     import torch
 
-    from llama31_405b.train.first_contact.dp2 import param_hash
+    from llama31_405b.first_contact.dp2 import param_hash
     g = torch.Generator().manual_seed(0)
     bufs = [types.SimpleNamespace(param_data=(torch.randn(n, generator=g) * 0.02).to(torch.bfloat16))
             for n in (1000, 3000)]

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from llama31_405b.train.first_contact import dp2
-from llama31_405b.train.first_contact.report import Report
+from llama31_405b.first_contact import dp2
+from llama31_405b.first_contact.report import Report
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny_cpu.toml"

@@ -26,23 +26,9 @@ def gpu_with_te(monkeypatch):
     """builder on a (pretend) GPU machine with Transformer Engine 2.20.2 and Apex's
     fused_weight_gradient_mlp_cuda installed (the project's image): only what
     TransformerConfig.__post_init__ asks of TE is stood in for (TE's fused RoPE function and
-    its version); Apex's masked-softmax kernels are absent."""
-    from packaging.version import Version
-
-    import llama31_405b.model.builder as builder
-    import llama31_405b.systems.device as device
-    import megatron.core.models.common.embeddings.rope_utils as rope_utils
-    import megatron.core.transformer.transformer_config as tc_mod
-    te = Version("2.20.2")
-    monkeypatch.setattr(device, "cuda_visible", lambda: True)
-    monkeypatch.setattr(builder, "_has_module",
-                        lambda name: name in ("transformer_engine", builder.GRAD_ACCUM_FUSION_MODULE))
-    monkeypatch.setattr(rope_utils, "fused_apply_rotary_pos_emb", lambda *a, **k: None)
-    monkeypatch.setattr(tc_mod, "is_te_min_version",
-                        lambda v, check_equality=True: te >= Version(v) if check_equality
-                        else te > Version(v))
-    monkeypatch.setattr(tc_mod, "get_te_version", lambda: te)
-    return builder
+    its version); Apex's masked-softmax kernels are absent (tests/helpers/pretend_gpu.py)."""
+    from helpers.pretend_gpu import pretend_gpu_with_te
+    return pretend_gpu_with_te(monkeypatch)
 
 
 @pytest.mark.parametrize("path", GB200, ids=[p.stem for p in GB200])
@@ -126,6 +112,7 @@ def test_gpu_without_te_refuses_te_settings_and_builds_plain_bf16(gpu_with_te, m
     cfg = load_config(GB200_128, validate=False, overrides=bench.shard_overrides("h200-sxm"))
     t = gpu_with_te.transformer_config(cfg)
     assert not t.apply_rope_fusion and not t.gradient_accumulation_fusion
+    assert not t.persist_layer_norm      # WrappedTorchNorm refuses it (test_gpu_model_build.py)
     assert gpu_with_te.layer_spec(cfg, te=False).submodules.self_attention is not None
 
 

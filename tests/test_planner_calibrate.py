@@ -14,8 +14,9 @@ import pytest
 
 from llama31_405b.cli import main
 from llama31_405b.config.load import load_config
-from llama31_405b.planner import calibrated, fitting, measured, predict
-from llama31_405b.planner.calibration import CALIBRATION, load_summary, PUBLISHED
+from llama31_405b.planner import calibrate, predict
+from llama31_405b.planner.calibrate.synthetic import synthetic_profile
+from llama31_405b.planner.calibrate import CALIBRATION, load_summary, PUBLISHED
 from llama31_405b.planner.spec import make_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,7 +40,7 @@ def tiny(tmp: Path, name: str, **layout) -> Path:
 
 
 def known_fit():
-    return replace(fitting.fitted(), **KNOWN)
+    return replace(calibrate.fitted(), **KNOWN)
 
 
 def run(capsys, *argv):
@@ -54,8 +55,8 @@ def test_fit_recovers_known_constants_from_a_synthetic_profile(tmp_path):
     cfg = load_config(tiny(tmp_path, "tp2pp2dp2"))
     assert (cfg.parallel.tp, cfg.parallel.pp, cfg.derived.dp) == (2, 2, 2)
     fit = known_fit()
-    folder = measured.synthetic_profile(tmp_path / "synthetic", cfg, fit)
-    got = fitting.solve(measured.from_profile(folder, cfg), cfg)
+    folder = synthetic_profile(tmp_path / "synthetic", cfg, fit)
+    got = calibrate.solve(calibrate.from_profile(folder, cfg), cfg)
     for name in ("attention_bf16_fraction", "elementwise_passes", "host_s_per_layer_pass"):
         assert getattr(got, name) == pytest.approx(getattr(fit, name), rel=1e-6), name
     for table in ("gemm_fraction", "gemm_part_scale"):
@@ -74,10 +75,10 @@ def test_a_system_of_several_links_fits_one_scale_per_measured_kind(tmp_path):
     """GB200 (NVLink inside the rack, InfiniBand across, NCCL): no one transport, so each
     measured kind gets its own scale from a synthetic profile of the published layout."""
     cfg = load_config(GB200_128)
-    fit = replace(fitting.fitted(), comm_scale=(("CP", 2.0), ("DP", 3.0), ("PP", 1.5), ("TP", 1.2)),
+    fit = replace(calibrate.fitted(), comm_scale=(("CP", 2.0), ("DP", 3.0), ("PP", 1.5), ("TP", 1.2)),
                   host_s_per_layer_pass=1e-4)
-    got = fitting.solve(measured.from_profile(measured.synthetic_profile(tmp_path / "p", cfg, fit),
-                                              cfg), cfg)
+    got = calibrate.solve(calibrate.from_profile(synthetic_profile(tmp_path / "p", cfg, fit),
+                                                 cfg), cfg)
     assert dict(got.comm_scale) == pytest.approx(dict(fit.comm_scale), rel=1e-5)
     assert got.collective_latency_s is None
 
@@ -85,11 +86,11 @@ def test_a_system_of_several_links_fits_one_scale_per_measured_kind(tmp_path):
 def test_calibrate_command_writes_a_calibration_the_other_commands_use(tmp_path, capsys):
     cfg_path = tiny(tmp_path, "fit")
     cfg = load_config(cfg_path)
-    folder = measured.synthetic_profile(tmp_path / "profile", cfg, known_fit())
+    folder = synthetic_profile(tmp_path / "profile", cfg, known_fit())
     out = tmp_path / "cal.toml"
     rc, text, err = run(capsys, "--calibrate", str(folder), "--calibration-out", str(out))
     assert rc == 0, err
-    cal = calibrated.read(out)
+    cal = calibrate.read(out)
     assert cal.summary.source == str(folder.resolve()) and cal.gemm_precision == "fp32"
     assert (cal.summary.system, cal.summary.model) == ("cpu", "tiny-llama3.1")
     assert cal.fit.host_s_per_layer_pass == pytest.approx(0.004, rel=1e-6)
@@ -107,7 +108,7 @@ def test_calibrate_command_writes_a_calibration_the_other_commands_use(tmp_path,
 
 def test_a_profile_or_calibration_of_another_system_model_or_precision_is_refused(tmp_path, capsys):
     cfg = load_config(tiny(tmp_path, "fit"))
-    folder = measured.synthetic_profile(tmp_path / "profile", cfg, known_fit())
+    folder = synthetic_profile(tmp_path / "profile", cfg, known_fit())
     # --calibrate: what the calibration asks for against what the profile is
     rc, _, err = run(capsys, "--calibrate", str(folder), "--calibration-out",
                      str(tmp_path / "a.toml"), "--system", "gb200-nvl72")
@@ -150,15 +151,15 @@ def test_published_calibration_is_a_profile_summary_and_reproduces_the_constants
     assert load_summary(PUBLISHED) == CALIBRATION
     assert (CALIBRATION.step_s, CALIBRATION.compute_s) == (1.27, 0.733)
     assert CALIBRATION.closes == "nvlink_bus_efficiency" and not CALIBRATION.parts
-    f = fitting.solve(CALIBRATION)
-    assert f == fitting.fitted()
+    f = calibrate.solve(CALIBRATION)
+    assert f == calibrate.fitted()
     # the constants the solver gives (nvlink_bus_efficiency 0.49303 before the simulation counted
     # megatron-core's reverse-order dispatch of the interleaved first chunk's gather, 0.49431 since)
     assert (f.nvfp4_gemm_peak_fraction, f.attention_bf16_fraction, f.elementwise_passes,
             f.nvlink_bus_efficiency) == pytest.approx((0.54005, 0.73921, 22.158, 0.49431), rel=1e-4)
     # written as a calibration file and used: the same 128-rack step
-    path = calibrated.write(tmp_path / "published.toml", CALIBRATION, f, "nvfp4", {})
-    assert calibrated.read(path).fit == f
+    path = calibrate.write(tmp_path / "published.toml", CALIBRATION, f, "nvfp4", {})
+    assert calibrate.read(path).fit == f
     rc, out, err = run(capsys, "--config", str(GB200_128), "--calibration", str(path), "--json")
     assert rc == 0, err
     assert json.loads(out)["step_time_s"] == pytest.approx(1.27, rel=1e-6)
@@ -167,7 +168,7 @@ def test_published_calibration_is_a_profile_summary_and_reproduces_the_constants
 def test_first_contact_layer_phase_is_a_partial_calibration(tmp_path, capsys):
     """A first-contact report whose 'full' layer took what the planner predicts at a BF16 GEMM
     efficiency of 0.6 (with the unfused attention it ran) calibrates that efficiency."""
-    prior = fitting.fitted()
+    prior = calibrate.fitted()
     truth = replace(prior, gemm_fraction=(("bf16", 0.6),))
     shapes = {"full": {"heads": 128, "seq": 4096}, "tp4_shard": {"heads": 32, "seq": 4096}}
     from llama31_405b.planner import compute
@@ -187,7 +188,7 @@ def test_first_contact_layer_phase_is_a_partial_calibration(tmp_path, capsys):
     out = tmp_path / "fc.toml"
     rc, text, err = run(capsys, "--calibrate", str(report), "--calibration-out", str(out))
     assert rc == 0, err
-    cal = calibrated.read(out)
+    cal = calibrate.read(out)
     assert cal.partial and dict(cal.fit.gemm_fraction)["bf16"] == pytest.approx(0.6, rel=1e-6)
     assert cal.fit.nvfp4_gemm_peak_fraction == prior.nvfp4_gemm_peak_fraction
     rc, _, err = run(capsys, "--calibrate", str(report), "--calibration-out",
@@ -203,7 +204,7 @@ def test_first_contact_layer_phase_is_a_partial_calibration(tmp_path, capsys):
     rc, _, err = run(capsys, "--calibrate", str(report), "--calibration-out",
                      str(tmp_path / "y.toml"), "--system", "h100-sxm")
     assert rc == 0, err
-    assert dict(calibrated.read(tmp_path / "y.toml").fit.gemm_fraction)["bf16"] == pytest.approx(0.6)
+    assert dict(calibrate.read(tmp_path / "y.toml").fit.gemm_fraction)["bf16"] == pytest.approx(0.6)
 
 
 def test_several_profiles_of_the_fit_layout_calibrate_to_their_median(tmp_path, capsys):
@@ -211,17 +212,17 @@ def test_several_profiles_of_the_fit_layout_calibrate_to_their_median(tmp_path, 
     each): the calibration fits the median one; a profile of another layout is refused."""
     cfg_path = tiny(tmp_path, "fit")
     cfg = load_config(cfg_path)
-    folders = [measured.synthetic_profile(tmp_path / f"p{i}", cfg,
-                                          replace(known_fit(), host_s_per_layer_pass=h))
+    folders = [synthetic_profile(tmp_path / f"p{i}", cfg,
+                                 replace(known_fit(), host_s_per_layer_pass=h))
                for i, h in enumerate((0.004, 0.009, 0.002))]
     out = tmp_path / "median.toml"
     rc, text, err = run(capsys, "--calibrate", *map(str, folders), "--calibration-out", str(out))
     assert rc == 0, err
-    cal = calibrated.read(out)
+    cal = calibrate.read(out)
     assert cal.fit.host_s_per_layer_pass == pytest.approx(0.004, rel=1e-6)
     assert cal.summary.source.startswith("median of ") and str(folders[2].resolve()) in cal.summary.source
-    other = measured.synthetic_profile(tmp_path / "dp", load_config(tiny(tmp_path, "dp", tp=1, pp=1, minibs=1)),
-                                       known_fit())
+    other = synthetic_profile(tmp_path / "dp", load_config(tiny(tmp_path, "dp", tp=1, pp=1, minibs=1)),
+                              known_fit())
     rc, _, err = run(capsys, "--calibrate", str(folders[0]), str(other), "--calibration-out",
                      str(tmp_path / "mixed.toml"), "--config", str(cfg_path))
     assert rc == 2 and f"{other}: tp: the profile has 1, the config 2" in err

@@ -14,7 +14,8 @@ import pytest
 
 from llama31_405b.cli import main
 from llama31_405b.config.load import load_config
-from llama31_405b.planner import calibrated, fitting, measured, predict
+from llama31_405b.planner import calibrate, predict
+from llama31_405b.planner.calibrate.synthetic import synthetic_profile
 from llama31_405b.planner.capacity import memory_problems, predicted
 from llama31_405b.planner.compute import gemm_precision
 from llama31_405b.planner.context import Context
@@ -25,19 +26,19 @@ MEMORY = dict(activation_scale=1.3, activation_fragmentation=0.35)
 
 
 def calibration(tmp: Path, name: str, cfg, fit, with_memory: bool) -> Path:
-    """A calibration file fitted (fitting.solve, the path `plan --calibrate` takes) to a
+    """A calibration file fitted (calibrate.solve, the path `plan --calibrate` takes) to a
     synthetic profile of `cfg` the planner writes with the constants `fit`."""
-    folder = measured.synthetic_profile(tmp / f"profile_{name}", cfg, fit, with_memory=with_memory)
-    summary = measured.from_profile(folder, cfg)
-    got = fitting.solve(summary, cfg)
-    return calibrated.write(tmp / f"{name}.toml", summary, got, gemm_precision(Context.of(cfg)), {})
+    folder = synthetic_profile(tmp / f"profile_{name}", cfg, fit, with_memory=with_memory)
+    summary = calibrate.from_profile(folder, cfg)
+    got = calibrate.solve(summary, cfg)
+    return calibrate.write(tmp / f"{name}.toml", summary, got, gemm_precision(Context.of(cfg)), {})
 
 
 def test_memory_constants_round_trip_through_a_profile_with_a_memory_record(tmp_path):
     cfg = load_config(GB200)
-    truth = replace(fitting.fitted(), **MEMORY)
+    truth = replace(calibrate.fitted(), **MEMORY)
     path = calibration(tmp_path, "mem", cfg, truth, with_memory=True)
-    cal = calibrated.read(path)
+    cal = calibrate.read(path)
     assert cal.summary.memory_allocated_gb is not None
     assert cal.fit.activation_scale == pytest.approx(1.3, rel=1e-9)
     assert cal.fit.activation_fragmentation == pytest.approx(0.35, rel=1e-9)
@@ -51,9 +52,9 @@ def test_memory_constants_round_trip_through_a_profile_with_a_memory_record(tmp_
 
 def test_a_calibration_without_a_memory_record_leaves_the_memory_model_unchanged(tmp_path):
     cfg = load_config(GB200)
-    path = calibration(tmp_path, "nomem", cfg, replace(fitting.fitted(), **MEMORY),
+    path = calibration(tmp_path, "nomem", cfg, replace(calibrate.fitted(), **MEMORY),
                        with_memory=False)
-    fit = calibrated.read(path).fit
+    fit = calibrate.read(path).fit
     assert (fit.activation_scale, fit.activation_fragmentation) == (1.0, None)
     assert predicted(cfg, fit) == predicted(cfg)
     assert "activation_fragmentation" not in Path(path).read_text()
@@ -63,7 +64,7 @@ def test_the_memory_check_uses_the_calibration_and_refuses_another_systems(tmp_p
     cfg = load_config(GB200)
     assert memory_problems(cfg) == []
     # a measured activation footprint three times the model's: the config no longer fits
-    big = calibration(tmp_path, "big", cfg, replace(fitting.fitted(), activation_scale=3.0,
+    big = calibration(tmp_path, "big", cfg, replace(calibrate.fitted(), activation_scale=3.0,
                                                     activation_fragmentation=0.2), with_memory=True)
     assert main(["config", "check", str(GB200)]) == 0
     capsys.readouterr()
@@ -77,7 +78,7 @@ def test_the_memory_check_uses_the_calibration_and_refuses_another_systems(tmp_p
     tiny = tmp_path / "tiny.toml"
     tiny.write_text(f'base = "{REPO / "configs" / "tiny_cpu.toml"}"\n\n[parallel]\ntp = 2\npp = 2\n\n'
                     '[batch]\nminibs = 4\n\n[system]\ngpus_per_rack = 8\nracks = 1\n')
-    cpu = calibration(tmp_path, "cpu", load_config(tiny), fitting.fitted(), with_memory=False)
+    cpu = calibration(tmp_path, "cpu", load_config(tiny), calibrate.fitted(), with_memory=False)
     for argv in (["config", "check", str(GB200)], ["compliance", "precheck", str(GB200)]):
         assert main([*argv, "--calibration", str(cpu)]) == 2
         err = capsys.readouterr().err

@@ -1,7 +1,8 @@
 """`plan --calibrate PROFILE_DIR --calibration-out FILE`: the planner's constants fitted to a
 measured profile (docs/planner.md, "Calibrating from a profile"). A file instead of a folder is
 first contact's JSON report: a partial calibration (the BF16 GEMM rate of one layer). Several
-folders of the same run (profiled at different times) fit the median of each measured figure."""
+folders of the same run (profiled at different times) fit the median of each measured figure.
+The stages are the planner's calibrate package (planner/calibrate/__init__.py)."""
 from __future__ import annotations
 
 import sys
@@ -15,9 +16,10 @@ def _err(lines) -> int:
 
 
 def _first_contact(args, src: Path, out: str) -> int:
-    from ..planner import calibrated, fitting, measured
-    fit, summary, check = measured.first_contact(src, fitting.fitted(), args.system)
-    path = calibrated.write(out, summary, fit, "bf16", check, partial=True)
+    from ..planner import calibrate
+    from ..planner.calibrate.first_contact import first_contact
+    fit, summary, check = first_contact(src, calibrate.fitted(), args.system)
+    path = calibrate.write(out, summary, fit, "bf16", check, partial=True)
     print(f"partial calibration of {summary.system} (first contact's layer phase: BF16 GEMM "
           f"efficiency {dict(fit.gemm_fraction)['bf16']:.3f}) written to {path}")
     for k, v in check.items():
@@ -26,10 +28,12 @@ def _first_contact(args, src: Path, out: str) -> int:
 
 
 def calibrate(args) -> int:
-    from ..planner import calibrated, fitting, measured
+    """Check the arguments against the profile, then the calibrate package's stages in a line:
+    the folders' summary (`from_profile`, their median), the constants (`solve`), the file
+    (`write`, with the `check` of the fit against the measurement)."""
+    from ..planner import calibrate as cal
     from ..planner.compute import gemm_precision
     from ..planner.context import Context
-    from ..planner.step import breakdown
     from .options import load_or_report
     srcs = [Path(s) for s in args.calibrate]
     src, out = srcs[0], args.calibration_out
@@ -43,8 +47,8 @@ def calibrate(args) -> int:
             if len(srcs) > 1:
                 return _err([f"--calibrate {src}: a first-contact report calibrates alone"])
             return _first_contact(args, src, out)
-        m = measured.manifest(src)
-    except measured.ProfileSummaryError as e:
+        m = cal.manifest(src)
+    except cal.ProfileSummaryError as e:
         return _err([str(e)])
     cfg_path = args.config or m.get("config")
     if not cfg_path or not Path(cfg_path).is_file():
@@ -54,8 +58,8 @@ def calibrate(args) -> int:
     if cfg is None:
         return 2
     try:
-        bad = [f"{s}: {x}" for s in srcs for x in measured.layout_mismatches(s, cfg)]
-    except measured.ProfileSummaryError as e:
+        bad = [f"{s}: {x}" for s in srcs for x in cal.layout_mismatches(s, cfg)]
+    except cal.ProfileSummaryError as e:
         return _err([str(e)])
     for flag, field, mine, theirs in (("--system", "system", args.system, cfg.system.id),
                                       ("--precision", "precision", args.precision,
@@ -65,19 +69,20 @@ def calibrate(args) -> int:
     if bad:
         return _err(["the profile is not of the run asked for:", *bad])
     try:
-        summary = measured.median_summary([measured.from_profile(s, cfg) for s in srcs])
-        fit = fitting.solve(summary, cfg)
+        summary = cal.median_summary([cal.from_profile(s, cfg) for s in srcs])
+        fit = cal.solve(summary, cfg)
     except ValueError as e:
         return _err([str(e)])
-    ctx = Context.of(cfg)
-    b = breakdown(ctx, fit)
-    check = {"simulated_step_s": b.step_s, "measured_step_s": summary.step_s,
-             "simulated_compute_s": b.compute_total_s, "measured_compute_s": summary.compute_s}
-    path = calibrated.write(out, summary, fit, gemm_precision(ctx), check)
-    print(f"calibration of {cfg.system.id} / {cfg.model.name} / {gemm_precision(ctx)} GEMMs from "
+    precision = gemm_precision(Context.of(cfg))
+    checked = cal.check(summary, fit, cfg)
+    path = cal.write(out, summary, fit, precision, checked)
+    print(f"calibration of {cfg.system.id} / {cfg.model.name} / {precision} GEMMs from "
           f"{', '.join(map(str, srcs))} ({summary.layout}) written to {path}")
     for f in fields(fit):
         print(f"  {f.name} = {getattr(fit, f.name)}")
-    print(f"  the profiled step: simulated {b.step_s * 1e3:.1f} ms, measured "
-          f"{summary.step_s * 1e3:.1f} ms")
+    graphed = ("" if summary.eager_step_s is None else
+               f" (replayed: full-iteration CUDA graphs; the traced eager step "
+               f"{summary.eager_step_s * 1e3:.1f} ms)")
+    print(f"  the profiled step: simulated {checked['simulated_step_s'] * 1e3:.1f} ms, measured "
+          f"{summary.step_s * 1e3:.1f} ms{graphed}")
     return 0

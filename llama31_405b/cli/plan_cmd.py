@@ -107,14 +107,14 @@ def _calibration(args, cfg=None):
     """(Calibration or None, exit status or None): --calibration read and checked against `cfg`."""
     if not args.calibration:
         return None, None
-    from ..planner import calibrated
+    from ..planner import calibrate
     try:
-        cal = calibrated.read(args.calibration)
+        cal = calibrate.read(args.calibration)
     except ValueError as e:
         print(f"error: --calibration: {e}", file=sys.stderr)
         return None, 2
     if cfg is not None:
-        bad = calibrated.mismatches(cal, cfg)
+        bad = calibrate.mismatches(cal, cfg)
         if bad:
             print("error: " + "\n  ".join(bad), file=sys.stderr)
             return None, 2

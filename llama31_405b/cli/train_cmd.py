@@ -46,13 +46,13 @@ def register(sub) -> None:
                        "Megatron's local layers in BF16 without TE; full-iteration graphs, "
                        "checkpoint, warm-up, replay vs eager, steps, evaluation) and one layer's "
                        "speed, each check passed / failed / not run")
-    from ..train.first_contact import add_arguments
+    from ..first_contact import add_arguments
     add_arguments(f)
     f.set_defaults(func=run_first_contact)
 
 
 def run_first_contact(args) -> int:
-    from ..train.first_contact import run as first_contact
+    from ..first_contact import run as first_contact
     return first_contact(args)
 
 

@@ -146,8 +146,13 @@ def transformer_config(cfg: Config, *, device: Device | None = None):
         # (TransformerConfig rejects it without TE). Gradient-accumulation fusion is the
         # config's choice, checked against the image (gradient_accumulation_fusion above). The
         # masked-softmax kernels (scaled_masked_softmax_cuda, Apex) only serve the local
-        # attention.
-        bias_activation_fusion=gpu, persist_layer_norm=gpu, bias_dropout_fusion=gpu,
+        # attention. persist_layer_norm only with TE, as Megatron-LM's default (megatron-core
+        # 0.19.2 megatron.training.argument_utils.core_transformer_config_from_args: on unless
+        # --no-persist-layer-norm); TE's norms (TENorm, TELayerNormColumnParallelLinear) do not
+        # read it, it selects Apex's persistent kernel in megatron's FusedLayerNorm (LayerNorm
+        # only), and the local spec's RMSNorm, megatron's WrappedTorchNorm, asserts it is off
+        # (WrappedTorchNorm.__new__): tests/test_gpu_model_build.py builds that spec.
+        bias_activation_fusion=gpu, persist_layer_norm=te, bias_dropout_fusion=gpu,
         masked_softmax_fusion=gpu and _has_module("scaled_masked_softmax_cuda"),
         apply_rope_fusion=te,
         gradient_accumulation_fusion=gradient_accumulation_fusion(cfg, device),

@@ -4,11 +4,10 @@
 breakdown, MFU, memory per GPU and time-to-train of a config; `sweep(system, racks, Fixed(...))`
 ranks every feasible layout; `capacity.memory_problems(cfg)` is the memory verdict the CLI checks
 before a launch; `writer` regenerates the per-scale GB200 configs; `explain` tabulates and plots
-the scaling. The constants are data in `calibration.py`, solved by `fitting.py`. See
-docs/planner.md.
+the scaling. The constants are data in `calibrate/constants.py`, fitted to a measured step by
+the `calibrate` package (`plan --calibrate`). See docs/planner.md.
 """
-from .calibration import ASSUMED, CALIBRATION, Fitted
-from .fitting import fitted
+from .calibrate import ASSUMED, CALIBRATION, Fitted, fitted
 from .spec import make_config
 from .step import Prediction
 from .step import predict as _predict

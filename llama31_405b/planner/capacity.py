@@ -20,7 +20,7 @@ from dataclasses import replace
 from ..config.schema import Config
 from ..config.validate import model_layout_rules, placement_rules, problems
 from ..systems import load_system
-from .calibration import Fitted
+from .calibrate.constants import Fitted
 from .context import Context
 from .memory import Memory, memory
 from .spec import pipeline_split_flags
@@ -31,9 +31,9 @@ RISK_FIELD = "run.accept_memory_risk"
 def calibration_fit(path: str, cfg: Config) -> Fitted:
     """The constants of the calibration file `path` for `cfg`; ValueError naming the file (and,
     for a calibration of another system, model or GEMM precision, the field and both values)."""
-    from . import calibrated
-    cal = calibrated.read(path)
-    bad = calibrated.mismatches(cal, cfg)
+    from .calibrate.file import mismatches, read
+    cal = read(path)
+    bad = mismatches(cal, cfg)
     if bad:
         raise ValueError("; ".join(bad))
     return cal.fit

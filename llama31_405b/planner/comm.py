@@ -11,7 +11,7 @@ reduce-scatter and parameter all-gather over the DP x CP ranks, hierarchical acr
 """
 from __future__ import annotations
 
-from .calibration import ASSUMED, Fitted
+from .calibrate.constants import ASSUMED, Fitted
 from .context import Context
 from .topology import (NVLINK, bandwidth, collective_s, cp_span, dp_cp_span, group_link, latency,
                        p2p_link, tp_span)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields
 from functools import cache
 
 from ..config.schema import ModelConfig
-from .calibration import ASSUMED, Fitted
+from .calibrate.constants import ASSUMED, Fitted
 from .context import Context, Stage
 
 PARTS = ("qkv", "attention", "proj", "ffn_up", "ffn_down", "logits")

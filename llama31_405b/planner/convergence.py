@@ -15,7 +15,7 @@ pruned as the checker prunes them; tests/test_rcp_lookup.py compares them with t
   trains fewer samples than 1152 but scores at best like the 1152 mean.
 * Above the largest RCP the checker fails the run ("Missing RCP"): no prediction.
 * NVFP4 versus the BF16 reference runs is a separate, stated factor
-  (`calibration.ASSUMED.nvfp4_samples_factor`, 1.0).
+  (`calibrate.constants.ASSUMED.nvfp4_samples_factor`, 1.0).
 
 A run stops at the first evaluation that reaches the target, so the steps are the samples rounded
 up to the evaluation schedule of `config.rules.hparams`.
@@ -28,7 +28,7 @@ from functools import cache
 
 from ..config.rcp import pruned_stats, rcp_file_for
 from ..config.rules import BenchmarkRules, hparams
-from .calibration import ASSUMED
+from .calibrate.constants import ASSUMED
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, fields, replace
 
 from . import comm, compute
-from .calibration import ASSUMED, Fitted
+from .calibrate.constants import ASSUMED, Fitted
 from .compute import PartTimes
 from .context import Context
 from .pipeline import chunk_layers
@@ -168,7 +168,7 @@ def plan(ctx: Context, fit: Fitted) -> Plan:
 
 
 def _plan(ctx: Context, fit: Fitted) -> Plan:
-    if fit.collective_latency_s is not None:  # a calibration's transport latency (fitting.py)
+    if fit.collective_latency_s is not None:  # a calibration's transport latency (calibrate/solver.py)
         ctx = replace(ctx, system=replace(ctx.system, collective_latency_s=fit.collective_latency_s))
     pp, vp = ctx.pp, ctx.vp
     made: dict[tuple, ChunkCost] = {}

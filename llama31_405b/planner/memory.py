@@ -13,19 +13,19 @@
   (pipeline.py).
   Full recomputation keeps only each layer's input plus one layer's working set.
 * Fragmentation: the caching allocator's loss on the activations, which churn every microbatch
-  (calibration.ASSUMED.activation_fragmentation); the static buffers do not fragment.
-* Reserve: CUDA context, NCCL buffers, workspaces (calibration.ASSUMED.memory_reserved_gb).
+  (calibrate.constants.ASSUMED.activation_fragmentation); the static buffers do not fragment.
+* Reserve: CUDA context, NCCL buffers, workspaces (calibrate.constants.ASSUMED.memory_reserved_gb).
 
 A calibration fitted to a GPU profile with a memory record (`plan --calibrate`; docs/planner.md)
 replaces two of these: the activations are scaled by the measured / modelled ratio and the
-fragmentation is the measured one (`calibration.Fitted.activation_scale`,
+fragmentation is the measured one (`calibrate.constants.Fitted.activation_scale`,
 `activation_fragmentation`); without one (or from a CPU profile) the assumed values hold.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .calibration import ASSUMED, Fitted
+from .calibrate.constants import ASSUMED, Fitted
 from .comm import param_gather_bytes_per_param
 from .compute import OPERAND_BYTES
 from .context import Context

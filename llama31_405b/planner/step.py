@@ -5,7 +5,7 @@ form of the same costs that the sweep uses to pick the candidates it simulates:
 step ~ (1 + (PP-1)/(VP x m)) x busy + exposed DP + contention + end-of-step work.
 Time-to-train = (steps x step + the first step's extra cost + evaluations x evaluation + run
 overhead) x the checker's score scaling (convergence.py). The fitted constants are an argument
-(`fitting.fitted()` solves them); nothing here imports them back.
+(`calibrate.fitted()` solves them); nothing here imports them back.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from ..config.derived import model_flops_per_sequence
 from ..config.rules import rules_for
 from ..config.schema import Config
 from . import compute, simulate
-from .calibration import ASSUMED, Fitted
+from .calibrate.constants import ASSUMED, Fitted
 from .context import Context
 from .convergence import Schedule, convergence, schedule
 from .costs import plan
@@ -115,7 +115,7 @@ _SIMS: dict[tuple, dict[int, tuple[simulate.Sim, ...]]] = {}
 def busiest_rank(ctx: Context, fit: Fitted) -> int:
     """The pipeline rank with the most compute per step (the lowest such rank on a tie): a GPU
     holding a full share of the layers. The breakdown describes it, whichever rank happens to
-    finish last, so the calibration (fitting.py) does not jump between ranks with 15 and 16
+    finish last, so the calibration (calibrate/solver.py) does not jump between ranks with 15 and 16
     layers when a small DP cost moves the last finisher."""
     rows = plan(ctx, fit).chunks
     work = [sum(c.fwd.total + c.bwd.total for c in row) for row in rows]

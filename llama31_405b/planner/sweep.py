@@ -17,8 +17,8 @@ from itertools import product
 
 from ..config.rules import lr_passes_checker, rules_for
 from ..systems import load_system
-from .calibration import Fitted
-from .fitting import fitted
+from .calibrate.constants import Fitted
+from .calibrate import fitted
 from .spec import layout_problems, make_config
 from .step import Context, Prediction, predict_context
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .calibration import ASSUMED
+from .calibrate.constants import ASSUMED
 from .context import Context
 
 NVLINK, SCALEOUT = "nvlink", "scaleout"

@@ -28,7 +28,7 @@ from pathlib import Path
 from ..config.naming import format_name
 from ..config.rcp import MAX_STEPS_ROUNDING, RCP_MULTIPLE, max_steps_for, rcp_mean
 from ..systems import load_system
-from .calibration import Fitted
+from .calibrate.constants import Fitted
 from .step import Prediction
 from .sweep import Fixed, sweep
 

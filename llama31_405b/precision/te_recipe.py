@@ -13,10 +13,13 @@ TransformerConfig fields and checks the recipe environment:
   must be unset. Call it before the first `import megatron.core` / `import transformer_engine`
   of the training process.
   It also checks TE's kernel-choice knobs (TE_KERNEL_KNOBS: attention backend, determinism,
-  fused softmax, torch.compile, the cuDNN norm switches) the same way.
+  fused softmax, torch.compile, the cuDNN norm switches, CP's P2P batching) the same way; the
+  three attention-backend switches may also carry what megatron-core writes at every model
+  build (`attention_env`).
 - `verify_te_recipe(cfg)`: after TE is imported, checks the recipe object Megatron will build.
-- `te_kernel_record()` / `te_kernel_line`: the attention backend TE selected and the kernel
-  knobs in effect, for first-contact and the start of a training run.
+- `te_kernel_record()` / `te_kernel_line`: the attention backend TE selected, the kernel
+  knobs in effect and which of them megatron-core set at the model build, for first-contact
+  and the start of a training run.
 - `ub_quantization_modes(cfg)`: the TE userbuffer modes for TP communication overlap.
 - `high_precision_load_targets` / `keep_checkpoint_master_values`: with fp8/fp4 parameters
   (performance.fp8/fp4_param_gather) the initial checkpoint is read in BF16 and its values
@@ -35,6 +38,7 @@ from typing import Any
 from ..config import launch_env
 from ..config.schema import Config
 from ..config.validate_gpu import precision_rules, userbuffer_rules
+from .attention_env import ATTENTION_BACKEND, megatron_attention_env
 
 # Every environment variable Transformer Engine 2.20.2 reads that shapes the numerics of a recipe
 # this project configures, with where TE reads it. Read from TE 2.20.2's published Python sources
@@ -89,10 +93,11 @@ TE_RECIPE_KNOBS: dict[str, tuple[tuple[str, ...], str, bool]] = {
 
 # Environment variables with which Transformer Engine 2.20.2 chooses kernels for every run that
 # uses its layers, whatever the recipe: which attention implementation, its determinism, fused
-# softmax, torch.compile of TE's fusions, cuDNN's norm kernels. A run must carry the config's
-# value (its [env] table; the GB200 base sets the two norm switches as the proven run did) or
-# none: TE's default. Where TE 2.20.2 reads each (its published Python sources and
-# libtransformer_engine.so):
+# softmax, torch.compile of TE's fusions, cuDNN's norm kernels, context parallelism's P2P
+# batching. A run must carry the config's value (its [env] table; the GB200 base sets the two
+# norm switches as the proven run did) or none: TE's default (NVTE_FLASH_ATTN, NVTE_FUSED_ATTN
+# and NVTE_UNFUSED_ATTN may also carry megatron-core's value: attention_env.py). Where TE
+# 2.20.2 reads each (its published Python sources and libtransformer_engine.so):
 _DPA_UTILS = f"{_DPA}utils.py get_attention_backend"
 TE_KERNEL_KNOBS: dict[str, str] = {
     "NVTE_FLASH_ATTN": f"{_DPA_UTILS} (and the module's _NVTE_FLASH_ATTN)",
@@ -111,6 +116,12 @@ TE_KERNEL_KNOBS: dict[str, str] = {
                                "use_cudnn_norm_fwd (C++, read once per process)",
     "NVTE_NORM_BWD_USE_CUDNN": "libtransformer_engine.so transformer_engine::normalization::"
                                "use_cudnn_norm_bwd (C++, read once per process)",
+    # context parallelism's KV ring: batched (one batch_isend_irecv) or separate sends/receives;
+    # unset: "0", but batched anyway below compute capability 10.0 with CP 2 (the HGX H200
+    # configs). The GB200 configs (compute capability 10.0, CP 2) leave it unset, TE's default:
+    # separate sends/receives; it is not among the proven run's recorded settings
+    "NVTE_BATCH_MHA_P2P_COMM": f"{_DPA}context_parallel.py AttnFuncWithCPAndKVP2P.forward and "
+                               "AttnFuncWithCPAndKVP2P.backward (batch_p2p_comm)",
 }
 NORM_KNOBS = ("NVTE_NORM_FWD_USE_CUDNN", "NVTE_NORM_BWD_USE_CUDNN")
 
@@ -215,24 +226,44 @@ def transformer_config_kwargs(cfg: Config) -> dict:
     return kw
 
 
+_SETS = "megatron-core 0.19.2 LanguageModule._set_attention_backend"
+
+
 def require_te_env(cfg: Config, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """Check every recipe knob TE 2.20.2 reads for cfg's recipe (`expected_te_env`) and every
     kernel-choice knob (`expected_kernel_env`: attention backend, determinism, fused softmax,
-    torch.compile, the cuDNN norm switches) against the environment: a config value missing or
-    different, or a knob set that the config leaves unset, stops the run naming the variable.
-    Returns the knobs that must be set.
+    torch.compile, the cuDNN norm switches, CP's P2P batching) against the environment: a config
+    value missing or different, or a knob set that the config leaves unset, stops the run naming
+    the variable. Returns the knobs that must be set.
+
+    The attention-backend switches megatron-core writes at every model build
+    (`attention_env.megatron_attention_env` for the builder's TransformerConfig.attention_backend:
+    all three "1" for `auto`) may carry megatron's value instead of none: a process that built a
+    model before (first-contact's phases) or was started by one (its dp2 ranks) has them. Any
+    other value, in the environment or in the config's [env] table, is refused by name: megatron
+    would assert at the model build.
 
     Must run before transformer_engine is imported (megatron.core imports it when installed):
     TE turns some of these variables into defaults at import time.
     """
     env = os.environ if environ is None else environ
     want = {**expected_te_env(cfg), **expected_kernel_env(cfg)}
+    megatron = megatron_attention_env(ATTENTION_BACKEND)
     bad = []
     for k, v in sorted(want.items()):
-        have = env.get(k)
-        if have == v:
+        have, mine = env.get(k), megatron.get(k)
+        if mine is not None and v is not None and v != mine:
+            bad.append(f"{k}={v} in the config's [env] table conflicts with the model build: "
+                       f"{_SETS} sets {k}={mine} for attention_backend {ATTENTION_BACKEND} and "
+                       "refuses another value; remove it from [env]")
             continue
-        if v is None:
+        if have == v or (v is None and have is not None and have == mine):
+            continue
+        if v is None and mine is not None:
+            bad.append(f"{k} is set to {have!r} but must be unset or {mine!r}: {_SETS} sets "
+                       f"{k}={mine} for attention_backend {ATTENTION_BACKEND} at every model "
+                       f"build and refuses another value (read by {_where(k)}): unset it")
+        elif v is None:
             bad.append(f"{k} is set to {have!r} but must be unset (Transformer Engine 2.20.2's "
                        f"default; read by {_where(k)}): unset it, or set it in the config's "
                        "[env] table if the run is meant to change the recipe or kernels")
@@ -274,22 +305,35 @@ def te_attention_backend() -> str | None:
 
 def te_kernel_record(environ: Mapping[str, str] | None = None) -> dict[str, str | None]:
     """What chose this process's TE kernels, for the run's record: the attention backend TE
-    selected (`te_attention_backend`, None before the first attention forward) and every
-    kernel-choice knob as the process carries it (None: unset, TE's default). TE 2.20.2 picks
+    selected (`te_attention_backend`, None before the first attention forward), every
+    kernel-choice knob as the process carries it (None: unset, TE's default), and which of them
+    carry what megatron-core writes at the model build ("set_by_megatron", for the builder's
+    "megatron_attention_backend"; None before the first model build). TE 2.20.2 picks
     the norm kernels in its C++ library from NVTE_NORM_*_USE_CUDNN and gives Python no record
     of the choice: the settings in effect are what the record can show."""
     env = os.environ if environ is None else environ
+    knobs = {k: env.get(k) for k in TE_KERNEL_KNOBS}
+    by_megatron = [f"{k}={v}" for k, v in megatron_attention_env(ATTENTION_BACKEND).items()
+                   if knobs.get(k) == v]
     return {"attention_backend": te_attention_backend(),
-            **{k: env.get(k) for k in TE_KERNEL_KNOBS}}
+            "megatron_attention_backend": ATTENTION_BACKEND,
+            "set_by_megatron": " ".join(by_megatron) or None,
+            **knobs}
 
 
 def te_kernel_line(record: Mapping[str, str | None]) -> str:
-    """One line of `te_kernel_record`: the backend, the norm switches, and any other knob set."""
+    """One line of `te_kernel_record`: the backend, the norm switches, any other knob set, and
+    the attention switches carrying the values megatron-core writes at the model build."""
     parts = [f"attention backend {record.get('attention_backend') or 'not selected yet'}"]
     parts += [f"{k}={record.get(k) if record.get(k) is not None else '<unset>'}"
               for k in NORM_KNOBS]
-    parts += [f"{k}={v}" for k, v in record.items()
-              if k in TE_KERNEL_KNOBS and k not in NORM_KNOBS and v is not None]
+    by_megatron = (record.get("set_by_megatron") or "").split()
+    megatron_keys = {kv.split("=")[0] for kv in by_megatron}
+    parts += [f"{k}={v}" for k, v in record.items() if k in TE_KERNEL_KNOBS
+              and k not in NORM_KNOBS and k not in megatron_keys and v is not None]
+    if by_megatron:
+        parts.append(", ".join(by_megatron) + " (set by megatron-core for attention_backend "
+                     f"{record.get('megatron_attention_backend')})")
     return "Transformer Engine kernels: " + ", ".join(parts)
 
 

@@ -2,7 +2,8 @@
 warm-up, restore), then `skip` steps, `baseline` steps timed without the profiler, and `steps`
 steps under torch.profiler on the chosen ranks. No MLPerf log: no run_start, no evaluation.
 
-Each rank writes ranks/rank<R>.json (its coordinates, host, device, step times); a profiled
+Each rank writes ranks/rank<R>.json (its coordinates, host, device, step times, the allocator's
+peaks: with full-iteration graphs those read after the replayed steps, a graphed run's); a profiled
 rank also writes traces/rank<R>.trace.json.gz and traces/rank<R>.meta.json (the training
 thread, which OS threads each process group's creation started: gloo's worker threads carry no
 group in the trace, see attribution.py).
@@ -17,8 +18,9 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
+from ..planner.calibrate.read_profile import REPLAYED as MEMORY_AT
 from ..train.hooks import Hook
 from ..train.loop import Run
 from . import attribution as at
@@ -171,8 +173,12 @@ class ProfileHook(Hook):
     """Phases after the warm-up: skip, baseline (timed), [eager baseline (timed; full-iteration
     graphs only)], profiled."""
 
-    def __init__(self, plan: Plan, *, rank: int, graphs: bool = False, stream=sys.stderr):
-        self.plan, self.rank, self.stream = plan, rank, stream
+    def __init__(self, plan: Plan, *, rank: int, graphs: bool = False, stream: TextIO | None = None):
+        # the stream of now, not the one of the module's import (a default argument is evaluated
+        # once: a later replaced sys.stderr, e.g. pytest's capture per test, would be written
+        # after it was closed)
+        self.plan, self.rank = plan, rank
+        self.stream = stream if stream is not None else sys.stderr
         self.graphs = graphs
         self.t_prev = time.perf_counter()
         self.baseline_s: list[float] = []
@@ -182,6 +188,8 @@ class ProfileHook(Hook):
         self.rf: record_function | None = None
         self.done = False
         self.profiled = False
+        self.replayed_memory: dict | None = None
+        """Full-iteration graphs: the allocator's peaks after the replayed steps (`_to_eager`)."""
 
     def _say(self, msg):
         if self.rank == 0:
@@ -197,7 +205,8 @@ class ProfileHook(Hook):
         self._say(f"warm-up done; {p.skip} step(s) skipped, {p.baseline} timed without the "
                   f"profiler, {p.steps} profiled")
         if p.skip == 0 and p.baseline == 0:
-            run.eager = self.graphs
+            if self.graphs:
+                self._to_eager(run)
             self._start(run)
         self.t_prev = time.perf_counter()
 
@@ -243,7 +252,7 @@ class ProfileHook(Hook):
         else:
             self.profiled_s.append(dt)
         if self.graphs and k == p.skip + p.baseline:
-            run.eager = True     # from the next step on: Megatron's schedule, not the replay
+            self._to_eager(run)  # from the next step on: Megatron's schedule, not the replay
         if k == timed and p.steps:
             self._start(run)
         elif k > timed and self.prof is not None:
@@ -258,6 +267,16 @@ class ProfileHook(Hook):
             self.done = True
             self._write(run)
         self.t_prev = time.perf_counter()
+
+    def _to_eager(self, run):
+        """Switch to eager steps. First the allocator's peaks of the run so far (its warm-up, the
+        graph's capture, the replayed steps): a graphed run's, kept as the rank's `memory`. Then
+        the peaks are reset: the eager steps allocate their activations outside the captured
+        graph's pool, which stays held, and peak higher than a graphed run ever does (their own
+        peaks are `memory_eager`, for the record)."""
+        self.replayed_memory = _memory(run)
+        _reset_peaks(run)
+        run.eager = True
 
     def _write(self, run):
         info = run.info
@@ -282,7 +301,9 @@ class ProfileHook(Hook):
                                    if base and self.profiled_s else None),
                    graphs_speedup=(_mean(self.eager_s) / _mean(self.baseline_s)
                                    if self.eager_s and self.baseline_s else None),
-                   memory=_memory(run),
+                   memory=self.replayed_memory if self.graphs else _memory(run),
+                   memory_at=MEMORY_AT if self.graphs else "after the profiled steps",
+                   memory_eager=_memory(run) if self.graphs else None,
                    trace=str(trace_path.relative_to(out)) if self.prof is not None else None,
                    trace_bytes=trace_path.stat().st_size if self.prof is not None else None)
         _write_json(out / "ranks" / f"rank{rank:05d}.json", rec)
@@ -310,10 +331,11 @@ def _gettid() -> int:
 
 
 def _memory(run) -> dict | None:
-    """This rank's device memory peaks over the run so far (the warm-up and the timed steps),
-    from PyTorch's caching allocator (torch.cuda.max_memory_allocated, max_memory_reserved):
-    what `plan --calibrate` fits the memory model's constants to. None on CPU: there is no
-    allocator record of the host's memory to compare the model with."""
+    """This rank's device memory peaks since the start or the last `_reset_peaks`, from
+    PyTorch's caching allocator (torch.cuda.max_memory_allocated, max_memory_reserved): what
+    `plan --calibrate` fits the memory model's constants to (the run's whole, or with
+    full-iteration graphs up to the last replayed step: `ProfileHook._to_eager`). None on CPU:
+    there is no allocator record of the host's memory to compare the model with."""
     if not run.device.gpu:
         return None
     import torch
@@ -321,6 +343,14 @@ def _memory(run) -> dict | None:
     return {"max_allocated_gb": torch.cuda.max_memory_allocated() / gb,
             "max_reserved_gb": torch.cuda.max_memory_reserved() / gb,
             "capacity_gb": torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / gb}
+
+
+def _reset_peaks(run) -> None:
+    """Reset the allocator's peaks to what it holds now (torch.cuda.reset_peak_memory_stats);
+    nothing on CPU."""
+    if run.device.gpu:
+        import torch
+        torch.cuda.reset_peak_memory_stats()
 
 
 def _device_name(run) -> str:

@@ -93,7 +93,7 @@ class SystemSpec:
     """Every collective and send of a job runs over one transport with one latency and one
     bandwidth (a CPU's gloo over loopback): a profile whose collectives come in two message
     sizes (TP's per-layer all-reduces, DP's gradient buckets) then fits that latency and
-    bandwidth (planner fitting.py), and every kind, measured or not, follows from them. False
+    bandwidth (planner calibrate/solver.py), and every kind, measured or not, follows from them. False
     (GPUs): NVLink, the scale-out network and NCCL's protocols differ by kind: one scale per
     measured kind."""
     host_s_per_layer_pass: float = 0.0

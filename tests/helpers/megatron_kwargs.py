@@ -28,7 +28,7 @@ from .source_index import PACKAGE, Module, SourceTree, own_nodes, resolve
 REPLACE_TARGETS: dict[tuple[str, str], str | None] = {
     ("llama31_405b/rehearse/rank.py", "_transformer_config"):
         "megatron.core.transformer.TransformerConfig",
-    ("llama31_405b/planner/measured.py", "median_summary"): None,   # planner.measured.Summary
+    ("llama31_405b/planner/calibrate/summary.py", "median_summary"): None,   # its Summary
 }
 
 

@@ -1,6 +1,6 @@
-"""Solve the fitted constants (`calibration.Fitted`) so that the simulated step of a measured
-layout reproduces its measurement (`calibration.Summary`): the published 128-rack step
-(`calibration.CALIBRATION`, four figures) or a profile folder's (`measured.from_profile`, which
+"""Solve the fitted constants (`constants.Fitted`) so that the simulated step of a measured
+layout reproduces its measurement (`summary.Summary`): the published 128-rack step
+(`summary.CALIBRATION`, four figures) or a profile folder's (`read_profile.from_profile`, which
 adds each compute part, communication by kind and host gaps). One solver for both:
 
 * compute: of the busiest GPU (a pipeline rank with a full share of the layers,
@@ -25,7 +25,7 @@ adds each compute part, communication by kind and host gaps). One solver for bot
 
 The contention depends on the constants, so this repeats until nothing moves (a handful of
 rounds, each a few simulations). This module imports the model; the model never imports it: the
-constants reach it as an argument.
+constants reach it as an argument (the package's `solve` and `fitted` import it when called).
 """
 from __future__ import annotations
 
@@ -33,13 +33,14 @@ import math
 from dataclasses import fields, replace
 from functools import cache
 
-from . import compute
-from .calibration import ASSUMED, CALIBRATION, INITIAL, KINDS, Fitted, Summary
-from .context import Context
-from .costs import plan
-from .memory import memory
-from .spec import make_config
-from .step import Breakdown, breakdown, rank_compute
+from .. import compute
+from ..context import Context
+from ..costs import plan
+from ..memory import memory
+from ..spec import make_config
+from ..step import Breakdown, breakdown, rank_compute
+from .constants import ASSUMED, INITIAL, Fitted
+from .summary import CALIBRATION, KINDS, Summary
 
 LINEAR = ("qkv", "proj", "logits")
 """Linear parts other than the FFN: their rate relative to the FFN's is fitted when measured."""
@@ -51,7 +52,7 @@ def config_of(c: Summary, cfg=None):
     if cfg is not None:
         return cfg
     if c.config:
-        from ..config.load import load_config
+        from ...config.load import load_config
         return load_config(c.config)
     return make_config(c.system, c.racks, tp=c.tp, pp=c.pp, vp=c.vp, cp=c.cp, minibs=c.minibs,
                        mbs=c.mbs, precision=c.precision)
@@ -284,3 +285,15 @@ def _same(a: Fitted, b: Fitted) -> bool:
 def fitted() -> Fitted:
     """The constants of the published calibration point (solved once per process)."""
     return solve()
+
+
+def check(c: Summary, fit: Fitted, cfg) -> dict:
+    """The calibration file's [check]: the simulated step and compute of the measured layout with
+    the fitted constants, next to the measurement (they agree: the fit reproduces what it was
+    fitted to)."""
+    b = breakdown(Context.of(config_of(c, cfg)), fit)
+    out = {"simulated_step_s": b.step_s, "measured_step_s": c.step_s,
+           "simulated_compute_s": b.compute_total_s, "measured_compute_s": c.compute_s}
+    if c.eager_step_s is not None:
+        out["measured_eager_step_s"] = c.eager_step_s
+    return out

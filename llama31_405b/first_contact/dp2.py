@@ -4,30 +4,49 @@ synchronised weights on real CUDA graphs?
 Two ranks (one GPU each; gloo processes with --cpu) run the slice at DP 2 with the distributed
 optimizer, the overlapped parameter all-gather and gradient reduce-scatter and full-iteration
 CUDA graphs, from the same seeded weights (no checkpoint), through the real init (warm-up,
-graph capture, restore) and `--steps` training steps. Then, on every rank:
+restore) and `--steps` training steps.
 
-0. the training graph: one replayed forward-backward (`Run._forward_backward`, no optimizer
-   step) right after the last step's optimizer step, a hash of the BF16 parameter buffers, a
-   forced synchronous gather, the hash again: equal when the replay gathered the other rank's
-   shard (train.graphs resets the gather dispatch state before the capture so that it does);
-   run after the first of the steps, so that (with --steps >= 2, the default 3) the evaluation
-   below also follows an optimizer step (the replay's gradients are zeroed by the next step);
-1. `Run.evaluate()`, the timed-evaluation path (through the evaluation graph on a GPU);
+What could go stale: with the overlapped gather, `optimizer.step()` updates only this rank's
+slice of the BF16 parameters; the rest arrives by the all-gathers the DDP forward pre-hooks issue
+while a bucket group's `param_gather_dispatched` is false (megatron-core 0.19.2
+`_ParamAndGradBucketGroup.finish_param_sync`). A graph replay runs no Python: it gathers only
+where the capture's pre-hooks did. A forced gather (the warm-up restore's) or an evaluation sets
+the flags and only a training step's `finish_grad_sync` clears them, so a training graph captured
+right after one holds no gather, and its replays train on this rank's slice of step k and the
+other rank's of step k - 1 (issue 23), unless the dispatch state is reset before the capture
+(train.graphs, `train.gather_dispatch.reset`). The phase therefore runs one warm-up iteration
+(WARMUP_ITERS): the training graph is captured on the first step, right after the restore's
+forced gather, the one order in which the graph gathers only because of the reset. (After the
+slice's three warm-up iterations the capture followed a training step, whose `finish_grad_sync`
+had cleared the flags already: the check passed with or without the reset.) The validator
+refuses one warm-up iteration with full-iteration graphs for timed runs (the capture would come
+after run_start); this phase times nothing.
+
+On every rank:
+0. the training graph, right after the first step (the capture) and its optimizer step: one
+   replayed forward-backward (`Run._forward_backward`, no optimizer step; the next step zeroes
+   its gradients), a hash of the BF16 parameter buffers (`param_hash`), a forced synchronous
+   gather (after any gather in flight: `start_param_sync(force_sync=True)` on a bucket group
+   with one in flight only waits for it), the hash again: equal when the replay gathered the
+   other rank's shard;
+then the remaining `--steps` - 1 steps (with --steps >= 2, the default 3, the evaluation also
+follows an optimizer step), and:
+1. `Run.evaluate()`, the timed-evaluation path (through the evaluation graph);
 2. a hash of this rank's BF16 parameter buffers right after it (the weights it scored);
-3. a forced synchronous all-gather (`DistributedDataParallel.disable_forward_pre_hook(
-   param_sync=True)`, what Megatron-LM does before it evaluates) and an eager evaluation
-   (Megatron's schedule called directly) of the same validation batches; the hash again.
+3. the forward pre-hooks disabled and a forced synchronous gather (what Megatron-LM does before
+   it evaluates), the hash again, and an eager evaluation of the same validation batches by
+   Megatron's schedule itself, which dispatches no gather: every weight it reads was gathered
+   and waited for before it (train.evaluation's GatherAhead would start a gather that, with the
+   pre-hooks disabled, nothing waits for while the forward passes read the weights).
 
-Passed when, on both ranks, the weights after the replay (0) and after step 1 equal the
-synchronised ones bit for bit and the two evaluation losses are bitwise equal (else within
-slice.LOSS_RTOL, stated). Two GPUs give DP 2 at PP 1, so VP 1 only: the training gathers come
-from the DDP pre-hooks' bucket chain; the interleaved schedule's (VP > 1, `param_sync_func`)
-stays covered by the CPU tests (tests/test_train_eval_sync.py, the replay double). With the
-overlapped gather, `optimizer.step()` updates only this rank's slice of the BF16 parameters; the
-rest arrives by the all-gather the forward pre-hook starts, which a graph replay does not run:
-an evaluation that is not preceded by a parameter sync outside the graph scores this rank's
-slice at step k and the others at step k - 1 (issue 23). On the CPU every evaluation is eager,
-the pre-hook gathers, and the phase passes either way: it exercises the code, not the defect.
+Passed when, on both ranks, the hashes of 0 are equal, those of 2 and 3 are equal, and the two
+evaluation losses are bitwise equal (else within slice.LOSS_RTOL, stated). Two GPUs give DP 2 at
+PP 1, so VP 1 only: the training gathers come from the DDP pre-hooks' bucket chain; the
+interleaved schedule's (VP > 1, `param_sync_func`) stays covered by the CPU tests
+(tests/test_train_eval_sync.py, the replay double). With `--cpu` there are no graphs: every pass
+is eager, the pre-hooks gather, and the phase passes with or without the reset (it exercises the
+code, not the defect); tests/test_first_contact_dp2_reset.py runs it on the CPU with graph replay
+stood in for (tests/helpers/graph_double.py) and sees the check fail without the reset.
 """
 from __future__ import annotations
 
@@ -46,6 +65,12 @@ from .slice import REPO
 
 TRAIN_SEED = 7_000_101
 """Seed of the synthetic batch of the replayed training step (0)."""
+WARMUP_ITERS = 1
+"""The phase's warm-up iterations: with one, the training graph is captured on the first step
+(builder.graph_capture_iteration), after the warm-up restore's forced gather (docstring)."""
+WORKER: tuple[str, ...] = ("-m", "llama31_405b.first_contact.dp2")
+"""What each rank's Python runs (then the worker's arguments): this module's `worker`. Tests
+put a script there that installs test doubles first, then calls `worker`."""
 
 
 def _free_port() -> int:
@@ -69,7 +94,7 @@ def run_dp2_phase(rep: Report, config, *, layers: int, seq_length: int, steps: i
         tmp = Path(tempfile.mkdtemp(prefix="first_contact_dp2_"))
         result = tmp / "result.json"
         port = _free_port()
-        cmd = [sys.executable, "-m", "llama31_405b.train.first_contact.dp2", "--config",
+        cmd = [sys.executable, *WORKER, "--config",
                str(config), "--layers", str(layers), "--seq-length", str(seq_length), "--steps",
                str(steps), "--compute", compute, "--result", str(result)]
         if system:
@@ -166,10 +191,11 @@ def worker(argv=None) -> int:
         ap.error(f"--steps {a.steps}: at least 1 (the replayed training step follows the first "
                  "optimizer step)")
 
-    from ...config import launch_env, load_config
-    from ..batches import synthetic_microbatches
-    from ..evaluation import eval_batches, evaluate
-    from ..loop import Run
+    from ..config import launch_env, load_config
+    from ..train.batches import synthetic_microbatches
+    from ..train.evaluation import eval_batches, evaluate
+    from ..train.gather_dispatch import finish_in_flight
+    from ..train.loop import Run
     from .slice import LOSS_RTOL, compare, slice_config, synthetic_datasets
     cfg = load_config(a.config, validate=False)
     for k, v in launch_env(cfg).items():
@@ -178,34 +204,47 @@ def worker(argv=None) -> int:
     scfg = slice_config(cfg, compute=a.compute, layers=a.layers, seq_length=a.seq_length,
                         steps=a.steps, system="cpu" if a.cpu else a.system, ckpt_dir="",
                         gaf=False, dp=2, graphs=not a.cpu, keep_width=not a.cpu)
-    # the settings under test, whatever the config says
+    # the settings under test, whatever the config says; one warm-up iteration: the training
+    # graph is captured on the first step, right after the restore's forced gather (docstring)
     scfg = r(scfg, optimizer=r(scfg.optimizer, distributed=True),
-             performance=r(scfg.performance, overlap_param_gather=True, overlap_grad_reduce=True))
+             performance=r(scfg.performance, overlap_param_gather=True, overlap_grad_reduce=True),
+             run=r(scfg.run, warmup_iters=WARMUP_ITERS))
     run = Run(scfg, seed=1234, hooks=[], init_checkpoint="", datasets=synthetic_datasets(scfg))
     try:
         run._init()
-        run.train_step()
-        # the training graph (0): a replay right after the first step's optimizer step gathers
+        run.train_step()                            # the training capture (with graphs)
+        # the training graph (0): a replay right after the first step's optimizer step
         tokens = dict(seq_length=scfg.model.seq_length, vocab_size=scfg.model.vocab_size)
         run._zero_grads()
         run._forward_backward(synthetic_microbatches(
             scfg.derived.num_microbatches, mbs=scfg.batch.micro_batch_size,
             seed=TRAIN_SEED, **tokens))
         trained = param_hash(run.model)
-        for m in run.model:
-            m.start_param_sync(force_sync=True)
+        with torch.no_grad():                       # a forced gather, after any in flight
+            for m in run.model:
+                finish_in_flight(m)
+                m.start_param_sync(force_sync=True)
         train_synced = param_hash(run.model)
         for _ in range(a.steps - 1):
             run.train_step()
-        value = run.evaluate()                      # the timed-evaluation path
-        seen = param_hash(run.model)
-        for m in run.model:                         # Megatron-LM's sync before evaluation
-            m.disable_forward_pre_hook(param_sync=True)
+        value = run.evaluate()                      # the timed-evaluation path (1)
+        seen = param_hash(run.model)                # (2)
+        for m in run.model:                         # (3) pre-hooks off, as Megatron-LM evaluates
+            m.disable_forward_pre_hook(param_sync=False)
+        with torch.no_grad():                       # its forced gather, after any in flight
+            for m in run.model:
+                finish_in_flight(m)
+                m.start_param_sync(force_sync=True)
         synced = param_hash(run.model)
+        # Megatron's schedule itself: no gather is dispatched during the pass (the gathering
+        # evaluation's GatherAhead would start one that, with the pre-hooks off, nobody waits
+        # for while the forward passes read the weights). Imported after the init: it imports
+        # megatron.core, which the init's environment checks precede.
+        from megatron.core.pipeline_parallel import get_forward_backward_func
         ref = evaluate(run.model, eval_batches(run.valid_ds, scfg, dp_rank=run.info.dp_rank,
                                                dp=run.info.dp_size),
                        scfg, last_stage=run.last_stage, tp_rank=0, gpu=run.device.gpu,
-                       forward_only_fn=None)
+                       forward_only_fn=get_forward_backward_func())
         for m in run.model:
             m.enable_forward_pre_hook()
         mine = {"rank": run.info.dist_env.rank, "dp_rank": run.info.dp_rank,
@@ -218,13 +257,14 @@ def worker(argv=None) -> int:
         if run.info.dist_env.rank == 0:
             same, rel = compare(value, ref)
             Path(a.result).write_text(json.dumps({
-                "ranks": ranks, "steps": a.steps, "graphs": run.device.gpu,
+                "ranks": ranks, "steps": a.steps, "graphs": run._graphs is not None,
+                "gpu": run.device.gpu, "warmup_iters": WARMUP_ITERS,
                 "eval_replay": value, "eval_synced": ref, "eval_bitwise": same,
                 "eval_rel_diff": rel, "loss_rtol": LOSS_RTOL, "train_replay_after_step": 1,
                 "bucket_count": len(seen)}, indent=2))
     finally:
         run.close()
-        from ...parallel.setup import teardown_parallel
+        from ..parallel.setup import teardown_parallel
         teardown_parallel()
     return 0
 

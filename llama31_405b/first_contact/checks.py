@@ -3,16 +3,18 @@ recipe (or, without TE, Megatron's local layers in BF16), then the phases asked 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
+from .fit import fits, slice_estimate
 from .report import PHASES, Report, Timed
 from .slice import (DEFAULT_CONFIG, GRAD_RTOL, LOCAL_SEQ_LENGTH, LOSS_RTOL, TE_SERIES,
-                    choose_recipe, compare, differing, local_compute, slice_config,
-                    synthetic_datasets, system_of_gpu, weights)
+                    choose_recipe, compare, differing, differing_cast, loaded_weights,
+                    local_compute, slice_config, synthetic_datasets, system_of_gpu, weights)
 
 REPLAY_SEED = 7_000_001
 """Seed of the synthetic batch of the replay-equals-eager check."""
@@ -23,11 +25,12 @@ def run_checks(config: str | Path = DEFAULT_CONFIG, *, layers: int = 1,
                tracebacks: bool = False, phases=("slice", "dp2"), report_path=None,
                budget_s: float | None = None, cpu: bool = False, system: str | None = None,
                ) -> Report:
-    from ...config import launch_env, load_config
-    from ...systems.device import cuda_visible
+    from ..config import launch_env, load_config
+    from ..systems.device import cuda_visible
     rep = Report(tracebacks=tracebacks, path=report_path, budget_s=budget_s,
                  meta={"config": str(config), "phases": list(phases), "cpu": cpu})
     cfg = load_config(config, validate=False)
+    asked_seq = seq_length     # the slices of other configs (fit.fitting_configs) use it too
     # the launcher's environment (allocator, NCCL, TE recipe knobs) before CUDA or TE start
     for k, v in launch_env(cfg).items():
         os.environ.setdefault(k, v)
@@ -89,7 +92,7 @@ def run_checks(config: str | Path = DEFAULT_CONFIG, *, layers: int = 1,
         rep.rest_not_run(f"needs a quantized recipe: {why}")
         return rep
 
-    from ...model.builder import GRAD_ACCUM_FUSION_MODULE, _has_module
+    from ..model.builder import GRAD_ACCUM_FUSION_MODULE, _has_module
     gaf_wanted = cfg.performance.gradient_accumulation_fusion and not cpu
     gaf = gaf_wanted and _has_module(GRAD_ACCUM_FUSION_MODULE)
     if seq_length is None:
@@ -98,7 +101,7 @@ def run_checks(config: str | Path = DEFAULT_CONFIG, *, layers: int = 1,
                         system=system, ckpt_dir="", gaf=gaf, graphs=not cpu, keep_width=not cpu)
     if te:
         with Timed(rep, "recipe"):
-            from ...precision.te_recipe import (require_te_env, transformer_config_kwargs,
+            from ..precision.te_recipe import (require_te_env, transformer_config_kwargs,
                                                 verify_te_recipe)
             require_te_env(scfg)
             verify_te_recipe(scfg)
@@ -130,7 +133,14 @@ def run_checks(config: str | Path = DEFAULT_CONFIG, *, layers: int = 1,
         elif rep.afford(PHASES["layer"], 30, "the layer phase"):
             from .layer import run_layer_phase
             run_layer_phase(rep, cfg, system=system or "h200-sxm")
-    if "slice" in phases and rep.afford(PHASES["slice"], 90, "the slice"):
+    # refused before anything is built when it cannot fit this machine's memory (module fit)
+    slice_of = functools.partial(slice_estimate, te=te, cpu=cpu, cap=cap, layers=layers,
+                                 seq_length=asked_seq, steps=steps, system=system)
+    run_slice = "slice" in phases and rep.afford(PHASES["slice"], 90, "the slice")
+    if run_slice and not fits(rep, "build", "the slice", slice_of, cfg, gpu=not cpu):
+        rep.rest_not_run("needs the build check", PHASES["slice"])
+        run_slice = False
+    if run_slice:
         rep.meta["slice"] = {"compute": compute, "transformer_engine": te,
                              "seq_length": seq_length, "layers": layers, "steps": steps,
                              "hidden": scfg.model.hidden_size, "vocab": scfg.model.vocab_size}
@@ -142,7 +152,9 @@ def run_checks(config: str | Path = DEFAULT_CONFIG, *, layers: int = 1,
         finally:
             if not workdir:
                 shutil.rmtree(tmp, ignore_errors=True)
-    if "dp2" in phases and rep.afford(PHASES["dp2"], 90, "the DP 2 phase"):
+    if "dp2" in phases and rep.afford(PHASES["dp2"], 90, "the DP 2 phase") and (
+            fits(rep, "dp2_eval_sync", "the DP 2 phase",
+                  functools.partial(slice_of, dp=2), cfg, gpu=not cpu, ranks=2)):
         from .dp2 import run_dp2_phase
         run_dp2_phase(rep, config, layers=layers, seq_length=seq_length, steps=steps,
                       cpu=cpu, system=system, compute=compute)
@@ -152,15 +164,15 @@ def run_checks(config: str | Path = DEFAULT_CONFIG, *, layers: int = 1,
 def _run_slice(rep: Report, scfg, tmp: Path, *, te: bool) -> None:
     import torch
 
-    from ...checkpoint import format as ckpt_format
-    from ...parallel.setup import seed_model_parallel, setup_parallel, teardown_parallel
-    from ...systems.device import decide
-    from ..loop import Run
+    from ..checkpoint import format as ckpt_format
+    from ..parallel.setup import seed_model_parallel, setup_parallel, teardown_parallel
+    from ..systems.device import decide
+    from ..train.loop import Run
     device = decide(scfg)
     ckpt = tmp / scfg.checkpoint.init
     initial = None
     with Timed(rep, "build"):
-        from ...model.builder import build_model
+        from ..model.builder import build_model
         setup_parallel(scfg, device=device)
         # the graph-safe RNG tracker the run will use (Megatron keeps the first tracker it makes)
         seed_model_parallel(1234, cuda_graphs=device.gpu)
@@ -199,9 +211,10 @@ def _run_slice(rep: Report, scfg, tmp: Path, *, te: bool) -> None:
         return
     run = Run(scfg, seed=1234, hooks=[], init_checkpoint=str(ckpt),
               datasets=synthetic_datasets(scfg))
+    loaded = loaded_weights(run)
     trace_calls(rep, run)
     try:
-        _run_loop(rep, run, initial)
+        _run_loop(rep, run, initial, loaded)
     finally:
         run.close()
         teardown_parallel()
@@ -263,26 +276,40 @@ def _memory(gpu: bool) -> dict:
             "gpu_reserved_gib": round(torch.cuda.memory_reserved() / 2**30, 2)}
 
 
-def _run_loop(rep: Report, run, initial: dict) -> None:
+def _run_loop(rep: Report, run, initial: dict, loaded: dict) -> None:
+    """The slice's checks from the load on. `initial`: the weights as built and saved (emptied
+    once the load is checked); `loaded`: as the run held them after the load (loaded_weights)."""
     import torch
 
-    from ..graphs import FullIterationGraphs
-    from ..warmup import torch_optimizers
+    from ..train.graphs import FullIterationGraphs
+    from ..train.warmup import torch_optimizers
     slice_checks = PHASES["slice"]
     with Timed(rep, "checkpoint_load"):
         run._init()     # load, DDP, optimizer, graphs, warm-up, restore: the real init
+        if not loaded:
+            raise RuntimeError("the run's init never reached the warm-up: no weights as loaded")
+        bad = differing_cast(loaded, initial)
+        if bad:
+            raise RuntimeError(f"after the checkpoint load {len(bad)} parameters differ from the "
+                               f"saved ones (in the parameter's dtype): {bad[:4]}")
+        cast = sorted({f"{initial[n].dtype} -> {t.dtype}".replace("torch.", "")
+                       for n, t in loaded.items() if t.dtype != initial[n].dtype})
+        initial.clear()
         rep.passed("checkpoint_load", "loaded as the initial checkpoint (once, in parallel; "
-                                      "the warm-up restore reads the master weights); init (load, warm-up, restore) took "
-                                      "this check's seconds", **_memory(run.device.gpu))
+                                      "the warm-up restore reads the master weights): every "
+                                      "weight as saved, in the parameter's dtype"
+                   + (f" ({', '.join(cast)} by the BF16 wrapper)" if cast else "")
+                   + "; init (load, warm-up, restore) took this check's seconds",
+                   **_memory(run.device.gpu))
     if not rep.ok("checkpoint_load"):
         rep.rest_not_run("needs the checkpoint_load check", slice_checks)
         return
     gpu = run.device.gpu
     with Timed(rep, "warmup_and_graphs"):
-        differ = differing(run.model, initial)
+        differ = differing(run.model, loaded)
         if differ:
             raise RuntimeError(f"after the warm-up restore {len(differ)} parameters differ from "
-                               f"the checkpoint: {differ[:4]}")
+                               f"the weights as loaded: {differ[:4]}")
         state = [v for o in torch_optimizers(run.optimizer) for st in o.state.values()
                  for v in st.values() if torch.is_tensor(v)]
         if not state or any(bool(v.abs().sum() != 0) for v in state):
@@ -298,10 +325,11 @@ def _run_loop(rep: Report, run, initial: dict) -> None:
         # what Transformer Engine chose in the warm-up (train.loop records it at every run's
         # start): its attention backend and the norm settings in effect
         kernels = getattr(run, "te_kernels", None) if gpu else None
-        from ...precision.te_recipe import te_kernel_line
+        from ..precision.te_recipe import te_kernel_line
         rep.passed("warmup_and_graphs", f"{run.cfg.run.warmup_iters} warm-up steps with optimizer "
-                   f"updates and 2 evaluation passes; {graphs}; weights bitwise the "
-                   "checkpoint's, Adam state zero"
+                   f"updates and {'2 evaluation passes' if run._graphs else 'an evaluation pass'}; "
+                   f"{graphs}; weights bitwise as loaded "
+                   "(dtype included), Adam state zero"
                    + (f"; {te_kernel_line(kernels)}" if kernels else ""),
                    **({"te_kernels": kernels} if kernels else {}))
     if not rep.ok("warmup_and_graphs"):
@@ -314,7 +342,7 @@ def _run_loop(rep: Report, run, initial: dict) -> None:
         bad = [s for s in stats if not (math.isfinite(s.loss) and math.isfinite(s.grad_norm))]
         if bad:
             raise RuntimeError(f"non-finite loss or gradient norm: {bad}")
-        if not differing(run.model, initial):
+        if not differing(run.model, loaded):
             raise RuntimeError("the optimizer steps left every weight unchanged")
         times = [s.step_time_s for s in stats]
         rep.passed("steps", "losses " + ", ".join(f"{s.loss:.4f}" for s in stats)
@@ -330,6 +358,8 @@ def _run_loop(rep: Report, run, initial: dict) -> None:
             raise RuntimeError(f"evaluation gave {value}")
         rep.passed("evaluation", f"log perplexity {value:.4f} ("
                    + ("through the evaluation graph)" if gpu else "eager, CPU)"), value=value)
+    from .profiling import profile_check     # last: its steps come after every other check's
+    profile_check(rep, run)
 
 
 def grad_buffers(model) -> list:
@@ -345,9 +375,9 @@ def replay_equals_eager(rep: Report, run) -> None:
     LOSS_RTOL / GRAD_RTOL (stated in the detail). On the CPU both passes are eager."""
     import torch
 
-    from ..batches import eval_microbatch_count, synthetic_microbatches
-    from ..evaluation import eval_layout, evaluate
-    from ..step import run_schedule
+    from ..train.batches import eval_microbatch_count, synthetic_microbatches
+    from ..train.evaluation import eval_layout, evaluate
+    from ..train.step import run_schedule
     cfg, gpu = run.cfg, run.device.gpu
     tokens = dict(seq_length=cfg.model.seq_length, vocab_size=cfg.model.vocab_size)
     mbs = synthetic_microbatches(cfg.derived.num_microbatches, mbs=cfg.batch.micro_batch_size,

@@ -1,121 +1,15 @@
-"""Every constant of the performance model, as data: the published figures it is fitted to, the
-assumptions it makes, and the shape of the fit. Nothing here computes or imports the model; the
-solver (`fitting.py`) reads these values and the model modules receive the `Fitted` constants as
-an argument.
+"""The model's constants, as data: the engineering priors it assumes (`ASSUMED`) and the
+constants a calibration fits (`Fitted`). Nothing here computes or imports anything: the model
+modules receive the `Fitted` constants as an argument, and the solver (`solver.py`) fills them.
 
-* `CALIBRATION`: the one published measurement the model is fitted to, the 128-rack step of
-  Azure's MLPerf Training v6.0 write-up (GB200 NVL72, TP4-PP8-VP8-CP2, DP 128, MiniBS 8, GBS
-  1024, NVFP4): step time, compute time and the compute's GEMM and FFN shares. It is a profile
-  summary (`Summary`) written from the published figures (published_128racks.toml), the same
-  kind of input `plan --calibrate PROFILE_DIR` fits to (measured.py).
 * `ASSUMED`: engineering priors that are *not* fitted (collective latencies, NCCL's SMs, HBM
   efficiency of streaming kernels, ...). Each says where it comes from. Changing one changes the fit.
-* `Fitted`: the constants `fitting.fitted()` solves so that the simulated calibration step
-  reproduces the published one; each field names the figure it comes from.
-
-No other published result (MFU at DP 8, the 7.07 and 18.79 minute scores, 83% scaling, the ~20 ms
-of exposed cross-rack traffic) enters the model: those are predictions, tested in
-tests/test_planner.py and bench/planner_vs_published.py.
+* `Fitted`: the constants `solver.solve` finds so that the simulated step of a measured layout
+  (a `summary.Summary`) reproduces the measured one; each field names the figure it comes from.
 """
 from __future__ import annotations
 
-import tomllib
-from dataclasses import MISSING, dataclass
-from pathlib import Path
-
-
-PUBLISHED = Path(__file__).with_name("published_128racks.toml")
-"""The published calibration point, as a profile summary (data; `Summary`)."""
-
-KINDS = ("TP", "CP", "PP", "DP")
-"""Communication kinds a summary may measure (the profile's parallel dimensions)."""
-
-
-@dataclass(kw_only=True, frozen=True, slots=True)
-class Summary:
-    """What the solver fits to: one measured step of one layout, from a profile folder
-    (`measured.from_profile`) or from published figures (`PUBLISHED`). The four figures every
-    summary has (step, compute, GEMM and FFN shares of compute) are what the published write-up
-    gives; a profile adds what it measures (each compute part, exposed communication by kind,
-    the DP collectives' total, host gaps)."""
-    source: str
-    """Where the figures come from (a profile folder, or the publication)."""
-    system: str
-    model: str
-    """The model's name (`model.name`)."""
-    precision: str
-    """The GEMM precision of the run (`precision.compute`)."""
-    racks: int
-    tp: int
-    pp: int
-    vp: int
-    cp: int
-    minibs: int
-    mbs: int = 1
-    config: str = ""
-    """The profiled config file (a profile); empty: the planner's config of this layout."""
-    step_s: float
-    compute_s: float
-    gemm_share_of_compute: float
-    """GEMMs (with the attention core: the fused kernels count as GEMMs) in the compute."""
-    ffn_share_of_compute: float
-    parts: tuple[tuple[str, float], ...] = ()
-    """Seconds per step of each compute part (compute.PARTS + "elementwise"), when measured."""
-    exposed: tuple[tuple[str, float], ...] = ()
-    """Exposed communication per step by kind (KINDS; PP includes the bubble), when measured."""
-    dp_total_s: float | None = None
-    """The DP collectives' total time per step, overlapped or not, when measured."""
-    host_s: float | None = None
-    """Host gaps per step (nothing running), when measured."""
-    memory_allocated_gb: float | None = None
-    """Peak memory of the fullest GPU's tensors (torch.cuda.max_memory_allocated), when measured
-    (a GPU profile; a CPU has no allocator record)."""
-    memory_reserved_gb: float | None = None
-    """Peak memory the caching allocator held on that GPU (torch.cuda.max_memory_reserved)."""
-    dp_exposed_s: float | None = None
-    """Published only: exposed cross-rack DP (a check, never fitted)."""
-    nvlink_critical_s: float | None = None
-    """Published only: NVLink communication and bubbles on the critical path (a check)."""
-
-    @property
-    def closes(self) -> str:
-        """The constant that closes the step: the host time per layer pass when the host gaps
-        were measured (a profile), else the NVLink efficiency (the publication)."""
-        return "host_s_per_layer_pass" if self.host_s is not None else "nvlink_bus_efficiency"
-
-    @property
-    def layout(self) -> str:
-        return f"TP{self.tp}-PP{self.pp}-VP{self.vp}-CP{self.cp} MiniBS {self.minibs} MBS {self.mbs}"
-
-
-def summary_from_dict(d: dict, source: str) -> Summary:
-    """A Summary from its TOML/JSON form ([run] identity and layout, [measured] figures); a
-    missing or unknown key is an error naming it and `source`."""
-    from dataclasses import fields
-    flat = dict(d.get("run", {}))
-    meas = dict(d.get("measured", {}))
-    for k in ("parts", "exposed"):
-        if k in meas:
-            meas[k] = tuple(sorted((str(a), float(b)) for a, b in meas[k].items()))
-    flat.update(meas)
-    names = {f.name for f in fields(Summary)}
-    unknown = sorted(set(flat) - names)
-    required = {f.name for f in fields(Summary) if f.default is MISSING}
-    missing = sorted(required - set(flat) - {"source"})
-    if unknown or missing:
-        raise ValueError(f"{source}: not a profile summary: unknown keys {unknown}, missing keys "
-                         f"{missing} (sections [run] and [measured])")
-    flat.setdefault("source", source)
-    return Summary(**flat)
-
-
-def load_summary(path: Path) -> Summary:
-    with Path(path).open("rb") as f:
-        return summary_from_dict(tomllib.load(f), str(path))
-
-
-CALIBRATION = load_summary(PUBLISHED)
-CalibrationPoint = Summary
+from dataclasses import dataclass
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)

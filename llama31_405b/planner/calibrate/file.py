@@ -4,13 +4,14 @@ check (`config check`, `compliance precheck`, `launch preflight`) use it with `-
 
     [calibration]   where it came from: the profile folder (or the publication), its config,
                     system, model, GEMM precision and layout, when it was written
-    [fitted]        the `calibration.Fitted` constants (the four of the published fit, the GEMM
+    [fitted]        the `constants.Fitted` constants (the four of the published fit, the GEMM
                     efficiency of the profiled precision, the linear parts' rates relative to the
                     FFN's, the communication scales or the transport's latency, the host time per
                     layer pass, the memory model's activation scale and fragmentation)
-    [measured]      the profile summary it was fitted to (`calibration.Summary`)
+    [measured]      the profile summary it was fitted to (`summary.Summary`)
     [check]         the simulated step of the profiled layout with these constants, next to the
-                    measurement (they agree: the fit reproduces what it was fitted to)
+                    measurement (they agree: the fit reproduces what it was fitted to;
+                    `solver.check`)
 
 A calibration describes one system, model and GEMM precision; a config of another is refused
 (`mismatches`), naming the field and both values. A file is never overwritten.
@@ -23,7 +24,8 @@ import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from .calibration import Fitted, Summary, summary_from_dict
+from .constants import Fitted
+from .summary import Summary, summary_from_dict
 
 TABLES = ("gemm_fraction", "gemm_part_scale", "comm_scale")
 
@@ -132,8 +134,8 @@ def mismatches(cal: Calibration, cfg) -> list[str]:
     """Why `cfg` cannot use this calibration: another system, model or GEMM precision (each
     naming the field and both values); [] when it can. A partial calibration (first contact's
     layer phase) fits no GEMM precision of the plan: system and model only."""
-    from ..systems import load_system
-    from .compute import executed_precision
+    from ...systems import load_system
+    from ..compute import executed_precision
     s = cal.summary
     checks = [("system.id", cfg.system.id, s.system), ("model.name", cfg.model.name, s.model)]
     if not cal.partial:

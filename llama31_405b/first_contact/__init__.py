@@ -29,6 +29,11 @@ evaluation after training steps must use synchronised weights (module dp2); with
 (P4): the BF16 matrix-product ceiling of the GPU and one 405B-width layer's forward and
 backward time, MFU and the planner's prediction (module layer). `--cpu` runs the slice and the
 DP 2 phase on the CPU (gloo, no CUDA graphs) with the config's own width: tiny configs only.
+Before anything is built, the slice and the DP 2 phase's ranks are estimated against the memory
+they would run in (module fit: the host's with --cpu, else the GPU's and the host's); one that
+cannot fit is refused, its first check (`build`, `dp2_eval_sync`) failed naming the estimate,
+the memory available and the configs that fit, instead of the out-of-memory killer ending the
+process with no message.
 
 Checks (report.CHECKS; a check whose prerequisite did not pass is not run, naming it). Exit
 status 1 when any check failed, 0 otherwise (also when checks were not run: on a machine

@@ -1,9 +1,14 @@
 """P4: the speed of one 405B-width layer on the GPU in hand, against the GPU's own BF16
-matrix-product ceiling measured in the same run and against the planner's compute model.
+matrix-product ceiling measured in the same run and against the planner's compute model; the
+matrix products in BF16 and FP8 (module gemm).
 
-- `matmul_ceiling`: a BF16 8192 x 8192 x 8192 matrix product through torch (cuBLAS) on random
-  data, median of 50 after 5 warm-ups, timed with CUDA events (the ceiling an MFU is read
-  against here; the system file's datasheet peak is reported beside it).
+- `matmul_ceiling`, `matmul_ceiling_fp8`: an 8192 x 8192 x 8192 matrix product on random data,
+  BF16 through torch (cuBLAS), FP8 (E4M3, per-tensor scales) through `torch._scaled_mm`, median
+  of 50 after 5 warm-ups, timed with CUDA events (the BF16 one is the ceiling an MFU is read
+  against here); each beside the system file's dense peak and the planner's assumption.
+- `gemms_tp4`: the four linear GEMMs of the TP4 shard the HGX H200 configs train (TP4, CP2,
+  MBS 1: 4,096 tokens), forward, data and weight gradient, in BF16 and FP8, each beside the
+  dense peak and the planner's times for it (gemm.shard_gemms, gemm.against_planner).
 - `bench_layer`: one decoder layer built by the project's builder with Megatron's local layer
   spec in BF16 (`model.builder.transformer_config` and `layer_spec(cfg, te=False)`, as
   bench/gpu_layer.py), forward and backward timed separately (CUDA events, median of --iters
@@ -27,7 +32,14 @@ from __future__ import annotations
 
 import statistics
 
+from .gemm import CEILING_N
+
 SEQ = 4096
+CEILINGS = {"matmul_ceiling": "bf16", "matmul_ceiling_fp8": "fp8"}
+FP8_MAX_REL_ERROR = 0.1
+"""Largest relative error of an FP8 product (per-tensor E4M3 scales) against BF16 on random
+data accepted: E4M3's 3 mantissa bits give about 0.037 on normal random operands; a wrong scale
+gives 1 or more."""
 SHAPES = {"full": {"num_attention_heads": 128, "num_query_groups": 8, "ffn_hidden_size": 53248,
                    "tp": 1},
           "tp4_shard": {"num_attention_heads": 32, "num_query_groups": 2, "ffn_hidden_size": 13312,
@@ -35,26 +47,9 @@ SHAPES = {"full": {"num_attention_heads": 128, "num_query_groups": 8, "ffn_hidde
 
 
 def matmul_ceiling(n: int = 8192, iters: int = 50, warmup: int = 5) -> dict:
-    import torch
-    g = torch.Generator(device="cuda").manual_seed(0)
-    pairs = [(torch.randn(n, n, device="cuda", dtype=torch.bfloat16, generator=g),
-              torch.randn(n, n, device="cuda", dtype=torch.bfloat16, generator=g)) for _ in range(2)]
-    out = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
-    times = []
-    for i in range(warmup + iters):
-        a, b = pairs[i % 2]
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        torch.matmul(a, b, out=out)
-        e.record()
-        e.synchronize()
-        if i >= warmup:
-            times.append(s.elapsed_time(e) / 1e3)
-    t = statistics.median(times)
-    del pairs, out
-    torch.cuda.empty_cache()
-    return {"n": n, "median_s": t, "tflops": 2.0 * n ** 3 / t / 1e12,
-            "spread": (max(times) - min(times)) / t}
+    """The BF16 n^3 product on the GPU (gemm.ceiling)."""
+    from .gemm import ceiling
+    return ceiling("bf16", n=n, iters=iters, warmup=warmup)
 
 
 def layer_overrides(shape: str, system: str, seq: int = SEQ) -> dict:
@@ -88,11 +83,11 @@ def layer_flops(m) -> dict[str, float]:
 def planner_layer(system: str, shape: str, seq: int = SEQ) -> dict:
     """The planner's forward and backward seconds of one layer (no embedding, no logits) of
     `shape` on `system`, BF16, CP 1."""
-    from ...config.schema import ModelConfig
-    from ...planner import compute
-    from ...planner.context import Context
-    from ...planner.fitting import fitted
-    from ...planner.spec import make_config
+    from ..config.schema import ModelConfig
+    from ..planner import compute
+    from ..planner.context import Context
+    from ..planner.calibrate import fitted
+    from ..planner.spec import make_config
     cfg = make_config(system, 1, tp=SHAPES[shape]["tp"], pp=1, vp=1, cp=1, minibs=1,
                       precision="bf16", model=ModelConfig(seq_length=seq))
     fwd, bwd = compute.chunk_parts(Context.of(cfg), 1, False, False, fitted())
@@ -106,8 +101,8 @@ def bench_layer(config, shape: str, *, system: str, iters: int = 10, warmup: int
     import torch
     from megatron.core.transformer.spec_utils import build_module
 
-    from ...config.load import load_config
-    from ...model.builder import layer_spec, transformer_config
+    from ..config.load import load_config
+    from ..model.builder import layer_spec, transformer_config
     cfg = load_config(config, validate=False, overrides=layer_overrides(shape, system, seq))
     tc = transformer_config(cfg)
     tc.gradient_accumulation_fusion = False   # no DDP wrapper: no main_grad buffers
@@ -148,13 +143,15 @@ def _rel(a, b) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
 
 
-def nvfp4_emulation(shape=(4096, 16384, 26624), iters: int = 3) -> dict:
-    """Figures of the nvfp4_emulation check (module docstring)."""
+def nvfp4_emulation(shape=(4096, 16384, 26624), iters: int = 3, note=None) -> dict:
+    """Figures of the nvfp4_emulation check (module docstring); `note(**figures)` is called
+    with each figure as soon as it is measured."""
+    note = note or (lambda **_: None)
     import torch
     import torch.nn.functional as F
 
-    from ...precision.linear import nvfp4_linear
-    from ...precision.nvfp4 import fake_quantize
+    from ..precision.linear import nvfp4_linear
+    from ..precision.nvfp4 import fake_quantize
     g = torch.Generator().manual_seed(3)
     x = torch.randn(512, 2048, generator=g)
     w = torch.randn(1024, 2048, generator=g) * 0.02
@@ -170,6 +167,7 @@ def nvfp4_emulation(shape=(4096, 16384, 26624), iters: int = 3) -> dict:
         assert gx is not None and gw is not None   # leaves that require grad, after backward
         out[dev] = [t.detach().cpu() for t in (y, gx, gw)]
     cpu_vs_gpu = max(_rel(a, b) for a, b in zip(out["cuda"], out["cpu"]))
+    note(linear_cpu_vs_gpu_rel=cpu_vs_gpu)
     T, K, N = shape
     gc = torch.Generator(device="cuda").manual_seed(4)
     xb = (torch.randn(T, K, device="cuda", generator=gc)).to(torch.bfloat16).requires_grad_(True)
@@ -190,6 +188,7 @@ def nvfp4_emulation(shape=(4096, 16384, 26624), iters: int = 3) -> dict:
             if i:
                 ts.append(s.elapsed_time(e) / 1e3)
         times[name] = statistics.median(ts)
+        note(fwd_bwd_s=dict(times))
     y = nvfp4_linear(xb, wb)
     error = _rel(y, xb.detach().float() @ wb.detach().float().t())
     del xb, wb, dyb, y
@@ -199,23 +198,114 @@ def nvfp4_emulation(shape=(4096, 16384, 26624), iters: int = 3) -> dict:
             "fwd_bwd_s": times, "slowdown_vs_bf16": times["nvfp4_emulated"] / times["bf16"]}
 
 
+def _note(rep, name: str, **data) -> None:
+    """Figures of check `name`, written to the report at once (a killed phase keeps them)."""
+    rep.checks[name].data.update(data)
+    rep.save()
+
+
+def ceiling_check(rep, name: str, precision: str, assumed: dict, *, system: str,
+                  ceiling_fn=None) -> None:
+    """Check `name`: the n^3 ceiling in `precision` beside the dense peak and the planner's
+    assumption `assumed` (gemm.planner_assumption); FP8 fails when its product is off the BF16
+    one by more than FP8_MAX_REL_ERROR (a wrong scale). `ceiling_fn`: gemm.ceiling's stand-in
+    (the unit tests pass a CPU one)."""
+    from .gemm import ceiling, gemm_flops
+    peak, n = assumed["peak_tflops"], CEILING_N
+    planner = gemm_flops(n, n, n) / assumed["ceiling_s"] / 1e12
+    _note(rep, name, datasheet_tflops=peak, planner_tflops=planner,
+          planner_peak_fraction=assumed["peak_fraction"])
+    c = (ceiling_fn or ceiling)(precision)
+    detail = (f"{precision.upper()} {c['n']}^3 matrix product: {c['tflops']:.0f} TFLOP/s (median "
+              f"of 50) = {c['tflops'] / peak:.0%} of the {system} dense peak {peak:.0f}; the "
+              f"planner assumes {planner:.0f} ({assumed['peak_fraction']:.0%} of peak x wave "
+              f"efficiency) = {c['tflops'] / planner:.2f} x measured/planner")
+    data = dict(c, share_of_peak=c["tflops"] / peak, measured_over_planner=c["tflops"] / planner)
+    if precision == "fp8":
+        detail += f"; relative error vs BF16 {c['rel_error_vs_bf16']:.3f}"
+        if not c["rel_error_vs_bf16"] < FP8_MAX_REL_ERROR:
+            rep.failed(name, detail + f" (expected < {FP8_MAX_REL_ERROR})", **data)
+            return
+    rep.passed(name, detail, **data)
+
+
+def gemms_check(rep, assumed: dict[str, dict], *, precisions=("bf16", "fp8"),
+                shard_fn=None) -> None:
+    """Check gemms_tp4: the TP4 shard's linears (gemm.shard_gemms at the planner's shapes),
+    each row written to the report as it is measured, beside the dense peak and the planner.
+    `shard_fn`: gemm.shard_gemms' stand-in (the unit tests pass a CPU one at small shapes)."""
+    from .gemm import LINEARS, against_planner, shard_gemms
+    first = assumed[precisions[0]]
+    shapes = {k: first["linears"][k]["mnk"] for k in LINEARS}
+    data = rep.checks["gemms_tp4"].data
+    data.update(tokens=first["tokens"], dense_peak_tflops={p: assumed[p]["peak_tflops"]
+                                                           for p in precisions})
+
+    def on_row(name: str, prec: str, row: dict) -> None:
+        row.update(against_planner(row, assumed[prec], name))
+        data.setdefault(name, {})[prec] = row
+        rep.save()
+        rep.log(f"gemm {name} {prec}: {row['seconds'] * 1e3:.2f} ms fwd+dgrad+wgrad, "
+                f"{row['tflops']:.0f} TFLOP/s = {row['share_of_peak']:.0%} of peak, planner "
+                f"{row['planner_tflops']:.0f}")
+
+    rows = (shard_fn or shard_gemms)(shapes, precisions=precisions, on_row=on_row)
+    parts = []
+    for k, by in rows.items():
+        parts.append(f"{k} {'x'.join(map(str, by[precisions[0]]['mnk']))}: " + ", ".join(
+            f"{p.upper()} {r['tflops']:.0f} TFLOP/s = {r['share_of_peak']:.0%} of peak "
+            f"(planner {r['planner_tflops']:.0f})" for p, r in by.items()))
+    detail = "; ".join(parts) + (f" (M x N x K, {first['tokens']} tokens, forward + data + "
+                                 "weight gradient)")
+    for p in {"bf16", "fp8"} - set(precisions):
+        detail += f"; {p.upper()} not timed: its matmul ceiling check did not pass"
+    bad = [k for k, by in rows.items()
+           if "fp8" in by and not by["fp8"]["rel_error_vs_bf16"] < FP8_MAX_REL_ERROR]
+    if bad:
+        rep.failed("gemms_tp4", detail + f"; FP8 error vs BF16 over {FP8_MAX_REL_ERROR} at "
+                   + ", ".join(bad))
+    else:
+        rep.passed("gemms_tp4", detail)
+
+
 def run_layer_phase(rep, cfg, *, system: str, iters: int = 10) -> None:
-    """The checks matmul_ceiling, layer_bf16 and nvfp4_emulation (needs CUDA and
-    megatron-core)."""
+    """The checks matmul_ceiling, matmul_ceiling_fp8, gemms_tp4, nvfp4_emulation and
+    layer_bf16, cheapest first, each figure written to the report as it is measured (needs
+    CUDA; layer_bf16 also megatron-core)."""
     import torch
 
-    from ...parallel.setup import seed_model_parallel, teardown_parallel
-    from ...systems import load_system
+    from ..parallel.setup import seed_model_parallel, teardown_parallel
+    from .gemm import planner_assumption
     from .report import Timed
-    with Timed(rep, "matmul_ceiling"):
-        c = matmul_ceiling()
-        peak = load_system(system).peak_tflops("bf16")
-        rep.passed("matmul_ceiling", f"BF16 {c['n']}^3 matrix product: {c['tflops']:.0f} TFLOP/s "
-                   f"(median of 50; {c['tflops'] / peak:.0%} of the {system} datasheet "
-                   f"{peak:.0f})", datasheet_tflops=peak, **c)
+    assumed: dict[str, dict] = {}
+    for name, prec in CEILINGS.items():
+        with Timed(rep, name):
+            assumed[prec] = planner_assumption(system, prec)
+            ceiling_check(rep, name, prec, assumed[prec], system=system)
+    precisions = tuple(p for n, p in CEILINGS.items() if rep.ok(n))
+    if not precisions:
+        rep.rest_not_run("needs a passed matmul_ceiling or matmul_ceiling_fp8", ["gemms_tp4"])
+    elif rep.afford(["gemms_tp4"], 15, "the TP4 shard's GEMMs"):
+        with Timed(rep, "gemms_tp4"):
+            gemms_check(rep, assumed, precisions=precisions)
+    if rep.afford(["nvfp4_emulation"], 20, "the NVFP4 emulation"):
+        with Timed(rep, "nvfp4_emulation"):
+            e = nvfp4_emulation(note=lambda **f: _note(rep, "nvfp4_emulation", **f))
+            detail = (f"quantized operands {'bitwise equal to' if e['quantized_operands_bitwise'] else 'DIFFER from'} "
+                      f"the CPU path's; linear fwd+bwd vs CPU {e['linear_cpu_vs_gpu_rel']:.1e} "
+                      f"relative; at {e['shape_tokens_in_out']}: error vs FP32 "
+                      f"{e['rel_error_vs_fp32']:.3f}, {e['fwd_bwd_s']['nvfp4_emulated'] * 1e3:.1f} ms "
+                      f"fwd+bwd = {e['slowdown_vs_bf16']:.1f} x a BF16 linear")
+            if e["quantized_operands_bitwise"] and e["linear_cpu_vs_gpu_rel"] < 1e-5:
+                rep.passed("nvfp4_emulation", detail, **e)
+            else:
+                rep.failed("nvfp4_emulation", detail + " (expected: bitwise operands, < 1e-5)", **e)
     if not rep.ok("matmul_ceiling"):
         rep.rest_not_run("needs the matmul_ceiling check", ["layer_bf16"])
         return
+    if not rep.afford(["layer_bf16"], 30, "one 405B-width layer in two shapes"):
+        return
+    peak = assumed["bf16"]["peak_tflops"]
     ceiling = rep.checks["matmul_ceiling"].data["tflops"]
     with Timed(rep, "layer_bf16"):
         import torch.distributed as dist
@@ -241,8 +331,7 @@ def run_layer_phase(rep, cfg, *, system: str, iters: int = 10) -> None:
                          planner_attention_s=p["attention_s"],
                          planner_over_measured=(p["fwd_s"] + p["bwd_s"]) / t)
                 rows[shape] = r
-                rep.checks["layer_bf16"].data[shape] = r
-                rep.save()
+                _note(rep, "layer_bf16", **{shape: r})
                 rep.log(f"layer {shape}: fwd {r['fwd_s'] * 1e3:.1f} ms, bwd {r['bwd_s'] * 1e3:.1f} "
                         f"ms, MFU {r['mfu_vs_measured_ceiling']:.0%} of the measured ceiling, "
                         f"planner/measured {r['planner_over_measured']:.2f}")
@@ -258,14 +347,3 @@ def run_layer_phase(rep, cfg, *, system: str, iters: int = 10) -> None:
             f"{r['planner_over_measured']:.2f} x measured" for k, r in rows.items())
             + f" (sequence {f['seq']}, MBS 1, local unfused attention vs the planner's fused "
               "causal kernel)", ceiling_tflops=ceiling)
-    with Timed(rep, "nvfp4_emulation"):
-        e = nvfp4_emulation()
-        detail = (f"quantized operands {'bitwise equal to' if e['quantized_operands_bitwise'] else 'DIFFER from'} "
-                  f"the CPU path's; linear fwd+bwd vs CPU {e['linear_cpu_vs_gpu_rel']:.1e} "
-                  f"relative; at {e['shape_tokens_in_out']}: error vs FP32 "
-                  f"{e['rel_error_vs_fp32']:.3f}, {e['fwd_bwd_s']['nvfp4_emulated'] * 1e3:.1f} ms "
-                  f"fwd+bwd = {e['slowdown_vs_bf16']:.1f} x a BF16 linear")
-        if e["quantized_operands_bitwise"] and e["linear_cpu_vs_gpu_rel"] < 1e-5:
-            rep.passed("nvfp4_emulation", detail, **e)
-        else:
-            rep.failed("nvfp4_emulation", detail + " (expected: bitwise operands, < 1e-5)", **e)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = REPO / "configs" / "config_GB200_128x4x144xtp4pp8cp2.toml"
 TE_SERIES = "2.20"
 VOCAB = 32768
@@ -123,16 +123,42 @@ def synthetic_datasets(scfg) -> tuple[SyntheticTokens, SyntheticTokens]:
 
 def weights(chunks) -> dict:
     """Host copies of every parameter, by name."""
-    from ...model.builder import unwrap
+    from ..model.builder import unwrap
     return {n: p.detach().to("cpu", copy=True) for c in chunks
             for n, p in unwrap(c).named_parameters()}
 
 
+def loaded_weights(run) -> dict:
+    """Host copies of `run`'s parameters as its model holds them right after the checkpoint
+    load, filled by `run._init` just before the warm-up: loaded, wrapped for training (megatron's
+    Float16Module casts every parameter to BF16, the FP32 weights of megatron's WrappedTorchNorm
+    included) and read by the optimizer's master weights. What the warm-up restore must give
+    back, bit for bit and in the same dtype, and what the training steps must move."""
+    held: dict = {}
+    inner = run._warmup_and_restore
+
+    def capture(*a, **k):
+        held.update(weights(run.model))
+        return inner(*a, **k)
+    run._warmup_and_restore = capture
+    return held
+
+
 def differing(chunks, ref: dict) -> list[str]:
-    """Names of the parameters that differ (bitwise) from `ref`."""
-    from ...model.builder import unwrap
+    """Names of the parameters that differ from `ref` in shape, dtype or any bit. `ref` must be
+    taken from the same wrapped model (loaded_weights): the weights as built hold
+    megatron's WrappedTorchNorm weights in FP32, the wrapped model in BF16."""
+    from ..model.builder import unwrap
     return [n for c in chunks for n, p in unwrap(c).named_parameters()
             if not torch_equal(p.detach().cpu(), ref[n])]
+
+
+def differing_cast(held: dict, saved: dict) -> list[str]:
+    """Names of the parameters of `held` whose value is not `saved`'s cast to the held dtype
+    (what a load of `saved` followed by megatron's Float16Module cast gives), or that are
+    missing from `saved` or of another shape."""
+    return [n for n, t in held.items()
+            if n not in saved or not torch_equal(t, saved[n].to(t.dtype))]
 
 
 def torch_equal(a, b) -> bool:

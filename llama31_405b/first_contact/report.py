@@ -14,15 +14,17 @@ from pathlib import Path
 
 CHECKS = ("gpu", "transformer_engine", "recipe", "gradient_accumulation_fusion", "build",
           "checkpoint_save", "checkpoint_load", "warmup_and_graphs", "replay_equals_eager",
-          "steps", "evaluation", "dp2_eval_sync", "matmul_ceiling", "layer_bf16",
-          "nvfp4_emulation")
+          "steps", "evaluation", "profile", "dp2_eval_sync", "matmul_ceiling",
+          "matmul_ceiling_fp8", "gemms_tp4", "layer_bf16", "nvfp4_emulation")
 """Every check, in report order. Phases (and the checks each owns): "slice" (build ..
-evaluation), "dp2" (dp2_eval_sync), "layer" (matmul_ceiling, layer_bf16, nvfp4_emulation); gpu,
-transformer_engine, recipe and gradient_accumulation_fusion are always run."""
+evaluation, profile), "dp2" (dp2_eval_sync), "layer" (matmul_ceiling, matmul_ceiling_fp8,
+gemms_tp4, layer_bf16, nvfp4_emulation); gpu, transformer_engine, recipe and
+gradient_accumulation_fusion are always run."""
 
-PHASES = {"layer": ("matmul_ceiling", "layer_bf16", "nvfp4_emulation"),
+PHASES = {"layer": ("matmul_ceiling", "matmul_ceiling_fp8", "gemms_tp4", "layer_bf16",
+                    "nvfp4_emulation"),
           "slice": ("build", "checkpoint_save", "checkpoint_load", "warmup_and_graphs",
-                    "replay_equals_eager", "steps", "evaluation"),
+                    "replay_equals_eager", "steps", "evaluation", "profile"),
           "dp2": ("dp2_eval_sync",)}
 
 
