@@ -142,7 +142,12 @@ else
       "would not be refused"
 fi
 shopt -s nullglob
-earlier=("$LOGDIR"/result_*.txt "$LOGDIR"/console_*.txt)
+# (and an earlier profile's: with PROFILE=1 the LOGDIR is the profile folder, which `profile`
+# claims whole; a calibration may name the earlier one as its source)
+# (each a glob, [x] included, so that nullglob drops what is not there)
+earlier=("$LOGDIR"/result_*.txt "$LOGDIR"/console_*.txt "$LOGDIR"/*.compliance*.log
+         "$LOGDIR"/profile.jso[n] "$LOGDIR"/NOT_AN_MLPERF_RUN.tx[t] "$LOGDIR"/analysis*.json
+         "$LOGDIR"/rank[s] "$LOGDIR"/trace[s])
 shopt -u nullglob
 if [ "${#earlier[@]}" -gt 0 ]; then
   names=$(for f in "${earlier[@]}"; do basename "$f"; done | sort | head -n 8 | paste -sd ' ')
@@ -412,8 +417,13 @@ for i in "${!LAUNCH_SEEDS[@]}"; do
     # (tee and the fold ignore SIGTERM/SIGINT: on scancel they must outlive the run's last
     # lines, not break the pipe the run's stderr writes to; tee -p: should the fold end early,
     # the console file still gets every line)
+    # the console is created exclusively (noclobber: O_EXCL), then only appended to: a console
+    # another job created meanwhile is refused, never truncated
+    ( set -C; : > "$console" ) 2>/dev/null \
+      || die "$console exists (another job writing into LOGDIR=$LOGDIR?), kept: a result is" \
+             "never replaced; choose a new LOGDIR"
     run "${launcher[@]}" "${train_cmd[@]}" "${flags[@]}" \
-      2> >(trap '' TERM INT; tee -p "$console" | fold_console "$console" >&2) || rc=$?
+      2> >(trap '' TERM INT; tee -a -p "$console" | fold_console "$console" >&2) || rc=$?
     wait $! 2>/dev/null || true     # the tee has written everything (bash >= 4.4)
   fi
   say "run $i: train exited $rc after $((SECONDS - t0)) s"

@@ -18,6 +18,9 @@ PKG = Path(__file__).resolve().parents[1] / "llama31_405b"
 LAYERS = {
     # facts about machines, the known-warning filters, how a failure ends (failures)
     "systems": 0, "known_warnings": 0, "failures": 0,
+    # the one owner of writing a result (exclusive creation, moves that cannot replace): the
+    # standard library only, so every layer may use it
+    "outputs": 0,
     # the typed config tree and its rules; the process setup the config implies
     "config": 1, "cpu_compat": 1, "gloo_workers": 1,
     # one concern each, on top of the config
@@ -27,8 +30,10 @@ LAYERS = {
     # what runs: training, packaging a submission, the launch plan and log check
     "train": 5, "submission": 5, "launch": 5,
     "rehearse": 6, "profile": 6,
+    # first contact with a GPU: the training path and its profile, checked on a slice
+    "first_contact": 7,
     # the command line, and the entry point
-    "cli": 7, "__main__": 8,
+    "cli": 8, "__main__": 9,
 }
 
 # exact edges let through while a change that removes them is under way (none today); delete an
@@ -221,5 +226,5 @@ def test_launch_importing_cli_is_upward(tmp_path):
                             "cli/main.py": ""})
     edges = import_graph(root)
     assert upward(edges) == [
-        "launch (layer 5) imports cli (layer 7): llama31_405b.launch.logcheck -> "
+        "launch (layer 5) imports cli (layer 8): llama31_405b.launch.logcheck -> "
         "llama31_405b.cli.main"]

@@ -358,12 +358,14 @@ def test_out_folder_rules(tmp_path):
     out = tmp_path / "prof"
     mark_folder(out, cfg, Plan(out=out))
     (out / "ranks").mkdir()
-    (out / "ranks" / "rank00007.json").write_text("{}")   # from an earlier, larger run
-    assert unusable(out) is None
+    (out / "ranks" / "rank00007.json").write_text("{}")   # an earlier profile's: kept
+    assert "holds an earlier profile" in unusable(out)
     (out / "profile.json").unlink()                      # caught between marker and manifest
-    assert unusable(out) is None
-    mark_folder(out, cfg, Plan(out=out))
-    assert not list((out / "ranks").iterdir())
+    assert "holds an earlier profile" in unusable(out)
+    from llama31_405b.outputs import OutputExists
+    with pytest.raises(OutputExists):
+        mark_folder(out, cfg, Plan(out=out))
+    assert [p.name for p in (out / "ranks").iterdir()] == ["rank00007.json"]
 
 
 def test_compute_split_of_a_whole_trace(tmp_path):

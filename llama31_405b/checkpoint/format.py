@@ -46,6 +46,7 @@ holds and no rank asks for, is an error naming the key.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, cast
@@ -166,17 +167,27 @@ def save(chunks, path: str | Path, cfg, *, extra: dict | None = None) -> None:
     """Write the model weights of all ranks to `path` (collective: every rank calls it)."""
     import torch.distributed as dist
     from megatron.core import dist_checkpointing
+
+    from ..outputs import mkdir_exclusive, publish, temp_sibling
     p = Path(path)
-    if dist.get_rank() == 0:
-        p.mkdir(parents=True, exist_ok=True)
+    # written whole under a temporary name, then moved into place by an operation that cannot
+    # replace (outputs.publish): `path` is complete or absent, never a mix of two saves
+    name = [str(mkdir_exclusive(temp_sibling(p))) if dist.get_rank() == 0 else ""]
+    dist.broadcast_object_list(name, src=0)
+    tmp = Path(name[0])
+    dist_checkpointing.save(sharded_state(chunks), str(tmp))
     dist.barrier()
-    dist_checkpointing.save(sharded_state(chunks), str(p))
     if dist.get_rank() == 0:
         # stored as the run holds it: in the chunks of its TP, at its padded vocab
         from .chunking import RECORD_KEY, Chunking
         chunks_record = {RECORD_KEY: Chunking.for_model(cfg.model, cfg.parallel.tp).record()}
-        write_model_info(p, cfg, stored_vocab_rows=cfg.derived.padded_vocab_size,
+        write_model_info(tmp, cfg, stored_vocab_rows=cfg.derived.padded_vocab_size,
                          extra={**chunks_record, **(extra or {})})
+        if p.exists():      # train-init --force: the earlier checkpoint is kept, renamed
+            kept = publish(p, p.with_name(p.name + ".earlier"), unique=True)
+            print(f"[checkpoint] the earlier checkpoint {p} is kept as {kept}", file=sys.stderr)
+        publish(tmp, p, advice="another save put a checkpoint there meanwhile; this one is "
+                f"left in {tmp}")
     dist.barrier()
 
 

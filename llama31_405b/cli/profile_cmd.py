@@ -25,8 +25,8 @@ def register(sub) -> None:
     p.add_argument("config_pos", nargs="?", metavar="CONFIG", help="config TOML")
     p.add_argument("--config", default=None, help="config TOML (instead of CONFIG)")
     p.add_argument("--out", default=None,
-                   help="output folder (default: out/profile/<config name>); marked as not an "
-                        "MLPerf run")
+                   help="output folder, new or empty (default: a new out/profile/<config name>[-N], "
+                        "printed; an earlier profile is never reused); marked as not an MLPerf run")
     p.add_argument("--skip", type=int, default=2, help="steps after the warm-up not recorded (default 2)")
     p.add_argument("--baseline", type=int, default=3,
                    help="steps timed without the profiler (the overhead ratio; 0: none; default 3)")
@@ -103,8 +103,10 @@ def run(args) -> int:
     from ..parallel.distributed import dist_env_from_environ
     from ..parallel.setup import teardown_parallel
     from ..profile.capture import Plan, run_profile
-    out = Path(args.out or Path("out") / "profile" / Path(path).stem)
     de = dist_env_from_environ()
+    out = _out_folder(args.out, Path(path).stem, de)
+    if out is None:
+        return 2
     from ..profile.marker import unusable
     # rank 0 alone judges the folder: it is the only writer, and another rank looking later
     # would find rank 0's own files there (a race that failed a 4-rank run in CI)
@@ -130,12 +132,35 @@ def run(args) -> int:
     return _analyze(out, cfg, threshold, fit=fit, calibration=args.calibration)
 
 
+def _out_folder(given: str | None, stem: str, de) -> Path | None:
+    """--out, else a new folder under out/profile (an earlier profile is never reused): one
+    process takes the first free of out/profile/<stem>, <stem>-2, ... (printed); several ranks,
+    which must agree on it before they can talk, take out/profile/<stem>-<job id> (Slurm's or
+    torchrun's run id). None after printing why there is none."""
+    if given:
+        return Path(given)
+    base = Path("out") / "profile" / stem
+    if de.world_size == 1:
+        from ..outputs import mkdir_exclusive
+        out = mkdir_exclusive(base, unique=True)
+        print(f"[profile] output folder: {out} (new; --out names another)", file=sys.stderr)
+        return out
+    import os
+    job = os.environ.get("SLURM_JOB_ID") or os.environ.get("TORCHELASTIC_RUN_ID")
+    if not job:
+        print(f"error: profile: {de.world_size} ranks and no --out: give --out DIR (a new "
+              "folder), the ranks cannot agree on a fresh default without a job id",
+              file=sys.stderr)
+        return None
+    return base.with_name(f"{stem}-{job}")
+
+
 def _fit(args, cfg):
     """The calibration's constants (None: the published fit), or 2 after printing why the file
     cannot be used for this config."""
     if not getattr(args, "calibration", None):
         return None
-    from ..planner import calibrated
+    from ..planner.calibrate import file as calibrated
     try:
         cal = calibrated.read(args.calibration)
     except ValueError as e:
@@ -180,7 +205,8 @@ def _analyze(out: Path, cfg, threshold: float, refused: int = 1, fit=None,
     except ProfileError as e:
         print(f"error: {e}", file=sys.stderr)
         return refused
-    print((out / "analysis.txt").read_text(), end="")
-    print(f"analysis: {out / 'analysis.json'}, {out / 'analysis.txt'}; plot: {res.get('plot')} "
+    js, txt = res["files"][:2]
+    print(Path(txt).read_text(), end="")
+    print(f"analysis: {js}, {txt}; plot: {res.get('plot')} "
           f"(analysed in {res['analysis_s']:.1f} s)")
     return 0

@@ -9,6 +9,7 @@ run: success, aborted (with the logged reason), or no run_stop (the run was kill
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,7 +62,8 @@ def report_path(report_dir: str | Path, log: str | Path) -> Path:
 def check_log(log: str | Path, benchmark: str, report_dir: str | Path | None = None,
               ruleset: str = RULESET, division: str = "closed") -> Verdict:
     """Check one log with the rules of `benchmark` in `division` (the config's). report_dir: the
-    checker's whole verdict is kept there as <log stem>.compliance.log."""
+    checker's whole verdict is kept there as <log stem>.compliance.log (next to an earlier one,
+    kept: <log stem>.compliance-N.log, printed)."""
     log = Path(log)
     res: CheckResult | None = None
     if not log.is_file():
@@ -104,9 +106,15 @@ def check_log(log: str | Path, benchmark: str, report_dir: str | Path | None = N
     if report_dir is not None:
         Path(report_dir).mkdir(parents=True, exist_ok=True)
         text = res.report() if res is not None else f"FAIL {log}: {v.detail}\n"
-        report_path(report_dir, log).write_text(
-            text + f"outcome: {v.outcome}" + (f", {v.when}" if v.when and v.status == "success"
-                                               and (v.compliant or not v.converged) else "") + "\n")
+        # an earlier verdict of this name is kept: the next free <stem>.compliance-N.log, named
+        from ..outputs import create_exclusive
+        default = report_path(report_dir, log)
+        got = create_exclusive(default, text + f"outcome: {v.outcome}" + (
+            f", {v.when}" if v.when and v.status == "success"
+            and (v.compliant or not v.converged) else "") + "\n", unique=True)
+        if got != default:
+            print(f"note: {default} exists (an earlier verdict, kept); this verdict: {got}",
+                  file=sys.stderr)
     return v
 
 

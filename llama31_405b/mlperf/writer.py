@@ -14,7 +14,10 @@ a signal while the main thread may be anywhere (inside a collective, or inside a
   fresh line, in case the failed write left half a line).
 - A file that already holds MLPerf events (`:::MLLOG`) is refused when the writer is made
   (`LogExistsError`, exit status 2): a result file is never appended to, so no file holds two
-  runs. An empty file is taken (a launcher may create it).
+  runs. An empty file is taken (a launcher may create it). At the first event the file is
+  claimed: created O_EXCL (or an empty one taken), held under the writer's own flock and looked
+  at again once locked, so of two runs given one path at once (outside run_and_time.sh, or where
+  its flock only warns) the second is refused (LogExistsError), never appended to the first's.
 - `run_stop` is written exactly once, whichever thread comes first (the training loop or the
   signal watchdog); every event after it is dropped, so the log ends with it.
 - Each line is copied to `echo` (stdout by default, where the launcher collects it). A copy that
@@ -27,6 +30,7 @@ the caller's file and line in the metadata (the package checker's seed check rea
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import stat
 import sys
@@ -178,9 +182,46 @@ class MLLogWriter:
                 raise self.failed from None
         self._echo(line)
 
+    def _claim(self) -> int | None:
+        """The log, claimed at the first event: created O_CREAT|O_EXCL (two runs given one
+        path: the kernel lets one create it), or an existing empty file taken; either way held
+        under this writer's own flock for its life, and looked at again once locked. Another
+        writer's file (locked, or holding events by then) raises LogExistsError. None when it
+        cannot be opened now: the first write opens it and reports why (LogWriteError)."""
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC
+        assert self.path is not None
+        try:
+            fd = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            try:
+                fd = os.open(self.path, flags)
+            except OSError:
+                return None
+        except OSError:
+            return None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd           # a device or a pipe (/dev/stdout): nothing to keep
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise LogExistsError(
+                f"the MLPerf log {self.path} is being written by another run (its lock is held): "
+                "a result file is never shared; pass a new --mlperf-log path") from None
+        except OSError:
+            pass                # no flock on this filesystem: the O_EXCL creation is the claim
+        try:
+            refuse_existing_log(self.path)    # events written before the lock was taken
+        except LogExistsError:
+            os.close(fd)
+            raise
+        return fd
+
     def _to_file(self, line: str, *, sync: bool) -> None:
         if self.path is None:   # `echo` is the log
             return
+        if self._fd is None:
+            self._fd = self._claim()
         if self._fd is None:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
                                0o644)

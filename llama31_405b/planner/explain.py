@@ -47,7 +47,7 @@ def table(data: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(data: list[dict], path: Path) -> Path:
+def plot(data: list[dict], path: Path, *, unique: bool = False) -> Path:
     """Two panels: time-to-train vs racks (with the published points), step breakdown vs racks."""
     import matplotlib
     matplotlib.use("Agg")
@@ -76,9 +76,12 @@ def plot(data: list[dict], path: Path) -> Path:
     b.set(xlabel="racks", ylabel="share of the step", title="Step breakdown (slowest GPU)")
     b.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    from ..outputs import create_exclusive
+    try:    # a new file: the default path, when taken, becomes planner_scaling-2.png, ...
+        return create_exclusive(path, writer=lambda f: fig.savefig(f, format="png", dpi=110),
+                                unique=unique, advice="give another --out")
+    finally:
+        plt.close(fig)
 
 
 def explain(racks: tuple[int, ...] = RACKS, fit=None) -> list[dict]:

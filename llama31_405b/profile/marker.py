@@ -20,31 +20,31 @@ no evaluation ran, and nothing here may be submitted or compliance-checked
 
 
 def unusable(out: str | Path) -> str | None:
-    """Why `out` cannot take a profile (a non-empty folder that `profile` did not write), or
-    None. `mark_folder` writes the marker first, so a folder caught between its two files is
-    still recognised as a profile's."""
+    """Why `out` cannot take a profile (a non-empty folder: an earlier profile, kept, or files
+    `profile` did not write), or None. The claim itself is `mark_folder`'s exclusive creation of
+    the marker: of two profiles started into one folder at once, the second is refused there."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         return f"--out {out}: exists and is not a folder"
-    if (out.is_dir() and any(p.name not in LAUNCHER_FILES for p in out.iterdir())
-            and not (out / MANIFEST).is_file()
-            and not (out / MARKER).is_file()):
+    if (out / MANIFEST).is_file() or (out / MARKER).is_file():
+        return (f"--out {out}: holds an earlier profile ({MANIFEST}), kept (a result is never "
+                "replaced, a calibration may name it as its source); give a new folder, or omit "
+                "--out for a fresh out/profile/<config>-N")
+    if out.is_dir() and any(p.name not in LAUNCHER_FILES for p in out.iterdir()):
         return (f"--out {out}: a non-empty folder that `profile` did not write; give a new or "
-                "empty folder (a profile folder is overwritten)")
+                "empty folder")
     return None
 
 
 def mark_folder(out: Path, cfg, plan) -> None:
-    """Mark the folder and clear what an earlier profile left in it (rank 0, before the process
-    group exists: no other rank writes before it joined)."""
+    """Claim the folder: the marker, then the manifest, each created exclusively (rank 0, before
+    the process group exists: no other rank writes before it joined). An earlier profile's files
+    make it fail (OutputExists); nothing is deleted."""
+    from ..outputs import create_exclusive
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    for sub in ("ranks", "traces"):
-        for f in (out / sub).glob("rank*"):
-            f.unlink()
-    for name in ("analysis.json", "analysis.txt", "breakdown.png"):
-        (out / name).unlink(missing_ok=True)
-    (out / MARKER).write_text(TEXT)
+    advice = "give a new --out folder (an earlier profile is kept)"
+    create_exclusive(out / MARKER, TEXT, advice=advice)
     manifest = dict(kind=KIND, mlperf_run=False, config=cfg.source, system=cfg.system.id,
                     model=cfg.model.name, precision=cfg.precision.compute,
                     batch=dict(minibs=cfg.batch.minibs, mbs=cfg.batch.micro_batch_size),
@@ -52,7 +52,7 @@ def mark_folder(out: Path, cfg, plan) -> None:
                                 cp=cfg.parallel.cp, dp=cfg.derived.dp),
                     world_size=cfg.derived.world_size, skip=plan.skip, baseline=plan.baseline,
                     steps=plan.steps, ranks=plan.ranks)
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    create_exclusive(out / MANIFEST, json.dumps(manifest, indent=1), advice=advice)
 
 
 def profile_folder_of(path: str | Path) -> Path | None:

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from statistics import median
 
+from ..outputs import create_exclusive
 from . import straggler
 from .analysis import RankAnalysis
 from .marker import MANIFEST
@@ -94,7 +95,8 @@ def _map(fn, items: list, workers: int | None = None) -> list:
 def analyze_folder(out: str | Path, *, cfg=None, threshold: float = straggler.DEFAULT_THRESHOLD,
                    workers: int | None = None, fit=None, calibration: str = "") -> dict:
     """Analyse every trace of a profile folder (`workers` processes, default: the CPUs) and
-    write analysis.json, analysis.txt and breakdown.png; the predicted column with the constants
+    write analysis.json, analysis.txt and breakdown.png (or, next to an earlier analysis, kept,
+    analysis-N.json, ...: result["files"]); the predicted column with the constants
     `fit` (the calibration file `calibration`; default the published fit)."""
     out = Path(out)
     t0 = time.perf_counter()
@@ -156,14 +158,37 @@ def analyze_folder(out: str | Path, *, cfg=None, threshold: float = straggler.DE
         unattributed={r: m["unattributed"] for r, m in per_rank.items() if m["unattributed"]},
     )
     result["analysis_s"] = time.perf_counter() - t0
-    (out / "analysis.json").write_text(json.dumps(result, indent=1, default=str))
+    paths = _claim_outputs(out, json.dumps(result, indent=1, default=str))
+    result["files"] = [str(p) for p in paths]
     text = render(result)
-    (out / "analysis.txt").write_text(text + "\n")
+    create_exclusive(paths[1], text + "\n", advice=ANALYSIS_ADVICE)
     try:
-        result["plot"] = str(plot(result, out / "breakdown.png"))
+        result["plot"] = str(plot(result, paths[2]))
     except ImportError as e:   # matplotlib missing: the table and JSON still stand
         result["plot"] = f"not drawn ({e})"
     return result
+
+
+ANALYSIS_ADVICE = "a stray analysis file; move it away and analyse again"
+
+
+def _claim_outputs(out: Path, data: str) -> list[Path]:
+    """analysis.json, analysis.txt, breakdown.png; once a folder holds them (the analysis a
+    calibration may name), analysis-2.json, ... : the first set none of whose files exists,
+    claimed by creating its JSON exclusively (`data`). An earlier analysis is never replaced."""
+    from ..outputs import candidates
+    for n, base in enumerate(candidates(out / "analysis")):
+        sfx = base.name[len("analysis"):]
+        paths = [out / f"analysis{sfx}.json", out / f"analysis{sfx}.txt",
+                 out / f"breakdown{sfx}.png"]
+        if any(p.exists() for p in paths):
+            continue
+        try:
+            create_exclusive(paths[0], data)
+        except FileExistsError:
+            continue
+        return paths
+    raise AssertionError("unreachable")
 
 
 def _ms(v) -> str:
@@ -280,6 +305,9 @@ def plot(r: dict, path: Path) -> Path:
         fig.text(0.01, 0.01, "note: " + r["note"], fontsize=7)
     fig.suptitle("llama31_405b profile (NOT an MLPerf run)")
     fig.tight_layout(rect=(0, 0.03, 1, 0.95))
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        create_exclusive(path, writer=lambda f: fig.savefig(f, format="png", dpi=100),
+                         advice=ANALYSIS_ADVICE)
+    finally:
+        plt.close(fig)
     return path

@@ -219,7 +219,7 @@ def refuse_earlier_package(*, out: Path, org: str, system: str, desc: dict, benc
     nothing in it is deleted or replaced. Refused: results of this system and benchmark already
     there, or another description of this system (PackageError, before any checker runs)."""
     res_dir = out / org / "results" / system / benchmark
-    if res_dir.is_dir() and any(res_dir.iterdir()):
+    if res_dir.exists():
         raise PackageError(f"{res_dir} already holds results (an earlier package): a result file is "
                            "never replaced; choose a new --out, or move that folder away first")
     sys_json = out / org / "systems" / f"{system}.json"
@@ -228,22 +228,89 @@ def refuse_earlier_package(*, out: Path, org: str, system: str, desc: dict, benc
                            "new --out, or make the descriptions agree")
 
 
+def code_differs(impl_dir: Path, root: Path = REPO) -> str | None:
+    """Why the implementation folder `impl_dir`, written by an earlier package, is not this
+    checkout's code (a file added, removed or changed; its first), or None: the same code."""
+    if not impl_dir.exists():
+        return None
+    ours = {str(f.relative_to(root)): f for f in code_files(root)}
+    theirs = {str(p.relative_to(impl_dir)) for p in impl_dir.rglob("*") if p.is_file()}
+    for name in sorted(ours.keys() ^ theirs):
+        return f"{name} {'is new in this checkout' if name in ours else 'is gone from it'}"
+    for name in sorted(ours):
+        if ours[name].read_bytes() != (impl_dir / name).read_bytes():
+            return f"{name} differs"
+    return None
+
+
+def refuse_other_code(impl_dir: Path) -> None:
+    why = code_differs(impl_dir)
+    if why:
+        raise PackageError(f"{impl_dir} holds the code of an earlier package, not this checkout's "
+                           f"({why}): the earlier system's results were made with it, kept; "
+                           "package into a new --out, or give another --impl name")
+
+
 def assemble(runs: list[RunLog], *, out: Path, org: str, system: str, desc: dict,
              benchmark: str, impl: str) -> Path:
+    """Results, system description and code, each put in place whole and never over another
+    package's: the results folder and the code folder are written under temporary names and
+    moved in by renameat2(RENAME_NOREPLACE) (outputs.publish); of two packages of one system
+    at once, the second is refused there."""
+    from ..outputs import OutputExists, create_exclusive, mkdir_exclusive, publish, temp_sibling
     org_dir = out / org
     refuse_earlier_package(out=out, org=org, system=system, desc=desc, benchmark=benchmark)
-    res_dir = org_dir / "results" / system / benchmark
-    res_dir.mkdir(parents=True, exist_ok=True)
-    for i, r in enumerate(runs):
-        shutil.copyfile(r.path, res_dir / f"result_{i}.txt")
-    (org_dir / "systems").mkdir(exist_ok=True)
-    (org_dir / "systems" / f"{system}.json").write_text(_desc_text(desc))
     impl_dir = org_dir / "benchmarks" / benchmark / "implementations" / impl
-    for f in code_files():
-        dst = impl_dir / f.relative_to(REPO)
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(f, dst)
+    refuse_other_code(impl_dir)
+    res_dir = org_dir / "results" / system / benchmark
+    tmp = mkdir_exclusive(temp_sibling(res_dir))
+    for i, r in enumerate(runs):
+        create_exclusive(tmp / f"result_{i}.txt", Path(r.path).read_bytes())
+    try:
+        publish(tmp, res_dir, advice="an earlier (or concurrent) package of this system and "
+                "benchmark: choose a new --out, or move that folder away first")
+    except OutputExists as e:
+        raise PackageError(f"{e} (this package's results are left in {tmp})") from None
+    sys_json = org_dir / "systems" / f"{system}.json"
+    try:
+        create_exclusive(sys_json, _desc_text(desc))
+    except OutputExists:
+        if sys_json.read_text() != _desc_text(desc):
+            raise PackageError(f"{sys_json} already describes system {system!r} otherwise: choose "
+                               "a new --out, or make the descriptions agree") from None
+    if not impl_dir.exists():
+        code = mkdir_exclusive(temp_sibling(impl_dir))
+        for f in code_files():
+            dst = code / f.relative_to(REPO)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            create_exclusive(dst, f.read_bytes())
+        try:
+            publish(code, impl_dir)
+        except OutputExists:        # another package put its code there meanwhile
+            refuse_other_code(impl_dir)     # other code: refused (this copy left in `code`)
+            shutil.rmtree(code)             # the same code: this process's own spare copy
     return org_dir
+
+
+def claim_check_files(out: Path) -> dict[str, Path]:
+    """package_checker.log, rcp_checker.log, summary.csv (and the summarizer's summary.json)
+    for this package: once the tree holds them (an earlier package's), package_checker-2.log,
+    ...: the first set none of whose files exists, each created exclusively (empty; the checkers
+    fill them). An earlier package's verdicts are never replaced, nor read as this one's."""
+    from ..outputs import candidates, create_exclusive
+    for base in candidates(out / "x"):
+        sfx = base.name[1:]
+        paths = dict(package=out / f"package_checker{sfx}.log", rcp=out / f"rcp_checker{sfx}.log",
+                     csv=out / f"summary{sfx}.csv", json=out / f"summary{sfx}.json")
+        if any(p.exists() for p in paths.values()):
+            continue
+        try:
+            for p in paths.values():
+                create_exclusive(p, "")
+        except FileExistsError:
+            continue
+        return paths
+    raise AssertionError("unreachable")
 
 
 # --- checkers -----------------------------------------------------------------------------------
@@ -260,10 +327,11 @@ def _problems(text: str) -> list[str]:
             or "CRITICAL ERROR" in ln or "Traceback" in ln]
 
 
-def run_package_checker(org_dir: Path, ruleset: str) -> Step:
+def run_package_checker(org_dir: Path, ruleset: str, log_output: Path | None = None) -> Step:
     org_dir = Path(org_dir).absolute()   # the checkers run in another folder (_run's cwd)
+    log_output = Path(log_output or org_dir.parent / "package_checker.log").absolute()
     rc, text = _run(["mlperf_logging.package_checker", str(org_dir), USAGE, ruleset,
-                     "--log_output", str(org_dir.parent / "package_checker.log")], org_dir.parent)
+                     "--log_output", str(log_output)], org_dir.parent)
     probs = _problems(text)
     warned = [ln.strip() for ln in text.splitlines() if ln.startswith("WARNING")]
     skipped = any("Skipping" in ln for ln in probs)
@@ -274,18 +342,22 @@ def run_package_checker(org_dir: Path, ruleset: str) -> Step:
     return Step("package checker", ok and not skipped, detail, skipped=skipped)
 
 
-def run_rcp_checker(res_dir: Path, ruleset: str) -> Step:
+def run_rcp_checker(res_dir: Path, ruleset: str, log_output: Path | None = None) -> Step:
     res_dir = Path(res_dir).absolute()   # the checker runs in another folder (_run's cwd)
+    log_output = Path(log_output or res_dir.parents[3] / "rcp_checker.log").absolute()
     rc, text = _run(["mlperf_logging.rcp_checker", str(res_dir), "--rcp_version", ruleset,
-                     "--log_output", str(res_dir.parents[3] / "rcp_checker.log")], res_dir.parents[3])
+                     "--log_output", str(log_output)], res_dir.parents[3])
     verdict = next((ln.strip().removeprefix("INFO - ").removeprefix("ERROR - ") for ln in text.splitlines()
                     if "RCP test" in ln), text.strip()[-300:])
     return Step("RCP checker", rc == 0 and "PASSED" in verdict, verdict)
 
 
-def run_summarizer(org_dir: Path, benchmark: str, ruleset: str) -> tuple[Step, float | None]:
+def run_summarizer(org_dir: Path, benchmark: str, ruleset: str, out_csv: Path | None = None,
+                   system_name: str | None = None) -> tuple[Step, float | None]:
+    """The result summarizer's score of `benchmark`; with several systems of it in the tree,
+    the row of `system_name` (the description's), none when that is not one row."""
     org_dir = Path(org_dir).absolute()   # the summarizer runs in another folder (_run's cwd)
-    out_csv = org_dir.parent / "summary.csv"
+    out_csv = Path(out_csv or org_dir.parent / "summary.csv").absolute()
     rc, text = _run(["mlperf_logging.result_summarizer", str(org_dir), USAGE, ruleset,
                      "--csv", str(out_csv)], org_dir.parent)
     probs = _problems(text)
@@ -293,8 +365,10 @@ def run_summarizer(org_dir: Path, benchmark: str, ruleset: str) -> tuple[Step, f
     if out_csv.is_file():
         with out_csv.open() as f:
             rows = list(csv.DictReader(f))
-        vals = [v for r in rows if (v := r.get(benchmark))]
-        score = float(vals[0]) if vals else None
+        scored = [r for r in rows if r.get(benchmark)]
+        if len(scored) > 1:        # another system's score of this benchmark beside ours
+            scored = [r for r in scored if system_name and r.get("system") == system_name]
+        score = float(scored[0][benchmark]) if len(scored) == 1 else None
     ok = rc == 0 and score is not None and not probs
     notices = [ln.strip() for ln in text.splitlines() if ln.startswith("NOTICE")]
     detail = (f"{benchmark} score {score:.3f} min" if score is not None else "no score") + (
@@ -416,6 +490,7 @@ def package(logs_dir: str | Path, *, out: str | Path, org: str, cfg=None,
     warnings += [f"{c.verdict()} (tolerated under olympic scoring)" for c in bad]
     if desc.get("submitter") != org:
         warnings.append(f"system description submitter {desc.get('submitter')!r} != --org {org!r}")
+    refuse_other_code(Path(out) / org / "benchmarks" / bench / "implementations" / impl)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     org_dir = assemble(runs, out=out, org=org, system=system, desc=desc, benchmark=bench, impl=impl)
@@ -426,9 +501,12 @@ def package(logs_dir: str | Path, *, out: str | Path, org: str, cfg=None,
     res_dir = org_dir / "results" / system / bench
     from mlperf_logging.benchmark_meta import get_allowed_benchmarks
     if bench in get_allowed_benchmarks(USAGE, ruleset):
-        res.steps.append(run_package_checker(org_dir, ruleset))
-        res.steps.append(run_rcp_checker(res_dir, ruleset))
-        step, res.score_min = run_summarizer(org_dir, bench, ruleset)
+        checks = claim_check_files(out)
+        res.notes.append("checkers' logs: " + ", ".join(str(p) for p in checks.values()))
+        res.steps.append(run_package_checker(org_dir, ruleset, checks["package"]))
+        res.steps.append(run_rcp_checker(res_dir, ruleset, checks["rcp"]))
+        step, res.score_min = run_summarizer(org_dir, bench, ruleset, checks["csv"],
+                                             desc.get("system_name"))
         res.steps.append(step)
         _agree_on_score(res, runs, ruleset, {c.path for c in comp if c.ok})
     elif bench == "tiny_llama31":

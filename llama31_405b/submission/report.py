@@ -29,6 +29,8 @@ class Summary:
     norm_factor: float = 1.0
     """The RCP checker's normalisation for runs faster than the RCP mean (1.0 otherwise)."""
     rcp_message: str = ""
+    png: str = ""
+    """The PNG drawn (draw: the path taken)."""
 
     @property
     def scored(self) -> float | None:
@@ -76,7 +78,10 @@ def summarize(runs: list[RunLog], ruleset: str = RULESET) -> Summary:
     return Summary(bench, gbs, target, ref, rows, score, norm, msg)
 
 
-def draw(runs: list[RunLog], out_png: str | Path, ruleset: str = RULESET) -> Summary:
+def draw(runs: list[RunLog], out_png: str | Path, ruleset: str = RULESET, *,
+         unique: bool = False) -> Summary:
+    """The summary, and its plot created as `out_png` (never over an existing file: OutputExists;
+    with `unique`, a default path, the next free report-N.png; the path taken in .png)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -132,8 +137,11 @@ def draw(runs: list[RunLog], out_png: str | Path, ruleset: str = RULESET) -> Sum
     tab.set_fontsize(9)
     tab.scale(1, 1.4)
     fig.tight_layout()
-    out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
+    from ..outputs import create_exclusive
+    try:
+        s.png = str(create_exclusive(out_png, writer=lambda f: fig.savefig(f, format="png",
+                                                                           dpi=110),
+                                     unique=unique, advice="give another --out"))
+    finally:
+        plt.close(fig)
     return s

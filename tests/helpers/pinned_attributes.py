@@ -80,6 +80,8 @@ ATTRIBUTES: dict[str, tuple[Pinned | Elsewhere, ...]] = {
     "ProcessGroupGloo": (Elsewhere("torch.distributed.distributed_c10d"),),
     "O_CLOEXEC": (Elsewhere("os"),),
     "posix_fadvise": (Elsewhere("os"),),
+    "renameat2": (Elsewhere("the C library through ctypes.CDLL(None) (glibc >= 2.28); "
+                            "outputs.rename_noreplace refuses where it is absent"),),
     "_forkserver_pid": (Elsewhere("multiprocessing.forkserver (the standard library)"),),
 }
 
