@@ -24,9 +24,10 @@ def test_committed_configs_are_what_the_planner_writes(expected):
     stale = sorted(set(committed) - set(expected))
     missing = sorted(set(expected) - set(committed))
     assert not stale and not missing, (f"stale {stale}, missing {missing}: run "
-                                       "`python -m llama31_405b plan --write-configs`")
+                                       "`python -m llama31_405b plan --write-configs --configs-dir configs` "
+                                       "(after moving the earlier configs away)")
     for name, text in expected.items():
-        assert committed[name] == text, f"{name} differs: run `python -m llama31_405b plan --write-configs`"
+        assert committed[name] == text, f"{name} differs: move it away, run `python -m llama31_405b plan --write-configs --configs-dir configs`"
 
 
 @pytest.mark.parametrize("target", writer.TARGETS, ids=lambda t: t.prefix)
@@ -77,15 +78,25 @@ def test_a_large_enough_predicted_gain_switches_the_layout(monkeypatch, tmp_path
     assert (cfg.parallel.vp, cfg.batch.minibs) == (sp.best.vp, sp.best.minibs)
 
 
-def test_write_configs_replaces_stale_files(tmp_path):
-    (tmp_path / "base").mkdir()
-    shutil.copy(CONFIGS / "base" / "gb200_405b.toml", tmp_path / "base")
-    stale = tmp_path / "config_GB200_1536x4x8xtp4pp8cp2.toml"
-    stale.write_text("# old\n")
+def test_write_configs_keeps_every_file_and_inherits_the_repository_base(tmp_path):
+    """In a named folder without base/ the files are created next to what it holds (a file
+    matching config_GB200_*.toml that the planner does not write is kept, not deleted as stale)
+    and load, inheriting the repository's base by a relative path; apart from that line they are
+    the committed ones. A name already there is refused before any file is written."""
+    from llama31_405b.outputs import OutputExists
+    mine = tmp_path / "config_GB200_1536x4x8xtp4pp8cp2.toml"
+    mine.write_text("# the user's own\n")
     keep = tmp_path / "tiny_cpu.toml"
     keep.write_text("# not a GB200 config\n")
-    written, deleted = writer.write_configs(tmp_path, (writer.with_scales(writer.GB200, (8, 96)),))
-    assert [p.name for p in deleted] == [stale.name] and not stale.exists() and keep.exists()
-    assert {p.name for p in written} == {p.name for p in tmp_path.glob("config_GB200_*.toml")}
-    with pytest.raises(FileNotFoundError, match="base"):
-        writer.write_configs(tmp_path / "nowhere")
+    folder, written = writer.write_configs(tmp_path, (writer.with_scales(writer.GB200, (8, 96)),))
+    assert folder == tmp_path and mine.read_text() == "# the user's own\n" and keep.exists()
+    assert {p.name for p in written} == {p.name for p in tmp_path.glob("config_GB200_*.toml")} - {mine.name}
+    for p in written:
+        base = p.read_text().split('base = "')[1].split('"')[0]
+        assert (tmp_path / base).resolve() == (CONFIGS / "base" / "gb200_405b.toml").resolve()
+        assert p.read_text().replace(base, "base/gb200_405b.toml") == (CONFIGS / p.name).read_text()
+        load_config(p)
+    before = {p: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(OutputExists, match=f"config.s. to write: {written[0]} already exists"):
+        writer.write_configs(tmp_path, (writer.with_scales(writer.GB200, (8, 16)),))
+    assert {p: p.read_bytes() for p in tmp_path.iterdir()} == before   # 16 racks' not written

@@ -73,9 +73,6 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("llama31_405b/profile/report.py", "plot", "fig.savefig(f)"): "into outputs.create_exclusive's file",
     ("llama31_405b/submission/report.py", "draw", "fig.savefig(f)"): "into outputs.create_exclusive's file",
     # not yet converted (issue 45 item 4, open): named in the report
-    ("llama31_405b/planner/writer.py", "write_configs", "p.unlink()"): "NOT YET CONVERTED: plan --write-configs deletes stale configs (issue 45 item 4, open)",
-    ("llama31_405b/planner/writer.py", "write_configs", "path.write_text(text)"): "NOT YET CONVERTED: plan --write-configs rewrites configs (issue 45 item 4, open)",
-    ("llama31_405b/submission/rcp.py", "write_rcps", "path.write_text(json.dumps(records, indent=2) + '\\n')"): "NOT YET CONVERTED: compliance tiny-rcp's RCP file (issue 45 item 4, open)",
     ("llama31_405b/submission/tiny_rules.py", "write_tiny_rules", "path.write_text(render_tiny_rules(division=division))"): "the project's tiny rules file, regenerated from code (a maintainer's source file)",
     ("llama31_405b/submission/precheck.py", "check_events", "path.write_text('\\n'.join(log_lines(header, cfg)) + '\\n')"): "a probe log in the pre-check's own temporary folder",
     ("llama31_405b/planner/calibrate/synthetic.py", "synthetic_profile", "(folder / 'analysis.json').write_text(json.dumps({'measured_step_s': step, 'compared_ranks': [0], )"): "a synthetic profile in the caller's new folder (tests and bench fixtures)",

@@ -30,7 +30,9 @@ def register(sub) -> None:
     tr.set_defaults(func=tiny_rules)
     rc = s.add_parser("tiny-rcp", help="tiny reference convergence points from converged runs")
     rc.add_argument("logs", nargs="+", metavar="LOG")
-    rc.add_argument("--out", default=None, help="default: compliance/tiny_llama31_rcps.json")
+    rc.add_argument("--out", default=None, help="a new file (default: compliance/"
+                    "tiny_llama31_rcps.json, or tiny_llama31_rcps-2.json, ... next to an earlier "
+                    "one; printed); an existing --out is refused")
     rc.add_argument("--creator", default="llama31_405b project")
     rc.add_argument("--platform", default="cpu")
     rc.add_argument("--precision", default="FP32")
@@ -121,22 +123,30 @@ def tiny_rules(args) -> int:
 
 def tiny_rcp(args) -> int:
     import datetime
+    import os
 
     from ..mlperf.log import LogError, load_run
+    from ..outputs import OutputExists
     from ..submission.rcp import TINY_RCP_FILE, rcp_records, write_rcps
+    from .report_cmd import mixed_submitters
     try:
-        runs = [load_run(p) for p in args.logs]
+        if args.out and os.path.lexists(args.out):     # refused before any work (and again,
+            raise OutputExists(args.out, "give another --out, or move the earlier file away")
+        runs = [load_run(p) for p in args.logs]      # atomically, at the write)
         bad = [r.path for r in runs if r.benchmark != "tiny_llama31"]
         if bad:
             raise ValueError(f"not tiny_llama31 logs: {', '.join(bad)}")
+        mixed = mixed_submitters(runs)      # an RCP is of one platform (and one submitter)
+        if mixed:
+            raise ValueError(mixed.replace("; report the logs", "; build an RCP from the logs"))
         recs = rcp_records(runs, creator=args.creator, platform=args.platform,
                            precision=args.precision,
                            when=f"measured {datetime.date.today().isoformat()} from "
                                 f"{len(runs)} runs: " + ", ".join(args.logs))
-    except (LogError, ValueError) as e:
+        path = write_rcps(recs, args.out or TINY_RCP_FILE, unique=args.out is None)
+    except (LogError, ValueError, OutputExists) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    path = write_rcps(recs, args.out or TINY_RCP_FILE)
     for name, rec in recs.items():
         n = len(rec["Epochs to converge"])
         print(f"{name}: BS {rec['BS']}, samples to converge {rec['Epochs to converge']}")

@@ -26,7 +26,8 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=None,
                    help="run seed (default: run.seed_base, else one from the system's entropy)")
     p.add_argument("--logdir", default=None, help="where result_0.txt goes (default: a new "
-                   "<data_dir>/../logs/demo-<UTC time>; a folder already holding a result_0.txt "
+                   "<data_dir>/../logs/demo-<UTC time>, or demo-<UTC time>-2, ..., made at the "
+                   "start; a folder already holding a result_0.txt "
                    "is refused: a result is never replaced)")
     p.set_defaults(func=run)
 
@@ -56,9 +57,12 @@ def run(args) -> int:
     t_all = time.perf_counter()
     if args.logdir:
         logdir = Path(args.logdir)
-    else:                # one folder per demo run: an earlier demo's result stays where it is
-        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-        logdir = Path(cfg.data.data_dir).parent / "logs" / f"demo-{stamp}"
+    else:                # one folder per demo run, claimed now (mkdir(2): two demos started in
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())   # one second get -2, ...):
+        from ..outputs import mkdir_exclusive      # nothing goes into another demo's folder
+        logdir = mkdir_exclusive(Path(cfg.data.data_dir).parent / "logs" / f"demo-{stamp}",
+                                 unique=True)
+        _say(f"log folder {logdir} (new)")
     log = logdir / "result_0.txt"
     if log.exists():
         print(f"error: demo --logdir {logdir}: already holds result_0.txt (an earlier run's "
@@ -73,7 +77,7 @@ def run(args) -> int:
     if _py("train-init", "--config", args.config):
         _say("FAILED to make the initial checkpoint")
         return 1
-    logdir.mkdir(parents=True, exist_ok=True)
+    logdir.mkdir(parents=True, exist_ok=True)    # a named --logdir (the default one exists)
     from ..config.seeds import run_seeds
     seed = run_seeds(cfg.run.seed_base, 1)[0] if args.seed is None else args.seed
     _say(f"timed run: {args.config}, seed {seed}, MLPerf log {log}")

@@ -6,8 +6,6 @@ import json
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 def register(sub) -> None:
     p = sub.add_parser("plan", help="performance model: predict, sweep layouts, write configs/",
@@ -30,9 +28,12 @@ def register(sub) -> None:
     p.add_argument("--top", type=int, default=10, help="sweep rows to show (0: all)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--write-configs", action="store_true",
-                   help="regenerate the per-scale configs/config_<SYSTEM>_*.toml (GB200 8..128 racks; "
-                        "DGX B200, H200 and H100 at a few node counts)")
-    p.add_argument("--configs-dir", default=str(REPO / "configs"), help="where --write-configs writes")
+                   help="write the per-scale config_<SYSTEM>_*.toml (GB200 8..128 racks; DGX B200, "
+                        "H200 and H100 at a few node counts) into a new folder (see --configs-dir)")
+    p.add_argument("--configs-dir", default=None,
+                   help="where --write-configs writes (default: a new out/configs, or "
+                        "out/configs-2, ...; printed); in a named folder an existing file of a "
+                        "written name is refused, and nothing is deleted")
     p.add_argument("--explain", action="store_true",
                    help="table of the per-scale configs' predictions and a PNG (see --out)")
     p.add_argument("--out", default="out/planner_scaling.png", help="PNG path for --explain")
@@ -123,6 +124,7 @@ def _calibration(args, cfg=None):
 
 def run(args) -> int:
     from ..config.load import ConfigError
+    from ..outputs import OutputExists
     from ..planner import explain as ex
     from ..planner import writer
     from ..planner.spec import layout_problems, make_config
@@ -148,15 +150,18 @@ def run(args) -> int:
                       file=sys.stderr)
                 return 2
         try:
-            written, deleted = writer.write_configs(Path(args.configs_dir), targets, fit=fit,
-                                                    note=f"calibration {cal.path}" if cal else "")
-        except (ConfigError, ValueError, FileNotFoundError) as e:
+            folder, written = writer.write_configs(Path(args.configs_dir or "out/configs"), targets,
+                                                   fit=fit, new=args.configs_dir is None,
+                                                   note=f"calibration {cal.path}" if cal else "")
+        except OutputExists as e:
+            print(f"error: --configs-dir: {e}", file=sys.stderr)
+            return 2
+        except (ConfigError, ValueError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
+        print(f"configs folder: {folder}")
         for path in written:
             print(f"wrote   {path}")
-        for path in deleted:
-            print(f"deleted {path} (stale: not a scale the planner writes)")
         return 0
     if args.explain:
         if cal is not None and (cal.summary.system, cal.summary.model) != ("gb200-nvl72",

@@ -14,12 +14,14 @@ the in-NVLink communication constant was fitted at TP4 only, so the model cannot
 nodes) and batch.minibs (and [parallel] when the layout differs from the base's) and
 run.max_steps, the cap of its GBS (`config.rcp.max_steps_for`: the largest multiple of 50 steps
 within twice the RCP mean samples-to-converge), and its header says which rule chose it, what
-the planner preferred and what it predicts. Files matching a target's config_<PREFIX>_*.toml
-that the writer does not produce are deleted (they would be stale), and every written file is
-loaded and validated.
+the planner preferred and what it predicts. The files are created in a new folder, or in a
+named one next to what it holds: a file of the same name there is refused (llama31_405b.outputs:
+a result is never replaced) and nothing is deleted; the base path is written relative to that
+folder (in configs/ itself: `base/...`), and every written file is loaded and validated.
 """
 from __future__ import annotations
 
+import os
 import textwrap
 from dataclasses import dataclass, replace
 from functools import cache
@@ -27,6 +29,7 @@ from pathlib import Path
 
 from ..config.naming import format_name
 from ..config.rcp import MAX_STEPS_ROUNDING, RCP_MULTIPLE, max_steps_for, rcp_mean
+from ..outputs import OutputExists, create_exclusive, mkdir_exclusive
 from ..systems import load_system
 from .calibrate.constants import Fitted
 from .step import Prediction
@@ -41,6 +44,8 @@ the model's largest error on the published figures it predicts (bench/planner_vs
 time-to-train -5.7% at 128 racks; MFU at DP 8 -2.0%; time-to-train -2.3% at 40 racks; the DGX B200
 step -5.6%)."""
 BENCHMARK = "llama31_405b"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+"""The repository's configs/, holding the base configs every written file inherits."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +205,9 @@ def _title(sp: ScalePlan) -> str:
             f"--write-configs`.\n")
 
 
-def render(sp: ScalePlan) -> str:
+def render(sp: ScalePlan, base: str | None = None) -> str:
+    """The config file's text; `base`: the base config's path relative to the file's folder
+    (default the target's, relative to configs/)."""
     c, t = sp.chosen, sp.target
     parallel = ""
     if (c.tp, c.pp, c.vp, c.cp) != tuple(MEASURED.values()):
@@ -214,7 +221,7 @@ def render(sp: ScalePlan) -> str:
         f"# Predicted: step {c.step_time_s:.2f} s, {c.steps} steps, {c.time_to_train_min:.1f} min "
         f"({c.time_to_train_range_min[0]:.1f}-{c.time_to_train_range_min[1]:.1f} over the RCPs' "
         f"spread), {c.memory_per_gpu_gb:.0f} of {c.memory['capacity_gb']:.0f} GB per GPU.\n"
-        f'base = "{t.base}"\n\n[system]\n{racks}\n\n[batch]\nminibs = {c.minibs}\n{parallel}'
+        f'base = "{base or t.base}"\n\n[system]\n{racks}\n\n[batch]\nminibs = {c.minibs}\n{parallel}'
         f"\n[run]\nmax_steps = {max_steps_for(BENCHMARK, c.gbs)}  # {RCP_MULTIPLE} x RCP mean "
         f"{rcp_mean(BENCHMARK, c.gbs).mean:,.0f} samples / GBS {c.gbs}, down to "
         f"{MAX_STEPS_ROUNDING} steps\n")
@@ -231,32 +238,34 @@ def all_plans(targets: tuple[Target, ...] = TARGETS, fit: Fitted | None = None) 
 
 
 def write_configs(configs_dir: Path, targets: tuple[Target, ...] = TARGETS, fit: Fitted | None = None,
-                  note: str = "") -> tuple[list[Path], list[Path]]:
-    """Write the per-scale configs of `targets` (with the constants `fit`, default the published
-    fit; `note` names a calibration in each file's first line); delete their stale
-    config_<PREFIX>_*.toml. Returns (written, deleted)."""
+                  note: str = "", new: bool = False) -> tuple[Path, list[Path]]:
+    """Create the per-scale configs of `targets` (with the constants `fit`, default the published
+    fit; `note` names a calibration in each file's first line) in `configs_dir`: with `new`, a new
+    folder (`configs_dir`, else `<configs_dir>-2`, ...); otherwise next to the folder's files, an
+    existing file of a written name refused (OutputExists) before any is written; nothing is
+    deleted. Each file inherits the repository's base config by a path relative to the folder.
+    Returns (the folder, the files written)."""
     from ..config.load import load_config
+    plans_ = all_plans(targets, fit)
     configs_dir = Path(configs_dir)
-    for t in targets:
-        if not (configs_dir / t.base).is_file():
-            raise FileNotFoundError(f"{configs_dir / t.base}: the base config the per-scale files "
-                                    "inherit is missing; pass --configs-dir pointing at the "
-                                    "repository's configs/")
-    out = expected_files(targets, fit)
-    if note:
-        out = {k: f"# Predictions with the constants of {note}.\n{v}" for k, v in out.items()}
+    taken = [configs_dir / sp.filename for sp in plans_ if os.path.lexists(configs_dir / sp.filename)]
+    if taken and not new:
+        raise OutputExists(taken[0], "move the earlier configs away, or leave --configs-dir "
+                           "unset for a new folder", what=f"{len(taken)} config(s) to write:")
+    if new:
+        configs_dir = mkdir_exclusive(configs_dir, unique=True)
     written = []
-    for name, text in out.items():
-        path = configs_dir / name
-        if not path.is_file() or path.read_text() != text:
-            path.write_text(text)
+    for sp in plans_:
+        base = os.path.relpath(CONFIGS / sp.target.base, configs_dir.resolve())
+        text = render(sp, base)
+        if note:
+            text = f"# Predictions with the constants of {note}.\n{text}"
+        path = create_exclusive(configs_dir / sp.filename, text,
+                                advice="move the earlier configs away, or leave --configs-dir "
+                                       "unset for a new folder")
         load_config(path)  # raises ConfigError naming the file if the validator rejects it
         written.append(path)
-    deleted = [p for t in targets for p in sorted(configs_dir.glob(f"config_{t.prefix}_*.toml"))
-               if p.name not in out]
-    for p in deleted:
-        p.unlink()
-    return written, deleted
+    return configs_dir, written
 
 
 def expected_files(targets: tuple[Target, ...] = TARGETS, fit: Fitted | None = None) -> dict[str, str]:

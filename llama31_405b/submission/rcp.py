@@ -195,11 +195,12 @@ def rcp_records(runs: list[RunLog], *, creator: str, when: str, platform: str,
     return out
 
 
-def write_rcps(records: dict, path: str | Path = TINY_RCP_FILE) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(records, indent=2) + "\n")
-    return path
+def write_rcps(records: dict, path: str | Path = TINY_RCP_FILE, *, unique: bool = False) -> Path:
+    """Create the RCP file `path` (never over an existing one: OutputExists; with `unique`, a
+    default path, the next free `<stem>-N.json`). Returns the path taken."""
+    from ..outputs import create_exclusive
+    return create_exclusive(path, json.dumps(records, indent=2) + "\n", unique=unique,
+                            advice="give another --out, or move the earlier file away")
 
 
 def olympic_score(minutes: list[float | None], factor: float = 1.0) -> float | None:
