@@ -248,3 +248,46 @@ def test_killing_one_rank_ends_the_job(slurm_cluster, tiny_env, tmp_path):
     # in the run's console file
     assert "frame #" not in text and "Traceback (most recent call last)" not in text, text[-3000:]
     assert "srun: error: " in (tmp_path / "logs" / "console_0.txt").read_text()
+
+
+def test_a_stopped_rank_is_named_under_slurm(slurm_cluster, tiny_env, tmp_path):
+    """Issue 45 item 9 under the local Slurm cluster: one rack (2 ranks, PP2), the collective
+    timeout 15 s (run.collective_timeout_s), rank 1 SIGSTOPped inside a slowed step. Rank 0's
+    collective times out; run_stop's reason and the job's outcome line name rank 1 (its
+    heartbeat stopped, train.heartbeat), not gloo's raw message alone, and nothing is left
+    running."""
+    cfg = tmp_path / "stopped.toml"
+    cfg.write_text(f'base = "{REPO / CONFIG}"\n\n[system]\nracks = 1\n\n[batch]\nminibs = 8\n\n'
+                   "[run]\ncollective_timeout_s = 15\n\n[testing]\nstep_delay_s = 1.0\n")
+    logs = tmp_path / "logs"
+    job = slurm_cluster.sbatch(
+        ["--wait", "-N", "2", "-w", RACK_NODES[0], "-o", str(tmp_path / "job.out"),
+         "run_and_time.sh"],
+        env=slurm_cluster.env(CONFIG=str(cfg), NEXP="1", PREFLIGHT="0", VERIFY_DATA="0",
+                              LOGDIR=str(logs), **_data_env(tiny_env)))
+    job_id = slurm_cluster.job_id(job.stdout.readline())
+    log = logs / "result_0.txt"
+    slurm_cluster.wait_for(lambda: any(e.key == "block_start" for e in log_events(log)),
+                           timeout=240, what="block_start in the MLPerf log")
+    pid = slurm_cluster.wait_for(lambda: _rank_pid(job_id, 1), timeout=30, what="rank 1's pid")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        job.communicate(timeout=240)
+        slurm_cluster.wait_for(lambda: not slurm_cluster.job_active(job_id), timeout=90,
+                               what=f"job {job_id} to finish completing")
+    finally:
+        try:                                  # nothing left behind, whatever happened
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    stop = load_run(log, strict=False).events[-1]
+    assert stop.key == "run_stop" and stop.metadata["status"] == "aborted", stop
+    reason = stop.metadata["reason"]
+    assert reason.startswith("rank 1 (no heartbeat for "), reason
+    assert "Timed out waiting 15000ms" in reason and ".cc:" not in reason, reason
+    text = (tmp_path / "job.out").read_text()
+    line = next(ln for ln in text.splitlines() if "run 0 seed" in ln)
+    assert "run_stop status aborted (rank 1 (no heartbeat for " in line, line
+    # Slurm resumes a stopped task (SIGCONT) before it terminates it: the stall rank 1's own
+    # heartbeat recorded names it, where torchrun's SIGKILL leaves its file stale
+    assert "heartbeats: rank 1 (" in line and "stopped answering first" in line, line

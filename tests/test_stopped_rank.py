@@ -57,6 +57,27 @@ def test_the_rank_whose_heartbeat_stopped_is_named_in_the_reason(tmp_path):
         "answering first")
 
 
+def test_a_rank_resumed_and_ended_after_its_stop_is_still_named(tmp_path, monkeypatch):
+    """Slurm sends SIGCONT before SIGTERM to a stopped task: the rank beats again and ends (its
+    file fresh, `done` written), so only the stall its own heartbeat thread recorded names it:
+    the beat after the stop comes 3.2 s after the one before, past stale_after(0.2) = 1.6 s."""
+    folder = heartbeat.heartbeat_dir(tmp_path / "result_0.txt")
+    folder.mkdir()
+    (folder / "rank_0").write_text("world 2 interval 0.2\ndone\n")
+    beat = heartbeat.Heartbeat(folder, 1, 2, 0.2)
+    beat.path.write_text("world 2 interval 0.2\n")
+    ticks = iter([100.0, 100.2, 103.4, 103.6])        # the thread's clock: frozen 100.2-103.4
+    monkeypatch.setattr(heartbeat.time, "monotonic", lambda: next(ticks))
+    waits = iter([False, False, False, True])         # three beats, then stop
+    monkeypatch.setattr(beat._done, "wait", lambda _timeout: next(waits))
+    beat._beat()
+    monkeypatch.undo()
+    assert beat.path.read_text() == "world 2 interval 0.2\nstalled 3.2\n"
+    beat.path.write_text(beat.path.read_text() + "done\n")      # it ended after the SIGTERM
+    assert heartbeat.stopped_first(tmp_path / "result_0.txt") == (
+        "heartbeats: rank 1 (3 s without a heartbeat, then resumed) stopped answering first")
+
+
 def test_without_heartbeats_the_reason_still_says_what_happened():
     assert heartbeat.current is None
     reason = lost_rank_reason(RuntimeError(GLOO_TIMEOUT), f"RuntimeError: {GLOO_TIMEOUT}")

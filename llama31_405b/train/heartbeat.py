@@ -70,11 +70,21 @@ class Heartbeat:
         return self
 
     def _beat(self) -> None:
+        """Touch the file every interval; a beat that comes more than `stale_after` late means
+        this process did not run meanwhile (SIGSTOP, a frozen node): the gap is written into
+        the file, so a rank that a launcher resumed (Slurm sends SIGCONT before SIGTERM to a
+        stopped task) and ended still shows that it stopped answering."""
+        last = time.monotonic()
         while not self._done.wait(self.interval):
+            now = time.monotonic()
             try:
+                if now - last > stale_after(self.interval):
+                    with self.path.open("a") as f:
+                        f.write(f"stalled {now - last:.1f}\n")
                 os.utime(self.path)
             except OSError:
                 pass
+            last = now
 
     def stop(self) -> None:
         global current
@@ -99,6 +109,12 @@ class Heartbeat:
 def _beats(folder: Path, now: float | None = None) -> list[tuple[int, float, bool]]:
     """(rank, seconds since its last beat, ended normally) of the current run's files, stalest
     first."""
+    return [(r, age, done) for r, age, done, _ in _records(folder, now)]
+
+
+def _records(folder: Path, now: float | None = None) -> list[tuple[int, float, bool, float]]:
+    """(rank, seconds since its last beat, ended normally, longest stall it recorded) of the
+    current run's files, stalest first."""
     now = time.time() if now is None else now
     out, world = [], None
     try:
@@ -115,11 +131,13 @@ def _beats(folder: Path, now: float | None = None) -> list[tuple[int, float, boo
             continue
         head = text.split()
         n = int(head[1]) if len(head) >= 2 and head[0] == "world" and head[1].isdigit() else None
-        rows.append((rank, now - mtime, "done" in head, n))
+        stalls = [float(w) for k, w in zip(head, head[1:]) if k == "stalled"
+                  and w.replace(".", "", 1).isdigit()]
+        rows.append((rank, now - mtime, "done" in head, n, max(stalls, default=0.0)))
         world = n if world is None else max(world, n or 0)
-    for rank, age, done, _ in rows:
+    for rank, age, done, _, stall in rows:
         if world is None or rank < world:
-            out.append((rank, age, done))
+            out.append((rank, age, done, stall))
     return sorted(out, key=lambda r: -r[1])
 
 
@@ -140,22 +158,24 @@ def stopped_first(log_file: str | Path) -> str:
     if not folder.is_dir():
         return ""
     interval = _interval(folder)
-    beats = _beats(folder)
+    beats = _records(folder)
     if interval is None or len(beats) < 2:
         return ""
-    newest = min(age for _, age, _ in beats)
-    late = [(r, age - newest) for r, age, done in beats
+    newest = min(age for _, age, _, _ in beats)
+    late = [(r, age - newest) for r, age, done, _ in beats
             if not done and age - newest > stale_after(interval)]
-    return describe(late, after_run=True)
+    parts = [f"rank {r} (its last heartbeat {gap:.0f} s before the other ranks' last)"
+             for r, gap in late]
+    # a rank resumed and ended after it stopped (its file fresh again): the stall it recorded
+    parts += [f"rank {r} ({stall:.0f} s without a heartbeat, then resumed)"
+              for r, _, _, stall in beats
+              if stall > stale_after(interval) and r not in {x for x, _ in late}]
+    return ("heartbeats: " + ", ".join(parts) + " stopped answering first") if parts else ""
 
 
-def describe(ranks: list[tuple[int, float]], *, after_run: bool = False) -> str:
-    """'rank 2 stopped answering (no heartbeat for 21 s)', several ranks listed stalest first."""
+def describe(ranks: list[tuple[int, float]]) -> str:
+    """'rank 2 (no heartbeat for 21 s) stopped answering', several ranks listed stalest first."""
     if not ranks:
         return ""
-    if after_run:
-        parts = [f"rank {r} (its last heartbeat {gap:.0f} s before the other ranks' last)"
-                 for r, gap in ranks]
-        return ("heartbeats: " + ", ".join(parts) + " stopped answering first")
     parts = [f"rank {r} (no heartbeat for {age:.0f} s)" for r, age in ranks]
     return f"{', '.join(parts)} stopped answering"
