@@ -89,6 +89,9 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("llama31_405b/rehearse/run.py", "run_jobs", "open(job.log)"): "a rehearsal job's console in the rehearsal's own folder",
     ("llama31_405b/submission/package.py", "assemble", "shutil.rmtree(code)"): "this package's own spare code copy (identical code was published meanwhile)",
     ("llama31_405b/train/heartbeat.py", "Heartbeat.start", "self.path.write_text(f'world {self.world} interval {self.interval:g}\\n')"): "a rank's heartbeat file, rewritten while the run lives (not a result)",
+    ("llama31_405b/train/heartbeat.py", "Heartbeat._beat", "self.path.open('a')"): "a rank's heartbeat file: the stall it records (not a result)",
+    ("llama31_405b/train/heartbeat.py", "Heartbeat.stop", "self.path.open('a')"): "a rank's heartbeat file: its normal end (not a result)",
+    ("llama31_405b/planner/calibrate/file.py", "write", "tmp.unlink()"): "the calibration's own temporary name, left only when publishing it failed",
     # run_and_time.sh
     ("run_and_time.sh", "<top>", '> "$LOCK"'): "the LOGDIR lock file (names its holder; not a result)",
     ("run_and_time.sh", "<top>", '>> "$LOCK"'): "the LOGDIR lock file, opened for flock",
@@ -122,6 +125,12 @@ def test_a_seeded_result_write_is_found():
            "    open(p, 'w'); open(p, mode='ab'); shutil.copy2(p, q); os.replace(p, q)\n"
            "    p.rename(q); shutil.rmtree(p); p.unlink(); 'a'.replace('a', 'b'); open(p)\n")
     assert len(scan_python(src)) == 7
+    # Path.open and tarfile.open take the mode elsewhere than open(): both found, reads not
+    src = ("import tarfile\n"
+           "def g(p):\n"
+           "    p.open('a'); p.open('x'); tarfile.open(p, 'w:gz'); p.open(); p.open('rb')\n")
+    assert [t for _, t in scan_python(src)] == ["p.open('a')", "p.open('x')",
+                                                "tarfile.open(p)"]
     assert scan_shell('x() { echo a > "$OUT/r.txt"; }\necho b >> log.txt 2>/dev/null\n'
                       '[ "$a" -gt 1 ] && echo c >&2\n') == [("x", '> "$OUT/r.txt"'),
                                                               ("<top>", ">> log.txt")]

@@ -19,7 +19,16 @@ OS_CALLS = {"remove", "removedirs", "replace", "rename", "unlink", "truncate"}
 SAVE_OWNERS = {"np", "numpy", "torch"}
 
 
+_MODE = re.compile(r"[rwxabt+]+(:\w*)?")
+
+
 def _mode(call: ast.Call) -> str | None:
+    """The mode of an open: `open(path, mode)`, `tarfile.open(path, mode)`, and `Path.open(mode)`
+    (a method: the mode is its first argument)."""
+    f = call.func
+    if (isinstance(f, ast.Attribute) and call.args and isinstance(call.args[0], ast.Constant)
+            and isinstance(call.args[0].value, str) and _MODE.fullmatch(call.args[0].value)):
+        return call.args[0].value
     if len(call.args) >= 2 and isinstance(call.args[1], ast.Constant):
         return str(call.args[1].value)
     for kw in call.keywords:

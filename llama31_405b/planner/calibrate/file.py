@@ -90,12 +90,17 @@ def render(summary: Summary, fit: Fitted, gemm_precision: str, check: dict,
 
 def write(path: str | Path, summary: Summary, fit: Fitted, gemm_precision: str,
           check: dict, partial: bool = False) -> Path:
-    """Write the file; an existing file is never overwritten (FileExistsError)."""
+    """Write the file, complete before it appears (a temporary name beside it, moved into
+    place by outputs.publish); an existing file is never overwritten (OutputExists, a
+    FileExistsError)."""
+    from ...outputs import create_exclusive, publish, temp_sibling
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("x") as f:
-        f.write(render(summary, fit, gemm_precision, check, partial))
-    return path
+    tmp = create_exclusive(temp_sibling(path), render(summary, fit, gemm_precision, check, partial))
+    try:
+        return publish(tmp, path, what="calibration", advice="give another --out")
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def read(path: str | Path) -> Calibration:
