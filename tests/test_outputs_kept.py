@@ -83,7 +83,7 @@ def test_each_package_gets_its_own_checker_logs(tmp_path):
     assert first["package"].read_text() == "first package's verdict"
 
 
-def test_two_packages_of_one_system_at_once_one_is_refused(tmp_path):
+def test_two_packages_of_one_system_at_once_one_is_refused(tmp_path, monkeypatch):
     from llama31_405b.mlperf.log import load_run
     from llama31_405b.submission.package import PackageError, assemble
     need_fixture()
@@ -98,16 +98,12 @@ def test_two_packages_of_one_system_at_once_one_is_refused(tmp_path):
     res = org / "results" / "sys" / "b"
     res.mkdir(parents=True)
     (res / "result_0.txt").write_text("the first package's")
-    orig = pkg.refuse_earlier_package
-    pkg.refuse_earlier_package = lambda **k: None          # the race: the check passed earlier
-    pkg.refuse_other_code = lambda d: None
-    try:
-        with pytest.raises(PackageError, match="already exists, kept"):
-            assemble(runs, **kw)
-    finally:
-        pkg.refuse_earlier_package = orig
-        import importlib
-        importlib.reload(pkg)
+    # the race: the checks passed earlier (monkeypatch puts them back; a reload would give the
+    # module new exception classes that other tests' imports no longer match)
+    monkeypatch.setattr(pkg, "refuse_earlier_package", lambda **k: None)
+    monkeypatch.setattr(pkg, "refuse_other_code", lambda d: None)
+    with pytest.raises(PackageError, match="already exists, kept"):
+        assemble(runs, **kw)
     assert sorted(p.name for p in res.iterdir()) == ["result_0.txt"]
     assert (res / "result_0.txt").read_text() == "the first package's"
 

@@ -134,8 +134,17 @@ def test_run_and_time_names_the_stopped_rank(tiny_env, tmp_path):
     pid = None
     try:
         log = logs / "result_0.txt"
-        _wait_for(lambda: any(e.key == "block_start" for e in log_events(log)), 300,
-                  f"block_start in {log}")
+        def started():
+            if p.poll() is not None:      # the script ended before training: say how
+                raise AssertionError(f"run_and_time.sh exited {p.returncode} before block_start:"
+                                     f"\n{p.stdout.read()[-3000:]}")
+            return any(e.key == "block_start" for e in log_events(log))
+        try:
+            _wait_for(started, 300, f"block_start in {log}")
+        except AssertionError as e:
+            if p.poll() is None:
+                p.kill()
+            raise AssertionError(f"{e}\n{p.communicate(timeout=30)[0][-3000:]}") from None
         pid = _wait_for(lambda: _rank_pid(p.pid, 1), 30, "rank 1")
         os.kill(pid, signal.SIGSTOP)
         out, _ = p.communicate(timeout=300)
