@@ -229,3 +229,45 @@ def test_report_refuses_mixed_submitters(tmp_path, capsys, key):
     err = capsys.readouterr().err
     assert f"the logs mix {key.removeprefix('submission_')}s: " in err and "'other'" in err
     assert not (tmp_path / "x.png").exists()
+
+
+# -- 2, the two parts the package tests above do not reach -----------------------------------------
+def test_an_implementation_folder_with_a_changed_file_is_not_this_checkouts_code(tmp_path):
+    """The same file names as this checkout's code, one file's bytes changed: refused as
+    another package's code (submission.package.code_differs), where the same bytes pass."""
+    from llama31_405b.submission.package import code_differs, code_files
+    root = tmp_path / "checkout"
+    for name in ("Dockerfile", "run_and_time.sh", "llama31_405b/cli/__init__.py"):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(f"# {name}\n")
+    impl = tmp_path / "impl"
+    for f in code_files(root):
+        rel = f.relative_to(root)
+        (impl / rel).parent.mkdir(parents=True, exist_ok=True)
+        (impl / rel).write_bytes(f.read_bytes())
+    assert code_differs(impl, root) is None
+    (impl / "run_and_time.sh").write_text("# an earlier version\n")
+    assert code_differs(impl, root) == "run_and_time.sh differs"
+
+
+def test_with_two_systems_in_the_tree_the_score_is_this_systems(tmp_path, monkeypatch):
+    """The summarizer's CSV of a tree holding two systems of one benchmark: the score is read
+    from the row of this package's system, not the first row. The summarizer itself is run by
+    the package tests; here its CSV (its columns: system, then one per benchmark) is written in
+    its place, so that two systems need not be packaged."""
+    import llama31_405b.submission.package as pkg
+
+    def summarizer(args, cwd):
+        csv = Path(args[args.index("--csv") + 1])
+        csv.write_text("division,system,llama31_405b\nclosed,other.system,111.5\n"
+                       "closed,hpg.dgxb200x8.n32,256.333\n")
+        return 0, ""
+
+    monkeypatch.setattr(pkg, "_run", summarizer)
+    org = tmp_path / "org"
+    org.mkdir()
+    step, score = pkg.run_summarizer(org, "llama31_405b", "5.1.0", system_name="hpg.dgxb200x8.n32")
+    assert score == 256.333 and step.ok, step
+    _, none = pkg.run_summarizer(org, "llama31_405b", "5.1.0", out_csv=tmp_path / "s2.csv",
+                                 system_name="not.in.the.tree")
+    assert none is None                   # not this system's row: no score rather than another's
