@@ -119,9 +119,13 @@ def _wait_for(pred, timeout: float, what: str):
 
 
 @pytest.mark.slow
+@pytest.mark.stress
 def test_run_and_time_names_the_stopped_rank(tiny_env, tmp_path):
     """Two ranks under torchrun, the config's collective timeout 15 s, rank 1 SIGSTOPped in a
-    step: rank 0's collective times out, run_stop names rank 1, and so does the outcome line."""
+    step: rank 0's collective times out, run_stop names rank 1, and so does the outcome line
+    (torchrun SIGKILLs the stopped rank: its heartbeat file stays stale). In `make test-stress`
+    (100 s): `make test` runs the same under the local Slurm cluster
+    (tests/test_slurm.py::test_a_stopped_rank_is_named_under_slurm, 45 s)."""
     cfg = tmp_path / "two.toml"
     cfg.write_text(f'base = "{tiny_env["config"]}"\n\n[system]\ngpus_per_rack = 2\n\n[batch]\n'
                    "minibs = 4\n\n[run]\ncollective_timeout_s = 15\n\n"
