@@ -145,7 +145,6 @@ def test_report_out_is_never_replaced(tmp_path, capsys, monkeypatch):
 
 
 def test_plan_explain_png_is_never_replaced(tmp_path):
-    pytest.importorskip("matplotlib")
     from llama31_405b.planner.explain import plot
     png = tmp_path / "planner_scaling.png"
     png.write_bytes(b"earlier")

@@ -121,10 +121,10 @@ def test_te_reads_the_p2p_knob_where_the_table_says():
     """TE 2.20.2's sources (fetched by `make typecheck` into .cache/te-2.20.2): both methods of
     AttnFuncWithCPAndKVP2P read NVTE_BATCH_MHA_P2P_COMM, default "0"."""
     import ast
-    src = (ROOT / ".cache" / "te-2.20.2" / "transformer_engine" / "pytorch" / "attention"
-           / "dot_product_attention" / "context_parallel.py")
-    if not src.exists():
-        pytest.skip("TE 2.20.2 sources not fetched (scripts/fetch_te_sources.py)")
+    from helpers.source_index import TE_ROOT, te_tree
+    te_tree()                                  # fetched when this clone lacks them, never skipped
+    src = (TE_ROOT / "transformer_engine" / "pytorch" / "attention" / "dot_product_attention"
+           / "context_parallel.py")
     text = src.read_text()
     cls = next(n for n in ast.parse(text).body
                if isinstance(n, ast.ClassDef) and n.name == "AttnFuncWithCPAndKVP2P")
