@@ -17,6 +17,7 @@ import time
 import pytest
 
 from conftest import REPO, py_env
+from test_check_log import _wait_for
 from llama31_405b.mlperf.log import load_run, log_events
 from llama31_405b.train import heartbeat
 from llama31_405b.train.failure import lost_peer, lost_rank_reason
@@ -106,16 +107,6 @@ def _rank_pid(script_pid: int, rank: int) -> int | None:
         except psutil.Error:
             continue
     return None
-
-
-def _wait_for(pred, timeout: float, what: str):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.slow
