@@ -155,3 +155,52 @@ def test_te_recipe_statistics_are_restored_or_reset_in_place():
     assert chunk.a.fp8_meta["scaling_bwd"].scale is bwd_scale
     assert torch.equal(bwd_scale, torch.ones(3))
     assert float(chunk.a.fp8_meta["scaling_bwd"].amax_history.abs().sum()) == 0
+
+
+class _UnknownState:
+    """A recipe state whose statistics buffer has no initial value the restore knows."""
+    _persistent_state_buffers = ("amax_history", "mystery_stat")
+
+    def __init__(self):
+        self.amax_history = torch.zeros(4, 3)
+        self.mystery_stat = torch.ones(3)
+
+
+def test_a_te_recipe_buffer_without_a_known_initial_value_is_refused():
+    chunk = _Chunk()
+    chunk.a = _TEModule()
+    opt = torch.optim.SGD(chunk.parameters(), lr=0.1)
+    point = RestorePoint.capture([chunk], opt, gpu=False)
+    chunk.a.fp8_meta["scaling_bwd"] = _UnknownState()          # created by the warm-up
+    with pytest.raises(RestoreError, match="recipe buffer 'mystery_stat'"):
+        point.restore([chunk], opt)
+
+
+def test_tensor_group_entries_and_number_state_come_back_in_place():
+    """A group entry held as a tensor (TE FusedAdam's lr with capturable=True) is copied back
+    into the same tensor; a zero-initialised state entry the warm-up created as a number is
+    reset to a zero of its type."""
+    chunk = _Chunk()
+    lr = torch.tensor(0.1)
+    opt = torch.optim.AdamW(chunk.parameters(), lr=lr)
+    point = RestorePoint.capture([chunk], opt, gpu=False)
+    _step(chunk, opt, torch.randn(2, 4))
+    opt.param_groups[0]["lr"].fill_(0.5)
+    p = next(chunk.parameters())
+    opt.state[p]["step"] = 7                      # as an optimizer keeping a Python counter
+    point.restore([chunk], opt)
+    assert opt.param_groups[0]["lr"] is lr and float(lr) == pytest.approx(0.1)
+    assert opt.state[p]["step"] == 0 and type(opt.state[p]["step"]) is int
+
+
+def test_the_cuda_rng_state_is_restored_on_a_gpu(monkeypatch):
+    """A GPU run's snapshot holds the CUDA generator's state: restored with the others (the
+    CUDA calls stood in for: no device here)."""
+    from llama31_405b.train import warmup
+    saved = warmup._capture_rng(False)
+    saved["cuda"] = torch.tensor([1, 2, 3], dtype=torch.uint8)
+    got = []
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s: got.append(s))
+    want = torch.rand(1)
+    warmup._restore_rng(saved)
+    assert got == [saved["cuda"]] and torch.equal(torch.rand(1), want)
