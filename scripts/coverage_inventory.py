@@ -1,189 +1,61 @@
 """The inventory of what no test executes (docs/coverage.md).
 
-A *unit* is a function (key `file::Qual.name`), a branch block inside a function or at module
-level (`file::Qual.name › if cfg.x:`, `› elif ...:`, `› else of if ...:`, `› except OSError:`,
-`› case ...:`, plus ` #2` for the second block with the same header in the same function) or a
-whole module (`file::<module>`). Keys carry no line numbers, so they survive edits elsewhere.
-Loops, `with` and `finally` are not units: they run whenever the code around them runs.
+Units and statements are scripts/coverage_units.py's: a unit is a function (`file::Qual.name`),
+a branch block (`file::Qual.name › if cfg.x:`, ` #n` for a repeated header) or a module
+(`file::<module>`); a statement is keyed `unit key » its first line` (` #n` for a repeat). Keys
+carry no line numbers, so they survive edits elsewhere. Loops, `with` and `finally` are not units.
 
 A unit is *never executed* when none of its statements ran in the combined data of `make
-coverage`; only the outermost such unit is reported (a function nobody calls, not each `if`
-inside it).
+coverage`; only the outermost such unit is reported. A statement is *never executed* when it
+did not run although its unit did (a loop body's `continue`, the return after the last `if`);
+only the outermost such statement is reported, and an `if` line whose block is reported is not.
 
     scripts/coverage_inventory.py                # after `make coverage`: the summary, then the
-                                                 # never-executed units docs/coverage.md lacks
-                                                 # (paste-ready rows) and its stale entries
+                                                 # never-executed units and statements
+                                                 # docs/coverage.md lacks (paste-ready rows)
     scripts/coverage_inventory.py --write        # the same, and refresh docs/coverage_snapshot.json
     scripts/coverage_inventory.py --check        # no coverage data: what tests/test_coverage_inventory.py
                                                  # checks (snapshot + page + the code as it is now)
+    scripts/coverage_inventory.py --strict       # after `make coverage` (.ci/run): exit 1 when the
+                                                 # page lacks a never-executed unit or statement of
+                                                 # the data, or lists one no longer in the code
 """
 from __future__ import annotations
 
 import argparse
-import ast
 import hashlib
 import json
 import re
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from coverage_checked import Known, cell_problems, reading_only  # noqa: E402
+from coverage_units import (MODULE, SEP, STMT_SEP, Stmt, Unit, ancestors,  # noqa: E402,F401
+                            device_ifexps, own_statement_counts, package_walk,
+                            statement_counts, units_of_file)
+from coverage_page import (IFEXP_SECTION, READING_LIST, Entry, ifexp_row,  # noqa: E402,F401
+                           read_ifexps, read_page, read_reading_list, row, stmt_row)
+import coverage_units  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = "llama31_405b"
 PAGE = REPO / "docs" / "coverage.md"
 SNAPSHOT = REPO / "docs" / "coverage_snapshot.json"
 DATA = REPO / ".coverage-out" / ".coverage"
-SEP = " › "
-MODULE = "<module>"
 REFRESH = ("run `make coverage`, then `.venv/bin/python scripts/coverage_inventory.py --write` "
            "to refresh docs/coverage_snapshot.json, or list it in docs/coverage.md")
 
 
-@dataclass
-class Unit:
-    file: str                      # relative to the repository, posix
-    qual: str                      # Qual.name, or <module>
-    block: str = ""                # "" for a function or a module, else the header (+ " #n")
-    spans: list[tuple[int, int]] = field(default_factory=list)   # the body's line ranges
-    parent: str | None = None      # key of the enclosing unit
-
-    @property
-    def key(self) -> str:
-        return f"{self.file}::{self.qual}" + (SEP + self.block if self.block else "")
-
-    def label(self) -> str:
-        """The first cell of the page's row: `Qual.name`, or `Qual.name` › `header` (#n)."""
-        if not self.block:
-            return f"`{self.qual}`"
-        m = re.fullmatch(r"(.*?)( #\d+)?", self.block)
-        assert m
-        return f"`{self.qual}`{SEP}`{m.group(1)}`{m.group(2) or ''}"
-
-
-def _header(node: Any, kind: str, owner: str = "") -> str:
-    if kind == "if":
-        return f"if {ast.unparse(node.test)}:"
-    if kind == "elif":
-        return f"elif {ast.unparse(node.test)}:"
-    if kind == "else":
-        return f"else of {owner}"
-    if kind == "except":
-        t = node.type
-        name = node.name
-        return ("except" + (f" {ast.unparse(t)}" if t is not None else "")
-                + (f" as {name}" if name else "") + ":")
-    if kind == "case":
-        g = node.guard
-        return (f"case {ast.unparse(node.pattern)}"
-                + (f" if {ast.unparse(g)}" if g is not None else "") + ":")
-    raise ValueError(kind)
-
-
-def _span(body: list[ast.stmt]) -> tuple[int, int]:
-    return body[0].lineno, max(getattr(s, "end_lineno", s.lineno) or s.lineno for s in body)
-
-
-class _Walker:
-    def __init__(self, file: str, lines: list[str]):
-        self.file = file
-        self.lines = lines
-        self.units: list[Unit] = []
-        self.functions: dict[str, int] = {}       # a second def of a name (a property's setter)
-
-    def module(self, tree: ast.Module) -> None:
-        if not tree.body:
-            return
-        top = Unit(self.file, MODULE, spans=[_span(tree.body)])
-        self.units.append(top)
-        self._stmts(tree.body, "", top.key, {}, qual_prefix="")
-
-    def _add(self, unit: Unit) -> Unit:
-        self.units.append(unit)
-        return unit
-
-    def _block(self, qual: str, parent: str, counts: dict, header: str,
-               body: list[ast.stmt]) -> Unit:
-        n = counts.get(header, 0) + 1
-        counts[header] = n
-        block = header + (f" #{n}" if n > 1 else "")
-        return self._add(Unit(self.file, qual or MODULE, block, [_span(body)], parent))
-
-    def _stmts(self, body: list[ast.stmt], qual: str, parent: str, counts: dict,
-               qual_prefix: str) -> None:
-        for s in body:
-            self._stmt(s, qual, parent, counts, qual_prefix)
-
-    def _stmt(self, s: ast.stmt, qual: str, parent: str, counts: dict, qual_prefix: str) -> None:
-        if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            name = f"{qual_prefix}{s.name}"
-            n = self.functions[name] = self.functions.get(name, 0) + 1
-            name += f" #{n}" if n > 1 else ""
-            body = s.body
-            if (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-                    and isinstance(body[0].value.value, str) and len(body) > 1):
-                body = body[1:]                                   # the docstring
-            fn = self._add(Unit(self.file, name, "", [_span(body)], parent))
-            self._stmts(s.body, name, fn.key, {}, qual_prefix=name + ".")
-        elif isinstance(s, ast.ClassDef):
-            # a class body runs at import with its module or function: its methods are units
-            self._stmts(s.body, qual, parent, counts, qual_prefix=f"{qual_prefix}{s.name}.")
-        elif isinstance(s, ast.If):
-            self._if(s, "if", qual, parent, counts, qual_prefix)
-        elif isinstance(s, (ast.Try, ast.TryStar)):
-            self._stmts(s.body, qual, parent, counts, qual_prefix)
-            for h in s.handlers:
-                u = self._block(qual, parent, counts, _header(h, "except"), h.body)
-                self._stmts(h.body, qual, u.key, counts, qual_prefix)
-            if s.orelse:
-                u = self._block(qual, parent, counts, "else of try:", s.orelse)
-                self._stmts(s.orelse, qual, u.key, counts, qual_prefix)
-            self._stmts(s.finalbody, qual, parent, counts, qual_prefix)
-        elif isinstance(s, ast.Match):
-            for c in s.cases:
-                u = self._block(qual, parent, counts, _header(c, "case"), c.body)
-                self._stmts(c.body, qual, u.key, counts, qual_prefix)
-        elif isinstance(s, (ast.For, ast.AsyncFor, ast.While)):
-            self._stmts(s.body, qual, parent, counts, qual_prefix)
-            if s.orelse:
-                head = (f"for {ast.unparse(s.target)} in {ast.unparse(s.iter)}:"
-                        if not isinstance(s, ast.While) else f"while {ast.unparse(s.test)}:")
-                u = self._block(qual, parent, counts, f"else of {head}", s.orelse)
-                self._stmts(s.orelse, qual, u.key, counts, qual_prefix)
-        elif isinstance(s, (ast.With, ast.AsyncWith)):
-            self._stmts(s.body, qual, parent, counts, qual_prefix)
-
-    def _if(self, s: ast.If, kind: str, qual: str, parent: str, counts: dict,
-            qual_prefix: str) -> None:
-        head = _header(s, kind)
-        u = self._block(qual, parent, counts, head, s.body)
-        self._stmts(s.body, qual, u.key, counts, qual_prefix)
-        if len(s.orelse) == 1 and isinstance(s.orelse[0], ast.If) and self._is_elif(s.orelse[0]):
-            self._if(s.orelse[0], "elif", qual, parent, counts, qual_prefix)
-        elif s.orelse:
-            e = self._block(qual, parent, counts, _header(s, "else", head), s.orelse)
-            self._stmts(s.orelse, qual, e.key, counts, qual_prefix)
-
-    def _is_elif(self, node: ast.If) -> bool:
-        return self.lines[node.lineno - 1].lstrip().startswith("elif")
-
-
-def units_of_file(path: Path, root: Path) -> list[Unit]:
-    text = path.read_text()
-    w = _Walker(path.relative_to(root).as_posix(), text.splitlines())
-    w.module(ast.parse(text, filename=str(path)))
-    return w.units
-
-
 def package_units(root: Path = REPO, package: str = PACKAGE) -> dict[str, Unit]:
-    out: dict[str, Unit] = {}
-    for path in sorted((root / package).rglob("*.py")):
-        for u in units_of_file(path, root):
-            out[u.key] = u
-    return out
+    return coverage_units.package_units(root, package)
 
 
-# --- coverage data -> the never-executed units ---------------------------------------------------
+def package_statements(root: Path = REPO, package: str = PACKAGE):
+    return package_walk(root, package)
+
+
+# --- coverage data -> the never-executed units and statements ---------------------------------
 
 def measured_lines(data_file: Path, root: Path, files: list[str]) -> dict[str, tuple[set, set]]:
     """file -> (statement lines, executed lines), by coverage.py's own analysis."""
@@ -205,55 +77,40 @@ def never_executed(units: dict[str, Unit], lines: dict[str, tuple[set, set]]) ->
         mine = {ln for a, b in u.spans for ln in range(a, b + 1) if ln in statements}
         if not mine or mine & executed:
             continue
-        p = u.parent
-        if any(q in dead for q in _ancestors(units, p)):
+        if any(q in dead for q in ancestors(units, u.parent)):
             continue
         dead[key] = len(mine)
     return dead
 
 
-def _ancestors(units: dict[str, Unit], key: str | None):
-    while key is not None:
-        yield key
-        key = units[key].parent if key in units else None
-
-
-# --- the page ----------------------------------------------------------------------------------
-
-_FILE = re.compile(r"^#+\s+`([^`]+\.py)`\s*$")
-_ROW = re.compile(r"^\|\s*`([^`]+)`(?:\s*›\s*`([^`]+)`( #\d+)?)?\s*\|(.*)$")
-
-
-@dataclass
-class Entry:
-    key: str
-    why: str
-    checked: str
-
-
-def read_page(text: str) -> dict[str, Entry]:
-    """The page's entries: a `### `path.py`` heading, then table rows whose first cell is
-    `Qual.name` or `Qual.name` › `header` (` #n` after it for the n-th same header)."""
-    out: dict[str, Entry] = {}
-    file = None
-    for line in text.splitlines():
-        m = _FILE.match(line)
-        if m:
-            file = m.group(1)
+def never_executed_statements(units: dict[str, Unit], stmts: dict[str, Stmt],
+                              lines: dict[str, tuple[set, set]], dead: dict[str, int]
+                              ) -> tuple[dict[str, int], dict[str, list[int]]]:
+    """(key -> missed lines it holds, for the outermost never-executed statements of executed
+    units; file -> missed lines neither a unit nor a statement accounts for)."""
+    covered: dict[str, set[int]] = {}
+    for k in dead:
+        u = units[k]
+        c = covered.setdefault(u.file, set())
+        c.update(ln for a, b in u.spans for ln in range(a, b + 1))
+        if u.head:
+            c.add(u.head)                         # an `except`'s or `case`'s own line
+    out: dict[str, int] = {}
+    for key, st in stmts.items():
+        file = st.unit.split("::", 1)[0]
+        statements, executed = lines.get(file, (set(), set()))
+        missed = statements - executed
+        if st.line not in missed or st.line in covered.get(file, set()):
             continue
-        m = _ROW.match(line)
-        if not (m and file):
+        if any(a in dead for a in ancestors(units, st.unit)):
             continue
-        qual, block, n, rest = m.groups()
-        cells = [c.strip() for c in re.split(r"(?<!\\)\|", rest)]
-        key = f"{file}::{qual}" + (SEP + block.replace("\\|", "|") + (n or "") if block else "")
-        out[key] = Entry(key, cells[0] if cells else "", cells[1] if len(cells) > 1 else "")
-    return out
-
-
-def row(u: Unit, why: str = "", checked: str = "") -> str:
-    label = u.label().replace("|", "\\|")         # a pipe in a header would end the cell
-    return f"| {label} | {why} | {checked} |"
+        if any(ln in missed for ln in st.outer) or any(o in dead for o in st.opens):
+            covered.setdefault(file, set()).add(st.line)   # in a listed statement, or the
+            continue                                      # `if` of a listed block
+        out[key] = len([ln for ln in range(st.line, st.end + 1) if ln in missed])
+        covered.setdefault(file, set()).update(range(st.line, st.end + 1))
+    unexplained = {f: sorted((s - e) - covered.get(f, set())) for f, (s, e) in lines.items()}
+    return out, {f: v for f, v in unexplained.items() if v}
 
 
 # a first guess for a row, from the block's own source; "TODO" where none fits. Review every
@@ -261,25 +118,26 @@ def row(u: Unit, why: str = "", checked: str = "") -> str:
 GUESSES: list[tuple[str, str | None, str | None]] = [
     # CPU code that names CUDA or NVFP4 on purpose: the CUDA stand-ins, the C rounding kernel
     (r"^llama31_405b/(cpu_compat|precision/native)\.py\n", None, None),
-    (r"/first_contact/", "GPU only: first-contact's GPU phases",
-     "first-contact on the first GPU node; `make typecheck`"),
+    (r"/first_contact/", "GPU only: first-contact's GPU phases", "TODO: first-contact `CHECK`"),
     (r"CUDAGraph|make_graphed_callables|cuda\.graph|graph_pool", "GPU only: CUDA graphs",
-     "`make typecheck`; first-contact `warmup_and_graphs`, `replay_equals_eager`"),
+     "first-contact `warmup_and_graphs`, `replay_equals_eager`"),
     (r"NVFP4BlockScaling|fp8_autocast|quantized_model_init|fp8_model_init",
-     "GPU only: NVFP4 through Transformer Engine",
-     "`make typecheck`; first-contact `recipe`"),
+     "GPU only: NVFP4 through Transformer Engine", "first-contact `recipe`"),
     (r"transformer_engine|\bte\.|\bte_[a-z]", "GPU only: Transformer Engine",
-     "`make typecheck` (against TE 2.20.2's sources)"),
-    (r"(?i)nccl", "GPU only: NCCL", "`make typecheck`; first-contact phase `dp2`"),
-    (r"(?i)cuda|\.gpu\b|is_gpu", "GPU only: a CUDA device",
-     "`make typecheck`; first-contact `gpu`, `steps`"),
+     "TODO: `make typecheck` on `NAME` (a TE call the block makes), first-contact `CHECK`"),
+    (r"(?i)nccl", "GPU only: NCCL", "first-contact `dp2`"),
+    (r"(?i)cuda|\.gpu\b|is_gpu", "GPU only: a CUDA device", "first-contact `gpu`, `steps`"),
 ]
 
 
-def guess(u: Unit, root: Path = REPO) -> tuple[str, str]:
+def unit_source(u: Unit, root: Path = REPO) -> str:
+    """The block's header and body: what a row's check must be about."""
     lines = (root / u.file).read_text().splitlines()
-    a, b = u.spans[0]
-    text = u.file + "\n" + u.block + "\n" + "\n".join(lines[a - 1:b])
+    return "\n".join([u.qual, u.block] + [ln for a, b in u.spans for ln in lines[a - 1:b]])
+
+
+def guess(u: Unit, root: Path = REPO, extra: str = "") -> tuple[str, str]:
+    text = u.file + "\n" + extra + "\n" + unit_source(u, root)
     for pattern, why, checked in GUESSES:
         if re.search(pattern, text):
             if why is None or checked is None:
@@ -290,41 +148,107 @@ def guess(u: Unit, root: Path = REPO) -> tuple[str, str]:
     return "TODO", "TODO"
 
 
-def unlisted_rows(keys: list[str], units: dict[str, Unit], guesses: bool = True) -> str:
-    """Paste-ready: one heading per file, then its rows (with a first guess of the reason)."""
+def unlisted_rows(keys: list[str], units: dict[str, Unit], guesses: bool = True,
+                  stmts: dict[str, Stmt] | None = None) -> str:
+    """Paste-ready: one heading per file, then its rows (with a first guess of the reason); the
+    statements of one unit share a row."""
+    groups: dict[str, list[str]] = {}
+    for k in keys:
+        if k in units:
+            groups.setdefault(k, [])
+        elif stmts and k in stmts:
+            groups.setdefault(stmts[k].unit + STMT_SEP, []).append(stmts[k].text)
     out, file = [], None
-    for k in sorted(keys, key=lambda k: (units[k].file, k)):
-        u = units[k]
+    for g in sorted(groups, key=lambda g: (units[g.removesuffix(STMT_SEP)].file, g)):
+        u = units[g.removesuffix(STMT_SEP)]
         if u.file != file:
             file = u.file
             out += ["", f"### `{file}`", "", "| never executed | why | checked instead |",
                     "|---|---|---|"]
-        out.append(row(u, *(guess(u) if guesses else ("TODO", "TODO"))))
+        texts = groups[g]
+        cells = guess(u, extra="\n".join(texts)) if guesses else ("TODO", "TODO")
+        out.append(stmt_row(u, texts, *cells) if g.endswith(STMT_SEP) else row(u, *cells))
     return "\n".join(out)
 
 
 # --- the check the test makes ------------------------------------------------------------------
 
-def problems(units: dict[str, Unit], snapshot: dict, page: dict[str, Entry]) -> list[str]:
-    """What is wrong between the code as it is now, the snapshot and the page."""
+def problems(units: dict[str, Unit], snapshot: dict, page: dict[str, Entry],
+             stmts: dict[str, Stmt] | None = None, known: Known | None = None,
+             reading: list[str] | None = None, ifexps: tuple[dict, dict] | None = None,
+             root: Path = REPO) -> list[str]:
+    """What is wrong between the code as it is now, the snapshot and the page. `stmts`: also the
+    statements and the listed blocks' counts; `known`: also the checks the rows name;
+    `reading`: also the list of reading-only rows; `ifexps`: (code's, page's) conditional
+    expressions on the device."""
     out = []
-    known = set(snapshot["known"])
+    known_keys = set(snapshot["known"])
+    live = set(units) | set(stmts or ())
     for key in snapshot["never_executed"]:
         if key in units and key not in page:
             out.append(f"never executed and not listed in docs/coverage.md: {key} "
                        "(scripts/coverage_inventory.py --check prints its row)")
+    for key in snapshot.get("never_executed_statements", {}) if stmts is not None else ():
+        if stmts is not None and key in stmts and key not in page:
+            out.append(f"never-executed statement not listed in docs/coverage.md: {key} "
+                       "(scripts/coverage_inventory.py --check prints its row)")
     for key in page:
-        if key not in units:
+        if key not in live:
             out.append(f"stale entry in docs/coverage.md: {key} is no longer in the code "
                        "(remove the row, or rename it after the code)")
     for key in units:
-        if key not in known and key not in page:
+        if key not in known_keys and key not in page:
             out.append(f"new since the last `make coverage`, so nothing has measured it: {key}: "
                        + REFRESH)
+    if stmts is not None:
+        counts = snapshot.get("counts", {})
+        dead = [k for k in counts if k in units and k in snapshot["never_executed"]]
+        holders = [k for k in counts if k in units and k not in snapshot["never_executed"]]
+        now = {**statement_counts(units, stmts, dead), **own_statement_counts(stmts, holders)}
+        for key, n in sorted(now.items()):
+            if n > counts[key]:
+                out.append(f"code added inside a listed block: {key} holds {n} statements, "
+                           f"{counts[key]} when measured: " + REFRESH.split(", or")[0])
+    rows: dict[str, Entry] = {}
     for key, e in page.items():
-        if key in units and (not e.why or not e.checked or "TODO" in (e.why + e.checked)):
+        if key in live:
+            rows.setdefault(e.row, e)
+    if ifexps is not None:
+        code, listed = ifexps
+        out += [f"conditional expression on the device not listed under \"{IFEXP_SECTION[3:]}\" "
+                f"in docs/coverage.md: {k}" for k in code if k not in listed]
+        out += [f"stale entry under \"{IFEXP_SECTION[3:]}\": {k} is no longer in the code"
+                for k in listed if k not in code]
+        rows.update((k, e) for k, e in listed.items() if k in code)
+    for key, e in sorted(rows.items()):
+        if not e.why or not e.checked or "TODO" in (e.why + e.checked):
             out.append(f"docs/coverage.md: {key}: give the reason and what checks it instead")
+        elif known is not None:
+            u = units.get(key.removesuffix(STMT_SEP.rstrip()).rstrip())
+            src = unit_source(u, root) if u else _ifexp_source(key, root)
+            out += [f"docs/coverage.md: {key}: checked instead: {p}"
+                    for p in cell_problems(e.checked, src, known)]
+    if reading is not None:
+        want = sorted(k for k, e in rows.items() if reading_only(e.checked))
+        for k in sorted(set(want) - set(reading)):
+            out.append(f"checked only by reading, missing from \"{READING_LIST[3:]}\": {k}")
+        for k in sorted(set(reading) - set(want)):
+            out.append(f"under \"{READING_LIST[3:]}\" but not a reading-only row: {k}")
     return out
+
+
+def _ifexp_source(key: str, root: Path) -> str:
+    return key.split(STMT_SEP, 1)[1]
+
+
+def check_all(root: Path = REPO, page_text: str | None = None,
+              snapshot: dict | None = None) -> list[str]:
+    """Everything tests/test_coverage_inventory.py checks, on the code as it is now."""
+    units, stmts = package_walk(root, PACKAGE)
+    text = (root / "docs" / "coverage.md").read_text() if page_text is None else page_text
+    snap = load_snapshot(root / "docs" / "coverage_snapshot.json") if snapshot is None else snapshot
+    return problems(units, snap, read_page(text), stmts, Known(root), read_reading_list(text),
+                    (device_ifexps(root, PACKAGE), read_ifexps(text)), root)
 
 
 def source_hashes(root: Path = REPO, package: str = PACKAGE) -> dict[str, str]:
@@ -336,17 +260,49 @@ def load_snapshot(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def snapshot_of(units: dict[str, Unit], dead: dict[str, int], totals: dict) -> dict:
-    return {"package": PACKAGE, "lines": totals,
+def snapshot_of(units: dict[str, Unit], dead: dict[str, int], totals: dict,
+                stmts: dict[str, Stmt] | None = None,
+                dead_stmts: dict[str, int] | None = None) -> dict:
+    snap = {"package": PACKAGE, "lines": totals,
             "never_executed": {k: dead[k] for k in sorted(dead)},
             "known": sorted(units)}
+    if stmts is not None and dead_stmts is not None:
+        holders = sorted({stmts[k].unit for k in dead_stmts})
+        snap["never_executed_statements"] = {k: dead_stmts[k] for k in sorted(dead_stmts)}
+        snap["counts"] = dict(sorted({**statement_counts(units, stmts, sorted(dead)),
+                                      **own_statement_counts(stmts, holders)}.items()))
+    return snap
 
 
 def gpu_share(snapshot: dict, page: dict[str, Entry]) -> tuple[int, int]:
     """(never-executed statements whose reason starts with "GPU", all never-executed ones)."""
-    dead = snapshot["never_executed"]
+    dead = {**snapshot["never_executed"], **snapshot.get("never_executed_statements", {})}
     gpu = sum(n for k, n in dead.items() if k in page and page[k].why.startswith("GPU"))
     return gpu, sum(dead.values())
+
+
+def _print_check(units, stmts, snap, text) -> int:
+    page = read_page(text)
+    bad = check_all(page_text=text, snapshot=snap)
+    missing = [k for k in snap["never_executed"] if k in units and k not in page]
+    missing += [k for k in snap.get("never_executed_statements", {})
+                if k in stmts and k not in page]
+    new = [k for k in units if k not in set(snap["known"]) and k not in page]
+    print("\n".join(bad) or "docs/coverage.md, the snapshot and the code agree")
+    if missing or new:
+        print("\nrows to fill in and paste into docs/coverage.md:")
+        print(unlisted_rows(missing + new, units, stmts=stmts))
+    listed = read_ifexps(text)
+    lacking = [k for k in device_ifexps(REPO, PACKAGE) if k not in listed]
+    if lacking:
+        print(f"\nrows for \"{IFEXP_SECTION[3:]}\":\n"
+              + "\n".join(ifexp_row(k, "TODO", "TODO") for k in lacking))
+    rows = {e.row: e for e in {**page, **listed}.values() if e.key in units or e.key in stmts
+            or e.key in listed}
+    if any(READING_LIST[3:] in b for b in bad):
+        print(f"\n{READING_LIST[3:]} (as the page must have it):\n" + "\n".join(
+            f"- `{k}`" for k, e in sorted(rows.items()) if reading_only(e.checked)))
+    return 1 if bad else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -355,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write", action="store_true", help="refresh the snapshot")
     ap.add_argument("--check", action="store_true",
                     help="no coverage data: check snapshot, page and code as the test does")
+    ap.add_argument("--strict", action="store_true",
+                    help="exit 1 when the data holds a never-executed unit or statement the page "
+                         "does not list, or the page an entry no longer in the code (.ci/run)")
     ap.add_argument("--record-sources", type=Path, metavar="FILE",
                     help="write the package's source hashes (`make coverage` does, before the "
                          "tests: a file edited during the run is named afterwards)")
@@ -362,18 +321,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.record_sources:
         args.record_sources.write_text(json.dumps(source_hashes(), indent=1) + "\n")
         return 0
-    units = package_units()
-    page = read_page(PAGE.read_text()) if PAGE.exists() else {}
+    units, stmts = package_walk(REPO, PACKAGE)
+    text = PAGE.read_text() if PAGE.exists() else ""
+    page = read_page(text)
     if args.check:
-        snap = load_snapshot(SNAPSHOT)
-        bad = problems(units, snap, page)
-        missing = [k for k in snap["never_executed"] if k in units and k not in page]
-        new = [k for k in units if k not in set(snap["known"]) and k not in page]
-        print("\n".join(bad) or "docs/coverage.md, the snapshot and the code agree")
-        if missing or new:
-            print("\nrows to fill in and paste into docs/coverage.md:")
-            print(unlisted_rows(missing + new, units))
-        return 1 if bad else 0
+        return _print_check(units, stmts, load_snapshot(SNAPSHOT), text)
     if not args.data.exists():
         print(f"no coverage data at {args.data}: run `make coverage` first", file=sys.stderr)
         return 2
@@ -387,16 +339,21 @@ def main(argv: list[str] | None = None) -> int:
                   "coverage` again before --write):\n  " + "\n  ".join(edited) + "\n")
     lines = measured_lines(args.data, REPO, files)
     dead = never_executed(units, lines)
+    dead_stmts, unexplained = never_executed_statements(units, stmts, lines, dead)
     total = sum(len(s) for s, _ in lines.values())
     ran = sum(len(e) for _, e in lines.values())
-    snap = snapshot_of(units, dead, {"executed": ran, "total": total})
+    snap = snapshot_of(units, dead, {"executed": ran, "total": total}, stmts, dead_stmts)
     gpu, all_dead = gpu_share(snap, page)
     print(f"{ran} of {total} statements of {PACKAGE}/ executed ({100 * ran / total:.1f} %); "
-          f"{len(dead)} never-executed units, {all_dead} statements; "
-          f"listed as GPU only: {gpu} ({100 * gpu / max(all_dead, 1):.1f} %)")
-    unlisted = [k for k in dead if k not in page]
-    stale = [k for k in page if k not in units]
-    ran_now = [k for k in page if k in units and k not in dead]
+          f"{len(dead)} never-executed units ({sum(dead.values())} statements) and "
+          f"{len(dead_stmts)} never-executed statements in executed units; "
+          f"listed as GPU only: {gpu} of {all_dead} ({100 * gpu / max(all_dead, 1):.1f} %)")
+    for f, lns in sorted(unexplained.items()):
+        print(f"  missed lines of {f} no unit or statement accounts for: {lns}")
+    unlisted = [k for k in [*dead, *dead_stmts] if k not in page]
+    stale = [k for k in page if k not in units and k not in stmts]
+    ran_now = [k for k in page if (k in units or k in stmts) and k not in dead
+               and k not in dead_stmts]
     if stale:
         print("\nstale entries in docs/coverage.md (no longer in the code):\n  "
               + "\n  ".join(stale))
@@ -404,12 +361,16 @@ def main(argv: list[str] | None = None) -> int:
         print("\nlisted in docs/coverage.md but executed now (remove the row if nothing else "
               "holds it there):\n  " + "\n  ".join(ran_now))
     if unlisted:
-        print(f"\n{len(unlisted)} never-executed units docs/coverage.md does not list (review "
-              "the guessed reasons, fill in TODO, paste under the file's heading):")
-        print(unlisted_rows(unlisted, units))
+        print(f"\n{len(unlisted)} never-executed units and statements docs/coverage.md does not "
+              "list (review the guessed reasons, fill in TODO, paste under the file's heading):")
+        print(unlisted_rows(unlisted, units, stmts=stmts))
     if args.write:
         SNAPSHOT.write_text(json.dumps(snap, indent=1) + "\n")
         print(f"\nwrote {SNAPSHOT.relative_to(REPO)}")
+    if args.strict and (unlisted or stale):
+        print(f"\nthe inventory is not current: {len(unlisted)} unlisted, {len(stale)} stale "
+              "(docs/coverage.md, \"Refreshing the snapshot\")", file=sys.stderr)
+        return 1
     return 0
 
 

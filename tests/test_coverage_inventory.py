@@ -1,7 +1,9 @@
 """The inventory of what no test executes (docs/coverage.md, scripts/coverage_inventory.py): every
-never-executed block of the last `make coverage` (docs/coverage_snapshot.json) is on the page,
-every entry of the page is still in the code, and a function or branch block added since that
-run is listed or fails here. Static: reads the snapshot and the code, runs no coverage."""
+never-executed block and statement of the last `make coverage` (docs/coverage_snapshot.json) is
+on the page, every entry of the page is still in the code, a function or branch block added since
+that run is listed or fails here, code added inside a listed block fails here, and every check a
+row names exists. Static: reads the snapshot and the code, runs no coverage. The statement, the
+"checked instead" and the conditional-expression checks: tests/test_coverage_inventory_rows.py."""
 from __future__ import annotations
 
 import importlib.util
@@ -26,8 +28,7 @@ ci = _script()
 
 
 def test_the_page_lists_every_never_executed_block_of_the_package():
-    units = ci.package_units()
-    bad = ci.problems(units, ci.load_snapshot(ci.SNAPSHOT), ci.read_page(ci.PAGE.read_text()))
+    bad = ci.check_all()
     assert not bad, ("\n".join(bad) + "\n\n`.venv/bin/python scripts/coverage_inventory.py "
                      "--check` prints the rows to fill in")
 
