@@ -7,6 +7,9 @@ STAMP := $(VENV)/.installed
 # wait on jobs and KillWait, so a third keeps both cores busy meanwhile. Override: `make test JOBS=2`
 JOBS ?= 3
 FAST_JOBS ?= 2
+# extra pytest arguments for `make test` / `make test-stress`, e.g. what each test costs in CPU:
+# `make test ARGS="--cpu-times /tmp/cpu.jsonl"`, then `.venv/bin/python bench/test_cpu_times.py /tmp/cpu.jsonl`
+ARGS ?=
 
 .PHONY: setup demo test test-fast test-stress typecheck coverage check-configs clean-venv
 
@@ -27,7 +30,7 @@ demo: $(STAMP)
 # loadgroup), work handed out in the order tests/conftest_schedule.py gives (--no-loadscope-reorder)
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(JOBS) --dist loadgroup --no-loadscope-reorder \
-	  -m "not stress and not converge" --durations=20
+	  -m "not stress and not converge" --durations=20 $(ARGS)
 
 # unit tests only: no training, no multi-process run, no Slurm
 test-fast: $(STAMP)
@@ -39,7 +42,7 @@ test-fast: $(STAMP)
 # test`. Fails, too, when no test is selected (pytest's exit status 5)
 test-stress: $(STAMP)
 	@$(PY) -m pytest -q -n $(JOBS) --dist loadgroup --no-loadscope-reorder \
-	  -m "stress or converge" --durations=10 || { rc=$$?; \
+	  -m "stress or converge" --durations=10 $(ARGS) || { rc=$$?; \
 	  [ $$rc != 5 ] || echo "make test-stress: no test is marked stress or converge" >&2; exit $$rc; }
 
 # mypy (mypy.ini) over the package against the pinned Transformer Engine and megatron-core

@@ -29,6 +29,9 @@ import pytest
 # the local Slurm cluster, one session fixture for every Slurm test module (tests/conftest_slurm.py)
 from conftest_slurm import slurm_cluster  # noqa: E402,F401
 from conftest_schedule import assign_groups, order
+# `--cpu-times FILE`: each test's CPU seconds (tests/conftest_cpu_times.py)
+from conftest_cpu_times import (pytest_addoption, pytest_runtest_call,  # noqa: F401
+                                pytest_runtest_setup, pytest_runtest_teardown)
 
 REPO = Path(__file__).resolve().parents[1]
 NUM_TINY_RUNS = 3
