@@ -1,35 +1,43 @@
-"""The planner calibrated from one measured profile, against layouts it did not see (issue 39).
+"""The planner calibrated on measured profiles, against layouts it did not see (issues 39, 46).
 
-Profiles the tiny model at 4 gloo ranks (`python -m llama31_405b profile` under torchrun) in six
-layouts, in --rounds rounds (each round profiles the fit layout first, then the others, in
-reverse order every other round, so that a drift of the machine meets every layout alike).
-It calibrates the planner once on the fit layout's profiles of every round (`plan --calibrate
-DIR...`: the median of each measured figure) and predicts every layout with it; the table
-holds, per layout, the median over the rounds of the measured step and its main components (compute,
-exposed TP, PP with the bubble, DP, host time with the other communication and the optimizer)
-against the prediction as measured / predicted ratios, each round's step ratio, the load average while it was profiled, how many steps are
-within 15% and whether the layouts rank as measured. It prints the table as markdown, ready for
-docs/planner.md:
+The proof is fixed in bench/planner_proof.toml before anything is measured under it: its
+layouts, which of them each section fits and which it predicts, the rounds, the profiled steps
+and the tolerances (step 15 %, each component 25 % unless under 5 % of the step), and the
+core-share pairs (a 2-rank layout and the 4-rank layout with a second replica of it). The bench
+profiles every layout of the proof with the tiny model (`python -m llama31_405b profile` under
+torchrun, gloo, as many ranks as the layout has) in the proof's rounds (each round the fit layouts
+first, then the others, in reverse order every other round, so that a drift of the machine meets
+every layout alike), recording the 1-minute load average before and after every profile.
 
-    PYTHONPATH=$PWD .venv/bin/python bench/planner_vs_measured.py [--fit tp2dp2] [--steps 4]
-        [--rounds 2] [--work DIR] [--reuse] [--json]
+It writes the summaries behind the table into a new folder meant for committing (default
+docs/planner_proof/<UTC date and time>; an existing one is refused, naming it): each layout's
+config and each round's summary (bench/planner_proof/summaries.py), then derives the table from
+that folder alone (bench/planner_proof/derive.py: `plan --calibrate` on each section's fit
+layouts, `predict` for every layout of the section) and writes the calibration files,
+table.json and table.md there; the published table holds exactly the proof's layouts.
+tests/test_planner_proof.py re-derives a committed folder's table in `make test`.
 
-Layouts: dp4 (DP 4), pp2dp2 (PP 2 x DP 2), pp2dp2vp2 (PP 2 x VP 2 x DP 2), tp2pp2, tp2dp2, and
-gb200 (configs/tiny_cpu_gb200.toml: PP 2 x VP 2 x DP 2 with the GB200 settings: NVFP4 emulation,
-BF16 parameters and attention, overlapped DP, 6 layers). The first run writes the tiny data and
-both initial checkpoints into --work (a few minutes); --reuse analyses the profile folders a
-previous run left there instead of profiling again (a new calibration each time; nothing is
-overwritten). On a shared machine the figures move with its load: the 1-minute load average is
-recorded before and after every profile (loads.json) and printed per layout. Never part of
-`make test`.
+    PYTHONPATH=$PWD .venv/bin/python bench/planner_vs_measured.py [--proof FILE] [--out RUN]
+        [--work DIR] [--reuse]
+    ... --derive RUN            re-derive RUN's table from its summaries, print it, and exit 1
+                                where it differs from RUN/table.json (no profiling)
+    ... --extra FILE --calibration CAL [--out DIR]
+                                profile the [layouts] of FILE (the proof file's format) and
+                                predict them from CAL: reported apart (extra.md, extra.json in
+                                DIR), never in the published table
+
+The first run writes the tiny data and both initial checkpoints into --work (a few minutes);
+--reuse summarises the profile folders a previous run left in --work instead of profiling again.
+Never part of `make test`; not yet run: an estimated 20 minutes on a quiet 2-core machine (9
+layouts, 3 rounds; the earlier bench's 6 layouts in 2 rounds took 8-12).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,20 +45,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 ENV = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-TINY = "[parallel]\ntp = {tp}\npp = {pp}\nvp = {vp}\n\n[batch]\nminibs = {minibs}\nmicro_batch_size = {mbs}\n"
-LAYOUTS = {
-    "dp4": ("tiny", TINY.format(tp=1, pp=1, vp=1, minibs=2, mbs=1)),
-    "pp2dp2": ("tiny", TINY.format(tp=1, pp=2, vp=1, minibs=4, mbs=1)),
-    "pp2dp2vp2": ("tiny", TINY.format(tp=1, pp=2, vp=2, minibs=4, mbs=1)),
-    "tp2pp2": ("tiny", TINY.format(tp=2, pp=2, vp=1, minibs=8, mbs=2)),
-    "tp2dp2": ("tiny", TINY.format(tp=2, pp=1, vp=1, minibs=4, mbs=1)),
-    "gb200": ("gb200", ""),
-}
-COLUMNS = (("step", "step"), ("compute", "compute"), ("TP exposed", "TP"), ("PP + bubble", "PP"),
-           ("DP exposed", "DP"), ("host + other + optimizer", "host"))
-LABELS = {"dp4": "DP4", "pp2dp2": "PP2 x DP2", "pp2dp2vp2": "PP2 x VP2 x DP2", "tp2pp2": "TP2 x PP2",
-          "tp2dp2": "TP2 x DP2", "gb200": "tiny_cpu_gb200 (PP2 x VP2 x DP2, GB200 settings)"}
+
+from bench.planner_proof import derive, render, spec, summaries  # noqa: E402
 
 
 def _run(cmd: list[str], log: Path) -> None:
@@ -68,13 +66,12 @@ def _port() -> int:
 
 def setup(work: Path) -> None:
     """Tiny data and the two initial checkpoints (tiny_cpu's, tiny_cpu_gb200's) in `work`."""
-    for name, base in (("tiny", "tiny_cpu.toml"), ("gb200", "tiny_cpu_gb200.toml")):
+    for name, base in spec.BASES.items():
         (work / f"base_{name}.toml").write_text(
             f'base = "{ROOT / "configs" / base}"\n\n[data]\ndata_dir = "{work / "data"}"\n\n'
             f'[checkpoint]\nckpt_dir = "{work / "ckpt"}"\n')
     if (work / "ckpt" / "tiny-init").exists() and (work / "ckpt" / "tiny-gb200-init").exists():
         return
-    sys.path.insert(0, str(ROOT))
     from llama31_405b.data.tiny import ensure_tiny_data
     ensure_tiny_data(work / "data")
     py = [sys.executable, "-m"]
@@ -84,143 +81,153 @@ def setup(work: Path) -> None:
           "train-init", "--config", str(work / "base_gb200.toml")], work / "init_gb200.log")
 
 
-def config(work: Path, name: str) -> Path:
-    base, block = LAYOUTS[name]
-    path = work / f"{name}.toml"
-    path.write_text(f'base = "{work}/base_{base}.toml"\n\n{block}\n[system]\ngpus_per_rack = 4\n'
-                    if block else f'base = "{work}/base_{base}.toml"\n')
-    return path
-
-
-def profile(work: Path, name: str, rnd: int, steps: int, loads: dict) -> Path:
-    out = work / f"profile_{name}_r{rnd}"
+def profile(work: Path, layout: spec.Layout, rnd: int, steps: int, loads: dict) -> Path:
+    out = work / f"profile_{layout.name}_r{rnd}"
     if out.exists():
         sys.exit(f"{out} exists: a profile folder is never overwritten (use another --work, or "
-                 "--reuse to analyse it)")
+                 "--reuse to summarise it)")
     t0, l0 = time.perf_counter(), os.getloadavg()[0]
-    _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=4",
+    _run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={layout.ranks}",
           f"--master_port={_port()}", "--master_addr=127.0.0.1", "-m", "llama31_405b", "profile",
-          str(config(work, name)), "--out", str(out), "--ranks", "all", "--skip", "1",
-          "--baseline", "1", "--steps", str(steps)], work / f"profile_{name}_r{rnd}.log")
+          str(spec.work_config(layout, work)), "--out", str(out), "--ranks", "all", "--skip", "1",
+          "--baseline", "1", "--steps", str(steps)], work / f"profile_{layout.name}_r{rnd}.log")
     l1 = os.getloadavg()[0]
-    loads[out.name] = [l0, l1]
+    loads[f"{layout.name}/r{rnd}"] = [l0, l1]
     (work / "loads.json").write_text(json.dumps(loads, indent=1))
-    print(f"  round {rnd}: profiled {name} in {time.perf_counter() - t0:.0f} s (load average "
-          f"{l0:.1f} -> {l1:.1f})", flush=True)
+    print(f"  round {rnd}: profiled {layout.name} in {time.perf_counter() - t0:.0f} s (load "
+          f"average {l0:.1f} -> {l1:.1f})", flush=True)
     return out
 
 
-def measured(folder: Path) -> dict:
-    a = json.loads((folder / "analysis.json").read_text())
-    rows = {r["component"]: r["measured_s"] for r in a["comparison"]}
-    comp = sum(v for k, v in rows.items() if k.startswith(("GEMM", "attention", "other compute")))
-    return {"step": a["measured_step_s"], "compute": comp, "TP": rows["TP exposed"],
-            "PP": rows["PP exposed (incl. bubble)"], "DP": rows["DP exposed"],
-            "host": rows["host gaps"] + rows["other comm exposed"] + rows["optimizer"],
-            "overhead_ratio": a.get("overhead_ratio") or 0.0}
+def order(names: list[str], fits: list[str], rnd: int) -> list[str]:
+    """The fit layouts first in every round, the others forward in odd rounds, reversed in even."""
+    others = [n for n in names if n not in fits]
+    return [n for n in names if n in fits] + (others if rnd % 2 else others[::-1])
 
 
-def predicted(cfg_path: Path, fit) -> dict:
-    from llama31_405b.config.load import load_config
-    from llama31_405b.planner import predict
-    b = predict(load_config(cfg_path), fit).breakdown
-    return {"step": sum(b[k] for k in ("compute_total_s", "tp_s", "cp_s", "pp_s", "bubble_s",
-                                       "dp_s", "optimizer_s", "host_s")),
-            "compute": b["compute_total_s"], "TP": b["tp_s"], "PP": b["pp_s"] + b["bubble_s"],
-            "DP": b["dp_s"], "host": b["host_s"] + b["optimizer_s"]}
+def profile_all(work: Path, layouts: dict, names: list[str], fits: list[str], rounds: int,
+                steps: int, reuse: bool) -> dict:
+    """Every layout in every round (or, with `reuse`, the folders already in `work`); the loads."""
+    lpath = work / "loads.json"
+    loads = json.loads(lpath.read_text()) if lpath.exists() else {}
+    if not reuse:
+        setup(work)
+        for r in range(1, rounds + 1):
+            for n in order(names, fits, r):
+                profile(work, layouts[n], r, steps, loads)
+    missing = [f"profile_{n}_r{r}" for n in names for r in range(1, rounds + 1)
+               if not (work / f"profile_{n}_r{r}" / "analysis.json").is_file()]
+    if missing:
+        sys.exit(f"no profile {work / missing[0]} (run without --reuse)")
+    return loads
 
 
-def order(names: list[str], fit: str, rnd: int) -> list[str]:
-    """The fit layout first in every round, the others forward in odd rounds, reversed in even."""
-    others = [n for n in names if n != fit]
-    return [fit] + (others if rnd % 2 else others[::-1])
-
-
-def median(values: list[dict]) -> dict:
-    return {k: statistics.median(v[k] for v in values) for k in values[0]}
-
-
-def _cell(m: float, p: float) -> str:
-    """measured / predicted (predicted ms); a part the model gives no time: what was measured."""
-    if p > 1e-4:
-        return f"{m / p:.2f} ({p * 1e3:.0f})"
-    return "-" if m < 1e-3 else f"- ({m * 1e3:.0f} measured)"
-
-
-def table(fit: str, names: list[str], rows: dict, loads: dict, rounds: int) -> str:
-    """The markdown table and the verdict lines (docs/planner.md, "Proof on CPU")."""
-    head = ["layout", *(c for c, _ in COLUMNS), "step per round", "load avg", "prof. ovh"]
-    out = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    med = {}
+def summarise(work: Path, run: Path, layouts: dict, names: list[str], rounds: int,
+              loads: dict) -> None:
     for n in names:
-        m, p = median([r[0] for r in rows[n]]), median([r[1] for r in rows[n]])
-        med[n] = (m, p)
-        cells = [_cell(m[k], p[k]) for _, k in COLUMNS]
-        if n != fit:
-            cells[0] = f"**{cells[0].split()[0]}** {cells[0].split()[1]}"
-        per = ", ".join(f"{a['step'] / b['step']:.2f}" for a, b in rows[n])
-        ld = [x for r in range(1, rounds + 1) for x in loads.get(f"profile_{n}_r{r}", [])]
-        load = f"{min(ld):.1f}-{max(ld):.1f}" if ld else "-"
-        label = LABELS[n] + (" (fit)" if n == fit else "")
-        out.append("| " + " | ".join([label, *cells, per, load, f"{m['overhead_ratio']:.2f}"]) + " |")
-    others = [n for n in names if n != fit]
-    by_m = sorted(others, key=lambda n: med[n][0]["step"])
-    by_p = sorted(others, key=lambda n: med[n][1]["step"])
-    within = sum(abs(med[n][0]["step"] / med[n][1]["step"] - 1) <= 0.15 for n in others)
-    out += ["", f"Steps within 15%: {within} of {len(others)} (goal: all). Ranked by measured step: "
-            f"{' < '.join(by_m)}; by predicted: {' < '.join(by_p)} "
-            f"({'the measured order' if by_m == by_p else 'not the measured order'})."]
-    return "\n".join(out)
+        spec.committed_config(layouts[n], run / "layouts" / n)
+        for r in range(1, rounds + 1):
+            summaries.reduce_profile(work / f"profile_{n}_r{r}", summaries.round_folder(run, n, r))
+    keep = {k: v for k, v in loads.items() if k.split("/")[0] in names}
+    (run / "loads.json").write_text(json.dumps(keep, indent=1) + "\n")
+
+
+def _commit() -> dict:
+    def git(*a: str) -> str:
+        r = subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True)
+        return r.stdout.strip() if r.returncode == 0 else ""
+    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain"))}
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+
+
+def proof_run(a) -> None:
+    proof = spec.load(a.proof)
+    run = summaries.new_folder(a.out or ROOT / "docs" / "planner_proof" /
+                               time.strftime("%Y-%m-%dT%H%MZ", time.gmtime()))
+    work = a.work or Path(tempfile.mkdtemp(prefix="planner_vs_measured_"))
+    work.mkdir(parents=True, exist_ok=True)
+    info = {"started": _now(), "cpus": os.cpu_count(), "load_before": os.getloadavg()[0],
+            "work": str(work), **_commit()}
+    print(f"summaries folder {run}; work folder {work}; load average {info['load_before']:.1f} "
+          f"on {info['cpus']} CPUs; {info['started']}", flush=True)
+    (run / "proof.toml").write_text(proof.text)
+    names = proof.profiled
+    loads = profile_all(work, proof.layouts, names, proof.fits, proof.rounds, proof.steps, a.reuse)
+    summarise(work, run, proof.layouts, names, proof.rounds, loads)
+    info.update(finished=_now(), load_after=os.getloadavg()[0])
+    (run / "run.json").write_text(json.dumps(info, indent=1) + "\n")
+    table = derive.derive(run, run / "calibration")
+    (run / "table.json").write_text(json.dumps(table, indent=1) + "\n")
+    (run / "table.md").write_text(render.markdown(table))
+    print(render.markdown(table))
+    print(f"Load average {info['load_before']:.1f} before, {info['load_after']:.1f} after "
+          f"({info['finished']}). Written: {run}")
+
+
+def rederive(run: Path) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        table = derive.derive(run, Path(tmp))
+    print(render.markdown(table))
+    diffs = derive.differences(table, json.loads((run / "table.json").read_text()))
+    md = (run / "table.md").read_text() != render.markdown(table)
+    for d in diffs:
+        print(f"differs from {run}/table.json: {d}")
+    if md:
+        print(f"{run}/table.md differs from the re-derived table")
+    return 1 if diffs or md else 0
+
+
+def extra(a) -> None:
+    """Layouts outside the proof, profiled and predicted from a given calibration, apart."""
+    from llama31_405b.planner import calibrate
+    if not a.calibration:
+        sys.exit("--extra needs --calibration FILE (the calibration to predict them from)")
+    proof, cal = spec.load(a.proof), calibrate.read(a.calibration)
+    layouts = spec.load_layouts(a.extra)
+    out = summaries.new_folder(a.out or Path(tempfile.mkdtemp(prefix="planner_extra_")) / "extra")
+    work = a.work or Path(tempfile.mkdtemp(prefix="planner_vs_measured_"))
+    work.mkdir(parents=True, exist_ok=True)
+    names = list(layouts)
+    from llama31_405b.config.load import load_config
+    bad = [x for n in names for x in calibrate.mismatches(
+        cal, load_config(spec.committed_config(layouts[n], out / "layouts" / n)))]
+    if bad:
+        sys.exit("\n".join(bad))
+    loads = profile_all(work, layouts, names, [], proof.rounds, proof.steps, a.reuse)
+    summarise(work, out, layouts, names, proof.rounds, loads)
+    (out / "calibration").mkdir()
+    shutil.copyfile(a.calibration, out / "calibration" / "given.toml")
+    rows = [derive.layout_row(out, proof, layouts[n], "extra", cal.fit, loads) for n in names]
+    t = {"layouts_file": str(a.extra), "calibration": str(a.calibration), "rounds": proof.rounds,
+         "tolerance": {"step": proof.step_tol, "component": proof.component_tol,
+                       "negligible": proof.negligible, "components": list(proof.components)},
+         "rows": rows, "verdict": derive.judge(rows)}
+    (out / "extra.json").write_text(json.dumps(t, indent=1) + "\n")
+    (out / "extra.md").write_text(render.extra_markdown(t))
+    print(render.extra_markdown(t) + f"\nWritten: {out}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--fit", default="tp2dp2", choices=sorted(LAYOUTS), help="the layout calibrated on")
-    ap.add_argument("--steps", type=int, default=4, help="profiled steps per layout (default 4)")
-    ap.add_argument("--rounds", type=int, default=2, help="rounds of all layouts (default 2)")
+    ap.add_argument("--proof", type=Path, default=spec.PROOF, help="the proof file")
+    ap.add_argument("--out", type=Path, help="the new summaries folder (never overwritten)")
     ap.add_argument("--work", type=Path, help="work folder (default: a new temporary one)")
-    ap.add_argument("--reuse", action="store_true", help="analyse the profiles already in --work")
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--reuse", action="store_true", help="summarise the profiles in --work")
+    ap.add_argument("--derive", type=Path, metavar="RUN", help="re-derive RUN's table")
+    ap.add_argument("--extra", type=Path, metavar="FILE", help="layouts outside the proof")
+    ap.add_argument("--calibration", type=Path, help="with --extra: the calibration to use")
     a = ap.parse_args()
-    sys.path.insert(0, str(ROOT))
-    work = a.work or Path(tempfile.mkdtemp(prefix="planner_vs_measured_"))
-    work.mkdir(parents=True, exist_ok=True)
-    load0 = os.getloadavg()
-    print(f"work folder {work}; load average {load0[0]:.1f} on {os.cpu_count()} CPUs; "
-          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
-    setup(work)
-    names = [a.fit] + [n for n in LAYOUTS if n != a.fit]
-    lpath = work / "loads.json"
-    loads = json.loads(lpath.read_text()) if lpath.exists() else {}
-    if not a.reuse:
-        for r in range(1, a.rounds + 1):
-            for n in order(names, a.fit, r):
-                profile(work, n, r, a.steps, loads)
-    from llama31_405b.planner import calibrate
-    folders = {n: [work / f"profile_{n}_r{r}" for r in range(1, a.rounds + 1)] for n in names}
-    missing = [str(f) for fs in folders.values() for f in fs if not (f / "analysis.json").is_file()]
-    if missing:
-        sys.exit(f"no profile {missing[0]} (run without --reuse, or fewer --rounds)")
-    cal = work / f"calibration_{a.fit}_{time.strftime('%H%M%S')}.toml"
-    _run([sys.executable, "-m", "llama31_405b", "plan", "--calibrate", *map(str, folders[a.fit]),
-          "--calibration-out", str(cal), "--config", str(config(work, a.fit))],
-         work / f"calibrate_{cal.stem}.log")
-    fit = calibrate.read(cal).fit
-    rows: dict[str, list] = {}
-    for n in names:
-        p = predicted(config(work, n), fit)
-        rows[n] = [(measured(f), p) for f in folders[n]]
-    load1 = os.getloadavg()
-    if a.json:
-        print(json.dumps({"fit": a.fit, "calibration": str(cal), "load": [load0, load1],
-                          "loads": loads, "rows": rows}, indent=1))
-        return
-    print(f"\ncalibrated on the median of {a.fit}'s {a.rounds} profiles ({cal}); per layout the "
-          "median over the rounds, measured / predicted (predicted ms in brackets), each round's "
-          "step ratio, the load average while the layout was profiled:\n")
-    print(table(a.fit, names, rows, loads, a.rounds))
-    print(f"Load average {load0[0]:.1f} before, {load1[0]:.1f} after "
-          f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs).")
+    if a.reuse and not a.work:
+        sys.exit("--reuse needs --work DIR")
+    if a.derive:
+        sys.exit(rederive(a.derive))
+    try:
+        extra(a) if a.extra else proof_run(a)
+    except FileExistsError as e:
+        sys.exit(str(e))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,186 @@
+"""The published table, derived from a summaries folder (summaries.py) alone: what the bench
+prints after profiling, and what tests/test_planner_proof.py re-derives from the committed folder.
+
+The derivation uses the planner's own entry points, not copies of them:
+
+* the calibration: `plan --calibrate FOLDER... --calibration-out FILE --config CONFIG` (the CLI,
+  `llama31_405b.cli.main`, in process) on every round of the section's fit layouts; where it
+  refuses (the fit of two layouts at once, which it may not do yet), the section holds the
+  refusal instead of rows;
+* the measured side: `calibrate.from_profile` (the calibration's reader; a graphed profile's
+  figures as the replayed step's) with the rows' optimizer time, the median over the rounds;
+* the predicted side: `planner.predict(cfg, fit)` with the constants of the calibration file
+  (`calibrate.read`), and `step.breakdown`'s core share for the core-share pairs.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .spec import Layout, Proof, Section, load
+from .summaries import round_folder
+
+if TYPE_CHECKING:
+    from llama31_405b.planner.calibrate import Calibration
+
+COLUMNS = ("step", "compute", "TP", "PP", "DP", "host")
+
+
+def calibrate(folders: list[Path], config: Path, out: Path) -> tuple[Calibration | None, str]:
+    """`plan --calibrate` on `folders` with `config`, writing `out`: (the calibration, "") or
+    (None, what the CLI said when it refused)."""
+    from llama31_405b.cli import main
+    from llama31_405b.planner import calibrate as cal
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = main(["plan", "--calibrate", *map(str, folders), "--calibration-out", str(out),
+                   "--config", str(config)])
+    if rc:
+        return None, err.getvalue().strip()
+    return cal.read(out), ""
+
+
+def measured(folder: Path, cfg) -> dict:
+    from llama31_405b.planner import calibrate as cal
+    s = cal.from_profile(folder, cfg)
+    a = json.loads((Path(folder) / "analysis.json").read_text())
+    rows = {r["component"]: r["measured_s"] for r in a["comparison"]}
+    ex = dict(s.exposed)
+    return {"step": s.step_s, "compute": s.compute_s, "TP": ex.get("TP", 0.0),
+            "PP": ex.get("PP", 0.0), "DP": ex.get("DP", 0.0),
+            "host": (s.host_s or 0.0) + float(rows.get("optimizer", 0.0)),
+            "overhead_ratio": float(a.get("overhead_ratio") or 0.0)}
+
+
+def predicted(cfg, fit) -> dict:
+    from llama31_405b.planner import predict
+    from llama31_405b.planner.context import Context
+    from llama31_405b.planner.step import breakdown
+    b = predict(cfg, fit).breakdown
+    return {"step": sum(b[k] for k in ("compute_total_s", "tp_s", "cp_s", "pp_s", "bubble_s",
+                                       "dp_s", "optimizer_s", "host_s")),
+            "compute": b["compute_total_s"], "TP": b["tp_s"], "PP": b["pp_s"] + b["bubble_s"],
+            "DP": b["dp_s"], "host": b["host_s"] + b["optimizer_s"],
+            "core_share": breakdown(Context.of(cfg), fit).core_share}
+
+
+def verdict(m: float, p: float, tol: float, floor: float) -> str:
+    """"ok" within `tol` of the prediction, "miss" outside, "negligible" where both are under
+    `floor` seconds (the proof's share of the measured step)."""
+    if max(m, p) < floor:
+        return "negligible"
+    if p <= 0:
+        return "miss"
+    return "ok" if abs(m / p - 1) <= tol else "miss"
+
+
+def layout_row(run: Path, proof: Proof, layout: Layout, role: str, fit, loads: dict) -> dict:
+    """One row: the median over the rounds of each measured figure against the prediction."""
+    from llama31_405b.config.load import load_config
+    cfg = load_config(Path(run) / "layouts" / layout.name / "config.toml")
+    p = predicted(cfg, fit)
+    rounds = [measured(round_folder(run, layout.name, r), cfg) for r in range(1, proof.rounds + 1)]
+    m = {k: statistics.median(x[k] for x in rounds) for k in rounds[0]}
+    floor = proof.negligible * m["step"]
+    ver = {"step": verdict(m["step"], p["step"], proof.step_tol, 0.0)}
+    ver.update({k: verdict(m[k], p[k], proof.component_tol, floor) for k in proof.components})
+    ld = [x for r in range(1, proof.rounds + 1) for x in loads.get(f"{layout.name}/r{r}", [])]
+    return {"layout": layout.name, "label": layout.label, "role": role, "measured": m,
+            "predicted": p, "ratio": {k: (m[k] / p[k] if p[k] > 0 else None) for k in COLUMNS},
+            "verdict": ver, "rounds": [x["step"] / p["step"] for x in rounds],
+            "load": [min(ld), max(ld)] if ld else None}
+
+
+def judge(rows: list[dict]) -> dict:
+    """The section's verdict over its unseen (or extra) layouts."""
+    others = [r for r in rows if r["role"] != "fit"]
+    by_m = [r["layout"] for r in sorted(others, key=lambda r: r["measured"]["step"])]
+    by_p = [r["layout"] for r in sorted(others, key=lambda r: r["predicted"]["step"])]
+    return {"layouts": len(others),
+            "steps_within": sum(r["verdict"]["step"] == "ok" for r in others),
+            "all_within": sum("miss" not in r["verdict"].values() for r in others),
+            "misses": {r["layout"]: sorted(k for k, v in r["verdict"].items() if v == "miss")
+                       for r in others if "miss" in r["verdict"].values()},
+            "order_measured": by_m, "order_predicted": by_p, "ranked_as_measured": by_m == by_p}
+
+
+def section(run: Path, proof: Proof, sec: Section, cal_out: Path, loads: dict) -> dict:
+    folders = [round_folder(run, n, r) for n in sec.fit for r in range(1, proof.rounds + 1)]
+    config = Path(run) / "layouts" / sec.fit[0] / "config.toml"
+    cal, refused = calibrate(folders, config, cal_out)
+    out = {"name": sec.name, "title": sec.title, "fit": list(sec.fit),
+           "calibration": f"calibration/{sec.name}.toml"}
+    if cal is None:
+        text = refused.replace(str(Path(run).resolve()), "<run>").replace(str(run), "<run>")
+        return out | {"calibration": None, "refused": text.replace(str(cal_out), "<out>")}
+    rows = [layout_row(run, proof, proof.layouts[n], "fit" if n in sec.fit else "unseen",
+                       cal.fit, loads) for n in sec.layouts]
+    return out | {"fitted": fitted_dict(cal.fit), "rows": rows, "verdict": judge(rows)}
+
+
+def fitted_dict(fit) -> dict:
+    from dataclasses import asdict
+    return {k: (dict(v) if isinstance(v, tuple) else v) for k, v in asdict(fit).items()}
+
+
+def core_share(run: Path, proof: Proof, sections: list[dict], cal_dir: Path) -> dict | None:
+    """Each pair's measured compute stretch (4 ranks / 2 ranks, the medians over the rounds)
+    against the same ratio predicted with the named section's calibration."""
+    if not proof.core_pairs:
+        return None
+    from llama31_405b.config.load import load_config
+    from llama31_405b.planner import calibrate as cal
+    sec = next(s for s in sections if s["name"] == proof.core_calibration)
+    out: dict = {"calibration": proof.core_calibration, "pairs": []}
+    if sec.get("calibration") is None:
+        return out | {"refused": f"section {sec['name']} has no calibration"}
+    fit = cal.read(cal_dir / f"{sec['name']}.toml").fit
+    for two, four in proof.core_pairs:
+        m, p = {}, {}
+        for n in (two, four):
+            cfg = load_config(Path(run) / "layouts" / n / "config.toml")
+            rounds = [measured(round_folder(run, n, r), cfg) for r in range(1, proof.rounds + 1)]
+            m[n] = statistics.median(x["compute"] for x in rounds)
+            p[n] = predicted(cfg, fit)
+        mr, pr = m[four] / m[two], p[four]["compute"] / p[two]["compute"]
+        out["pairs"].append({"two": two, "four": four, "measured": mr, "predicted": pr,
+                             "ratio": mr / pr, "model_core_share": p[four]["core_share"],
+                             "verdict": verdict(mr, pr, proof.component_tol, 0.0)})
+    return out
+
+
+def derive(run: Path, cal_dir: Path) -> dict:
+    """The table of the summaries folder `run`, from its proof.toml; each section's calibration
+    is written to `cal_dir`/<section>.toml (a folder that must not hold them yet)."""
+    run = Path(run)
+    proof = load(run / "proof.toml")
+    lpath = run / "loads.json"
+    loads = json.loads(lpath.read_text()) if lpath.exists() else {}
+    sections = [section(run, proof, s, Path(cal_dir) / f"{s.name}.toml", loads)
+                for s in proof.sections]
+    return {"proof_date": proof.date,
+            "tolerance": {"step": proof.step_tol, "component": proof.component_tol,
+                          "negligible": proof.negligible, "components": list(proof.components)},
+            "rounds": proof.rounds, "steps": proof.steps, "sections": sections,
+            "core_share": core_share(run, proof, sections, Path(cal_dir))}
+
+
+def differences(a, b, where: str = "table", rel: float = 1e-9) -> list[str]:
+    """Where the derived table `a` and the committed `b` differ (floats within `rel`)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = [f"{where}.{k}: only in one" for k in sorted(set(a) ^ set(b))]
+        for k in sorted(set(a) & set(b)):
+            out += differences(a[k], b[k], f"{where}.{k}", rel)
+        return out
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return [f"{where}: {len(a)} items against {len(b)}"]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{where}[{i}]", rel)]
+    if isinstance(a, float) and isinstance(b, (int, float)) and not isinstance(b, bool):
+        return [] if math.isclose(a, b, rel_tol=rel, abs_tol=1e-15) else [f"{where}: {a!r} against {b!r}"]
+    return [] if a == b else [f"{where}: {a!r} against {b!r}"]

@@ -1,0 +1,80 @@
+"""The derived table (derive.py) as markdown, ready for docs/planner.md: per section, per layout
+the measured / predicted ratio of the step and of each component (predicted ms in brackets),
+each round's step ratio, the load average while it was profiled and the profiler's overhead;
+a judged part outside its tolerance is marked "miss", one under the proof's share of the step
+"~" (not judged)."""
+from __future__ import annotations
+
+HEAD = (("step", "step"), ("compute", "compute"), ("TP exposed", "TP"), ("PP + bubble", "PP"),
+        ("DP exposed", "DP"), ("host + other + optimizer", "host"))
+
+
+def _cell(row: dict, k: str) -> str:
+    m, p, v = row["measured"][k], row["predicted"][k], row["verdict"].get(k, "")
+    mark = {"miss": " miss", "negligible": " ~"}.get(v, "")
+    if p > 1e-4:
+        return f"{m / p:.2f} ({p * 1e3:.0f}){mark}"
+    return ("-" if m < 1e-3 else f"- ({m * 1e3:.0f} measured)") + mark
+
+
+def rows_table(rows: list[dict]) -> list[str]:
+    head = ["layout", *(c for c, _ in HEAD), "step per round", "load avg", "prof. ovh"]
+    out = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in rows:
+        cells = [_cell(r, k) for _, k in HEAD]
+        per = ", ".join(f"{x:.2f}" for x in r["rounds"])
+        load = f"{r['load'][0]:.1f}-{r['load'][1]:.1f}" if r["load"] else "-"
+        label = r["label"] + (" (fit)" if r["role"] == "fit" else "")
+        out.append("| " + " | ".join([label, *cells, per, load,
+                                      f"{r['measured']['overhead_ratio']:.2f}"]) + " |")
+    return out
+
+
+def verdict_lines(v: dict, tol: dict, what: str = "unseen") -> list[str]:
+    comps = ", ".join(tol["components"])
+    out = [f"Steps within {tol['step']:.0%}: {v['steps_within']} of {v['layouts']} {what} "
+           f"layouts. Step and every component ({comps}) within tolerance ({tol['component']:.0%}"
+           f"; parts under {tol['negligible']:.0%} of the step not judged): {v['all_within']} of "
+           f"{v['layouts']}."]
+    for n, ks in v["misses"].items():
+        out.append(f"Misses: {n}: {', '.join(ks)}.")
+    out.append(f"Ranked by measured step: {' < '.join(v['order_measured'])}; by predicted: "
+               f"{' < '.join(v['order_predicted'])} ("
+               f"{'the measured order' if v['ranked_as_measured'] else 'not the measured order'}).")
+    return out
+
+
+def markdown(t: dict) -> str:
+    tol = t["tolerance"]
+    out = [f"Proof of {t['proof_date']} ({t['rounds']} rounds of {t['steps']} profiled steps; "
+           "per layout the median over the rounds, measured / predicted, predicted ms in "
+           "brackets).", ""]
+    for s in t["sections"]:
+        out += [f"#### {s['title']} (fit: {', '.join(s['fit'])})", ""]
+        if s.get("calibration") is None:
+            refused = " ".join(s["refused"].split())
+            out += [f"Not derived: the calibration refused the fit: {refused}", ""]
+            continue
+        out += rows_table(s["rows"]) + [""] + verdict_lines(s["verdict"], tol) + [""]
+    cs = t.get("core_share")
+    if cs:
+        out += [f"#### Core sharing: compute at 4 ranks / at 2 ranks (predicted with "
+                f"{cs['calibration']}'s calibration)", ""]
+        if cs.get("refused"):
+            out += [f"Not derived: {cs['refused']}.", ""]
+        else:
+            out += ["| pair | measured | predicted | measured / predicted | model's core share "
+                    "at 4 ranks |", "| --- | --- | --- | --- | --- |"]
+            out += [f"| {p['two']} -> {p['four']} | {p['measured']:.2f} | {p['predicted']:.2f} | "
+                    f"{p['ratio']:.2f}{' miss' if p['verdict'] == 'miss' else ''} | "
+                    f"{p['model_core_share']:.2f} |" for p in cs["pairs"]]
+            out.append("")
+    return "\n".join(out)
+
+
+def extra_markdown(t: dict) -> str:
+    """Layouts outside the proof, predicted from a given calibration: reported apart."""
+    return "\n".join([f"Not part of the published proof: layouts of {t['layouts_file']}, "
+                      f"predicted from {t['calibration']} ({t['rounds']} rounds).", "",
+                      *rows_table(t["rows"]), "", *verdict_lines(t["verdict"], t["tolerance"],
+                                                                 "extra"), ""])
