@@ -47,10 +47,21 @@ import json
 import os
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeAlias, cast
+
+if TYPE_CHECKING:   # imported in main, after the CUDA check
+    import torch
+    from megatron.core.transformer.attention import SelfAttention
+    from megatron.core.transformer.mlp import MLP
+    from megatron.core.transformer.transformer_layer import TransformerLayer
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+Part: TypeAlias = "Callable[..., torch.Tensor | tuple[torch.Tensor, object]]"
+"""A part of the layer, called on its inputs: its output (a module's call)."""
 
 SEQ = 4096  # 8192 / CP2
 HEADS, GROUPS, FFN, KV = 32, 2, 13312, 128  # per TP4 rank
@@ -94,6 +105,7 @@ def main() -> int:
         from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
         from megatron.core.transformer.enums import AttnMaskType
         from megatron.core.transformer.spec_utils import build_module
+        from megatron.core.typed_torch import apply_module
     except ImportError as e:
         print(f"error: megatron-core is not importable ({e}); install or carry its wheel", file=sys.stderr)
         return 2
@@ -118,18 +130,24 @@ def main() -> int:
     tc = transformer_config(cfg)
     tc.gradient_accumulation_fusion = False  # no DDP wrapper here, so no weight.main_grad buffers
     # the local spec on purpose (te=False): what this bench measures and what runs without TE
-    layer = build_module(layer_spec(cfg, te=False), config=tc, layer_number=1).to(device="cuda", dtype=torch.bfloat16)
-    sa, mlp = layer.self_attention, layer.mlp
+    # megatron-core 0.19.2 leaves build_module's return unannotated and types the layer's MLP as
+    # its interface: the local spec's classes are named here, so their attributes are checked,
+    # and each submodule is called through megatron-core's `typed_torch.apply_module` (the
+    # module itself, typed by its interface's forward), so the arguments are checked too
+    layer: TransformerLayer = build_module(layer_spec(cfg, te=False), config=tc,
+                                           layer_number=1).to(device="cuda", dtype=torch.bfloat16)
+    sa: SelfAttention = layer.self_attention
+    mlp = cast("MLP", layer.mlp)
     h = cfg.model.hidden_size
     dev, bf = "cuda", torch.bfloat16
     gen = torch.Generator(device=dev).manual_seed(0)
 
-    def rnd(*shape, grad=True):
+    def rnd(*shape: int, grad: bool = True) -> torch.Tensor:
         return (torch.randn(*shape, device=dev, dtype=bf, generator=gen) * 0.02).requires_grad_(grad)
 
     mask = torch.triu(torch.ones(SEQ, SEQ, dtype=torch.bool, device=dev), 1)[None, None]
 
-    def timed(fn, inputs) -> float:
+    def timed(fn: Part, inputs: list[torch.Tensor]) -> float:
         """Median seconds of forward + backward of fn(*inputs)."""
         times = []
         for i in range(args.warmup + args.iters):
@@ -148,14 +166,19 @@ def main() -> int:
 
     x = rnd(SEQ, 1, h)
     qkv_out = (HEADS + 2 * GROUPS) * KV
-    parts = {
-        "qkv": (lambda t: sa.linear_qkv(t), [x], 6.0 * SEQ * qkv_out * h),
-        "attention": (lambda q, k, v: sa.core_attention(q, k, v, mask, attn_mask_type=AttnMaskType.causal),
+    parts: dict[str, tuple[Part, list[torch.Tensor], float]] = {
+        "qkv": (lambda t: apply_module(sa.linear_qkv)(t), [x], 6.0 * SEQ * qkv_out * h),
+        # attention_bias and packed_seq_params: None, DotProductAttention.forward's defaults
+        "attention": (lambda q, k, v: apply_module(sa.core_attention)(
+                          q, k, v, mask, attn_mask_type=AttnMaskType.causal, attention_bias=None,
+                          packed_seq_params=None),
                       [rnd(SEQ, 1, HEADS, KV), rnd(SEQ, 1, GROUPS, KV), rnd(SEQ, 1, GROUPS, KV)],
                       3 * 4.0 * SEQ * SEQ * HEADS * KV),
-        "proj": (lambda t: sa.linear_proj(t), [rnd(SEQ, 1, HEADS * KV)], 6.0 * SEQ * h * HEADS * KV),
-        "ffn_up": (lambda t: mlp.linear_fc1(t), [x], 6.0 * SEQ * 2 * FFN * h),
-        "ffn_down": (lambda t: mlp.linear_fc2(t), [rnd(SEQ, 1, FFN)], 6.0 * SEQ * h * FFN),
+        "proj": (lambda t: apply_module(sa.linear_proj)(t), [rnd(SEQ, 1, HEADS * KV)],
+                 6.0 * SEQ * h * HEADS * KV),
+        "ffn_up": (lambda t: apply_module(mlp.linear_fc1)(t), [x], 6.0 * SEQ * 2 * FFN * h),
+        "ffn_down": (lambda t: apply_module(mlp.linear_fc2)(t), [rnd(SEQ, 1, FFN)],
+                     6.0 * SEQ * h * FFN),
     }
     rows = []
     print(f"TP4 shard of a 405B layer on {torch.cuda.get_device_name()} (BF16, local spec), "

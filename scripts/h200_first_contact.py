@@ -47,8 +47,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -97,6 +98,7 @@ LAZY_IMPORTS = ("megatron.core.full_cuda_graph", "megatron.core.distributed",
                 "megatron.core.models.gpt.gpt_layer_specs", "megatron.core.dist_checkpointing",
                 "megatron.core.pipeline_parallel", "megatron.core.transformer.spec_utils",
                 "megatron.core.tensor_parallel.random", "megatron.core.num_microbatches_calculator",
+                "megatron.core.typed_torch",
                 "mlperf_logging.mllog", "mlperf_logging.compliance_checker", "yaml", "safetensors",
                 "sentencepiece", "matplotlib", "psutil", "numpy", "torch")
 """Modules the first-contact and training paths import inside functions."""
@@ -141,7 +143,7 @@ def wheel_files(wheels: Path) -> list[Path]:
 
 
 # -- check ----------------------------------------------------------------------------------------
-def link_dists(dest: Path, names) -> tuple[list[str], list[str]]:
+def link_dists(dest: Path, names: Iterable[str]) -> tuple[list[str], list[str]]:
     """Symbolic links in `dest` to this environment's installs of the distributions `names`
     (each top-level module and its .dist-info); returns (linked, absent here)."""
     import importlib.metadata as md
@@ -152,7 +154,8 @@ def link_dists(dest: Path, names) -> tuple[list[str], list[str]]:
         name = norm(dist.metadata["Name"] or "")
         if name not in want or name in linked or not dist.files:
             continue
-        base = Path(dist.locate_file(""))
+        # an installed (path) distribution's: a pathlib.Path (typeshed: SimplePath)
+        base = Path(cast("os.PathLike[str]", dist.locate_file("")))
         for f in dist.files:
             top = Path(f).parts[0]
             if top in ("..", "__pycache__") or top.endswith(".pth"):
@@ -197,7 +200,8 @@ def clean_env() -> dict:
     return env
 
 
-def probe(path: list[str], absent: list[str], modules=None) -> dict[str, str]:
+def probe(path: list[str], absent: list[str], modules: Sequence[str] | None = None
+          ) -> dict[str, str]:
     """Import every project module and LAZY_IMPORTS (or only `modules`) in a `python -S`
     process whose path is `path` alone; returns the ImportErrors the image would see (module ->
     message). Modules that need Transformer Engine, and packages of the image this environment
@@ -339,7 +343,7 @@ def run(out: Path, wheels: Path, deadline_s: float, config: str, install: bool =
     tag = run_tag(out)
     log = open(out / tagged("log.txt", tag), "a", buffering=1)
 
-    def say(msg):
+    def say(msg: str) -> None:
         line = f"[{time.monotonic() - t0:6.1f} s] {msg}"
         print(line, flush=True)
         log.write(line + "\n")
@@ -428,7 +432,8 @@ def run(out: Path, wheels: Path, deadline_s: float, config: str, install: bool =
     return 1 if merged["summary"]["failed"] else 0
 
 
-def python_for_wheels(version=None, venv: Path = REPO / ".venv" / "bin" / "python") -> str | None:
+def python_for_wheels(version: Sequence[int] | None = None,
+                      venv: Path = REPO / ".venv" / "bin" / "python") -> str | None:
     """None when this Python is 3.12 (what the wheels are for: megatron-core ships cp312 wheels
     only, and `check` installs them into this Python); else the project's environment's python
     to run gather and check with, when it is a 3.12; else SystemExit naming the version."""
@@ -448,7 +453,7 @@ def python_for_wheels(version=None, venv: Path = REPO / ".venv" / "bin" / "pytho
         "scripts/h200_first_contact.py ...")
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)

@@ -67,8 +67,8 @@ def merge(out: Path, phases: list[str]) -> tuple[dict, list[str]]:
     common checks (gpu, transformer_engine, ...) from the first phase that ran them."""
     rm = report_module()
     owner = {n: p for p, names in rm.PHASES.items() for n in names}
-    files = {p: latest(out, f"{p}.json") for p in phases}
-    docs = {p: json.loads(f.read_text()) for p, f in files.items() if f is not None}
+    files = {p: f for p in phases if (f := latest(out, f"{p}.json")) is not None}
+    docs = {p: json.loads(f.read_text()) for p, f in files.items()}
     names = list(dict.fromkeys([*rm.CHECKS, *(c["name"] for d in docs.values()
                                                for c in d["checks"])]))
     checks = {}

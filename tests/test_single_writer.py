@@ -59,7 +59,7 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     # first contact: an in-progress report and scratch folders of the command itself
     ("llama31_405b/first_contact/checks.py", "run_checks", "shutil.rmtree(tmp)"): "the command's own scratch folder",
     ("llama31_405b/first_contact/dp2.py", "run_dp2_phase", "open(tmp / f'rank{r}.log')"): "a rank's console in the command's own scratch folder",
-    ("llama31_405b/first_contact/dp2.py", "worker", "Path(a.result).write_text(json.dumps({'ranks': ranks, 'steps': a.steps, 'graphs': run.)"): "a worker's answer to its parent, in the parent's scratch folder",
+    ("llama31_405b/first_contact/dp2.py", "worker", "Path(a.result).write_text(json.dumps(doc, indent=2))"): "a worker's answer to its parent, in the parent's scratch folder",
     ("llama31_405b/first_contact/profiling.py", "_capture", "(out / MANIFEST).write_text(json.dumps(manifest, indent=1))"): "inside the command's own new profile folder",
     ("llama31_405b/first_contact/profiling.py", "_pack", "os.replace(tmp)"): "the command's own pack, rewritten until it finishes",
     ("llama31_405b/first_contact/profiling.py", "_pack.write", "tarfile.open(tmp)"): TMP,

@@ -41,7 +41,10 @@ without a GPU every check is "not run").
 """
 from __future__ import annotations
 
+import argparse
 import sys
+from collections.abc import Sequence
+from typing import Protocol
 
 from .checks import run_checks
 from .report import CHECKS, PHASES, Check, Report
@@ -53,7 +56,22 @@ __all__ = ["CHECKS", "PHASES", "Check", "Report", "run_checks", "choose_recipe",
            "VOCAB", "system_of_gpu", "_SYSTEM_OF_GPU", "add_arguments", "run", "main"]
 
 
-def add_arguments(p) -> None:
+class Args(Protocol):
+    """The command line of add_arguments (an argparse.Namespace of its parser)."""
+    config: str
+    phases: str
+    layers: int
+    seq_length: int | None
+    steps: int
+    workdir: str | None
+    report: str | None
+    budget_s: float | None
+    cpu: bool
+    json: bool
+    traceback: bool
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=str(DEFAULT_CONFIG),
                    help="the config whose model, recipe and performance settings are sliced")
     p.add_argument("--phases", default="slice,dp2",
@@ -80,7 +98,7 @@ def add_arguments(p) -> None:
                    help="add the Python traceback to a failed check's detail")
 
 
-def run(args) -> int:
+def run(args: Args) -> int:
     phases = [p.strip() for p in args.phases.split(",") if p.strip()]
     unknown = sorted(set(phases) - set(PHASES))
     if unknown:
@@ -100,8 +118,7 @@ def run(args) -> int:
     return 1 if rep.failures else 0
 
 
-def main(argv=None) -> int:
-    import argparse
+def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m llama31_405b first-contact",
                                 description=__doc__.splitlines()[0])
     add_arguments(p)

@@ -8,13 +8,22 @@ import math
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .fit import fits, slice_estimate
 from .report import PHASES, Report, Timed
 from .slice import (DEFAULT_CONFIG, GRAD_RTOL, LOCAL_SEQ_LENGTH, LOSS_RTOL, TE_SERIES,
-                    choose_recipe, compare, differing, differing_cast, loaded_weights,
+                    choose_recipe, compare, ddp_buffers, differing, differing_cast, loaded_weights,
                     local_compute, slice_config, synthetic_datasets, system_of_gpu, weights)
+
+if TYPE_CHECKING:   # torch, megatron-core and the training loop are imported where they are used
+    import torch
+    from megatron.core.distributed import DistributedDataParallel
+
+    from ..config.schema import Config
+    from ..train.loop import Run
 
 REPLAY_SEED = 7_000_001
 """Seed of the synthetic batch of the replay-equals-eager check."""
@@ -22,7 +31,8 @@ REPLAY_SEED = 7_000_001
 
 def run_checks(config: str | Path = DEFAULT_CONFIG, *, layers: int = 1,
                seq_length: int | None = None, steps: int = 3, workdir: str | None = None,
-               tracebacks: bool = False, phases=("slice", "dp2"), report_path=None,
+               tracebacks: bool = False, phases: Collection[str] = ("slice", "dp2"),
+               report_path: str | Path | None = None,
                budget_s: float | None = None, cpu: bool = False, system: str | None = None,
                ) -> Report:
     from ..config import launch_env, load_config
@@ -36,7 +46,7 @@ def run_checks(config: str | Path = DEFAULT_CONFIG, *, layers: int = 1,
         os.environ.setdefault(k, v)
 
     # -- gpu --------------------------------------------------------------------------------
-    cap = None
+    cap: tuple[int, int] | None = None
     if cpu:
         rep.not_run("gpu", "--cpu: the slice runs on the CPU with gloo (no CUDA graphs)")
         system = "cpu"
@@ -74,7 +84,7 @@ def run_checks(config: str | Path = DEFAULT_CONFIG, *, layers: int = 1,
                 os.environ.setdefault(k, v)
         try:
             import transformer_engine
-            version = getattr(transformer_engine, "__version__", "unknown")
+            version: object = getattr(transformer_engine, "__version__", "unknown")
             te = True
         except ImportError as e:
             compute = local_compute(cfg.precision.compute)
@@ -161,7 +171,7 @@ def run_checks(config: str | Path = DEFAULT_CONFIG, *, layers: int = 1,
     return rep
 
 
-def _run_slice(rep: Report, scfg, tmp: Path, *, te: bool) -> None:
+def _run_slice(rep: Report, scfg: Config, tmp: Path, *, te: bool) -> None:
     import torch
 
     from ..checkpoint import format as ckpt_format
@@ -170,7 +180,7 @@ def _run_slice(rep: Report, scfg, tmp: Path, *, te: bool) -> None:
     from ..train.loop import Run
     device = decide(scfg)
     ckpt = tmp / scfg.checkpoint.init
-    initial = None
+    initial: dict[str, torch.Tensor] = {}   # the weights as built (filled once the build passes)
     with Timed(rep, "build"):
         from ..model.builder import build_model
         setup_parallel(scfg, device=device)
@@ -238,17 +248,17 @@ def _release(gpu: bool) -> None:
     torch.cuda.empty_cache()
 
 
-def trace_calls(rep: Report, run) -> None:
+def trace_calls(rep: Report, run: Run) -> None:
     """Log every forward/backward and evaluation call of `run` (warm-up, capture, replays)
     with its seconds (after a device synchronize) into the report's progress and into the
     figures of the check in progress: a hang names the call it hung in."""
     import time
     counts: dict[str, int] = {}
 
-    def wrap(name):
-        inner = getattr(run, name)
+    def wrap(name: str) -> None:
+        inner: Callable[..., object] = getattr(run, name)
 
-        def traced(*a, **k):
+        def traced(*a: object, **k: object) -> object:
             import torch
             i = counts[name] = counts.get(name, 0) + 1
             check = rep.current
@@ -267,7 +277,7 @@ def trace_calls(rep: Report, run) -> None:
         wrap(name)
 
 
-def _memory(gpu: bool) -> dict:
+def _memory(gpu: bool) -> dict[str, float]:
     if not gpu:
         return {}
     import torch
@@ -276,7 +286,8 @@ def _memory(gpu: bool) -> dict:
             "gpu_reserved_gib": round(torch.cuda.memory_reserved() / 2**30, 2)}
 
 
-def _run_loop(rep: Report, run, initial: dict, loaded: dict) -> None:
+def _run_loop(rep: Report, run: Run, initial: dict[str, torch.Tensor],
+              loaded: dict[str, torch.Tensor]) -> None:
     """The slice's checks from the load on. `initial`: the weights as built and saved (emptied
     once the load is checked); `loaded`: as the run held them after the load (loaded_weights)."""
     import torch
@@ -324,7 +335,7 @@ def _run_loop(rep: Report, run, initial: dict, loaded: dict) -> None:
             graphs = "no CUDA graphs on the CPU"
         # what Transformer Engine chose in the warm-up (train.loop records it at every run's
         # start): its attention backend and the norm settings in effect
-        kernels = getattr(run, "te_kernels", None) if gpu else None
+        kernels: dict[str, str | None] | None = getattr(run, "te_kernels", None) if gpu else None
         from ..precision.te_recipe import te_kernel_line
         rep.passed("warmup_and_graphs", f"{run.cfg.run.warmup_iters} warm-up steps with optimizer "
                    f"updates and {'2 evaluation passes' if run._graphs else 'an evaluation pass'}; "
@@ -339,9 +350,10 @@ def _run_loop(rep: Report, run, initial: dict, loaded: dict) -> None:
         replay_equals_eager(rep, run)
     with Timed(rep, "steps"):
         stats = [run.train_step() for _ in range(run.cfg.derived.max_steps)]
-        bad = [s for s in stats if not (math.isfinite(s.loss) and math.isfinite(s.grad_norm))]
-        if bad:
-            raise RuntimeError(f"non-finite loss or gradient norm: {bad}")
+        bad_steps = [s for s in stats
+                     if not (math.isfinite(s.loss) and math.isfinite(s.grad_norm))]
+        if bad_steps:
+            raise RuntimeError(f"non-finite loss or gradient norm: {bad_steps}")
         if not differing(run.model, loaded):
             raise RuntimeError("the optimizer steps left every weight unchanged")
         times = [s.step_time_s for s in stats]
@@ -362,13 +374,17 @@ def _run_loop(rep: Report, run, initial: dict, loaded: dict) -> None:
     profile_check(rep, run)
 
 
-def grad_buffers(model) -> list:
+def grad_buffers(model: Sequence[DistributedDataParallel]) -> list[torch.Tensor]:
     """Host copies of the DDP gradient buffers of every chunk."""
-    return [b.grad_data.detach().to("cpu", copy=True) for m in model
-            for b in list(m.buffers) + list(getattr(m, "expert_parallel_buffers", []))]
+    out = []
+    for m in model:
+        for b in ddp_buffers(m):
+            assert b.grad_data is not None   # allocated by the buffer's __init__
+            out.append(b.grad_data.detach().to("cpu", copy=True))
+    return out
 
 
-def replay_equals_eager(rep: Report, run) -> None:
+def replay_equals_eager(rep: Report, run: Run) -> None:
     """A training step (forward/backward, no optimizer step) and an evaluation pass on one
     synthetic batch, each through its CUDA graph and then eagerly (Megatron's schedule called
     directly) on the same weights: losses and gradient buffers bitwise equal, else within

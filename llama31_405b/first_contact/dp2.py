@@ -57,10 +57,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, TypedDict, cast
 
 from .report import Report, Timed
-from .slice import REPO
+from .slice import REPO, ddp_buffers
+
+if TYPE_CHECKING:   # torch and megatron-core are imported where they are used
+    import torch
+    from megatron.core.distributed import DistributedDataParallel
 
 
 TRAIN_SEED = 7_000_101
@@ -73,14 +79,53 @@ WORKER: tuple[str, ...] = ("-m", "llama31_405b.first_contact.dp2")
 put a script there that installs test doubles first, then calls `worker`."""
 
 
+class RankResult(TypedDict):
+    """One rank's side of the check (worker), gathered on rank 0."""
+    rank: int
+    dp_rank: int
+    weights_synchronised: bool
+    stale_buffers: int
+    train_replay_synchronised: bool
+    train_stale_buffers: int
+
+
+class Dp2Result(TypedDict):
+    """The result file rank 0 writes (worker) and the phase reads (run_dp2_phase)."""
+    ranks: list[RankResult]
+    steps: int
+    graphs: bool
+    gpu: bool
+    warmup_iters: int
+    eval_replay: float
+    eval_synced: float
+    eval_bitwise: bool
+    eval_rel_diff: float
+    loss_rtol: float
+    train_replay_after_step: int
+    bucket_count: int
+
+
+class WorkerArgs(Protocol):
+    """The worker's command line (worker's parser)."""
+    config: str
+    layers: int
+    seq_length: int
+    steps: int
+    compute: str
+    system: str | None
+    cpu: bool
+    result: str
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]   # Any: an (address, port) pair, typeshed leaves it Any
+        return port
 
 
-def run_dp2_phase(rep: Report, config, *, layers: int, seq_length: int, steps: int, cpu: bool,
-                  system: str | None, compute: str, timeout_s: float = 900.0) -> None:
+def run_dp2_phase(rep: Report, config: str | Path, *, layers: int, seq_length: int, steps: int,
+                  cpu: bool, system: str | None, compute: str, timeout_s: float = 900.0) -> None:
     if not cpu:
         import torch
         n = torch.cuda.device_count()
@@ -132,7 +177,7 @@ def run_dp2_phase(rep: Report, config, *, layers: int, seq_length: int, steps: i
             raise RuntimeError(f"the DP 2 ranks ran past {limit:.0f} s; " + " | ".join(tails))
         if any(p.returncode for p in procs) or not result.exists():
             raise RuntimeError("a DP 2 rank failed: " + " | ".join(tails))
-        res = json.loads(result.read_text())
+        res: Dp2Result = json.loads(result.read_text())   # Any: JSON, written by worker
         same_w = all(r["weights_synchronised"] for r in res["ranks"])
         same_t = all(r["train_replay_synchronised"] for r in res["ranks"])
         same_l = res["eval_bitwise"] or res["eval_rel_diff"] <= res["loss_rtol"]
@@ -154,14 +199,15 @@ def run_dp2_phase(rep: Report, config, *, layers: int, seq_length: int, steps: i
             rep.failed("dp2_eval_sync", detail, **res)
 
 
-def param_hash(model):
+def param_hash(model: Sequence[DistributedDataParallel]) -> torch.Tensor:
     """One int64 per DDP parameter buffer: sum of its 16-bit words x (position mod 65521 + 1),
     on the device, in chunks (any changed element changes it, barring collisions)."""
     import torch
     out = []
     chunk = 1 << 26
     for m in model:
-        for b in list(m.buffers) + list(getattr(m, "expert_parallel_buffers", [])):
+        for b in ddp_buffers(m):
+            assert b.param_data is not None   # the distributed optimizer's (the phase's setting)
             v = b.param_data.detach().reshape(-1).view(torch.int16)
             acc = torch.zeros((), dtype=torch.int64, device=v.device)
             for s in range(0, v.numel(), chunk):
@@ -172,7 +218,7 @@ def param_hash(model):
     return torch.stack(out)
 
 
-def worker(argv=None) -> int:
+def worker(argv: Sequence[str] | None = None) -> int:
     import argparse
     import dataclasses
 
@@ -186,7 +232,7 @@ def worker(argv=None) -> int:
     ap.add_argument("--system", default=None)
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--result", required=True)
-    a = ap.parse_args(argv)
+    a: WorkerArgs = ap.parse_args(argv)
     if a.steps < 1:
         ap.error(f"--steps {a.steps}: at least 1 (the replayed training step follows the first "
                  "optimizer step)")
@@ -247,21 +293,25 @@ def worker(argv=None) -> int:
                        forward_only_fn=get_forward_backward_func())
         for m in run.model:
             m.enable_forward_pre_hook()
-        mine = {"rank": run.info.dist_env.rank, "dp_rank": run.info.dp_rank,
-                "weights_synchronised": bool(torch.equal(seen.cpu(), synced.cpu())),
-                "stale_buffers": int((seen != synced).sum()),
-                "train_replay_synchronised": bool(torch.equal(trained.cpu(), train_synced.cpu())),
-                "train_stale_buffers": int((trained != train_synced).sum())}
-        ranks = [None, None]
+        mine: RankResult = {
+            "rank": run.info.dist_env.rank, "dp_rank": run.info.dp_rank,
+            "weights_synchronised": bool(torch.equal(seen.cpu(), synced.cpu())),
+            "stale_buffers": int((seen != synced).sum()),
+            "train_replay_synchronised": bool(torch.equal(trained.cpu(), train_synced.cpu())),
+            "train_stale_buffers": int((trained != train_synced).sum())}
+        ranks: list[RankResult | None] = [None, None]
         torch.distributed.all_gather_object(ranks, mine)
         if run.info.dist_env.rank == 0:
             same, rel = compare(value, ref)
-            Path(a.result).write_text(json.dumps({
-                "ranks": ranks, "steps": a.steps, "graphs": run._graphs is not None,
+            doc: Dp2Result = {
+                # every rank's, filled by all_gather_object
+                "ranks": cast("list[RankResult]", ranks), "steps": a.steps,
+                "graphs": run._graphs is not None,
                 "gpu": run.device.gpu, "warmup_iters": WARMUP_ITERS,
                 "eval_replay": value, "eval_synced": ref, "eval_bitwise": same,
                 "eval_rel_diff": rel, "loss_rtol": LOSS_RTOL, "train_replay_after_step": 1,
-                "bucket_count": len(seen)}, indent=2))
+                "bucket_count": len(seen)}
+            Path(a.result).write_text(json.dumps(doc, indent=2))
     finally:
         run.close()
         from ..parallel.setup import teardown_parallel

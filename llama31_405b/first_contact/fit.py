@@ -30,10 +30,19 @@ free memory (torch.cuda.mem_get_info) plus what this process's caching allocator
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeAlias
 
 from .slice import LOCAL_SEQ_LENGTH, REPO, choose_recipe, local_compute, slice_config
+
+if TYPE_CHECKING:
+    from ..config.schema import Config
+    from .report import Report
+
+EstimateOf: TypeAlias = Callable[["Config"], "Estimate | None"]
+"""The Estimate of a loaded config's slice on this machine (None: no slice here)."""
 
 GIB = 2**30
 LOCAL_SCORE_BYTES = 10.0
@@ -77,7 +86,8 @@ class Estimate:
                 f"{r} {self.reserve / GIB:.1f}, host copies {self.host_copies / GIB:.1f}")
 
 
-def estimate(scfg, *, te: bool, gpu: bool, host_copies: int = SLICE_HOST_COPIES) -> Estimate:
+def estimate(scfg: Config, *, te: bool, gpu: bool, host_copies: int = SLICE_HOST_COPIES
+             ) -> Estimate:
     """The memory of one rank of the slice config `scfg` (slice.slice_config)."""
     from ..planner.calibrate.constants import ASSUMED
     from ..planner.context import Context
@@ -136,12 +146,13 @@ def available(gpu: bool, gpus: int = 1) -> dict[str, int]:
     return out
 
 
-def shortfalls(est: Estimate, have: dict[str, int], ranks: int = 1) -> dict[str, tuple]:
+def shortfalls(est: Estimate, have: dict[str, int], ranks: int = 1
+               ) -> dict[str, tuple[float, int]]:
     """{memory: (bytes needed, bytes available)} for each memory that cannot hold `ranks` ranks."""
     return {k: (need, have[k]) for k, need in est.needs(ranks).items() if need > have[k]}
 
 
-def fitting_configs(estimate_of, have: dict[str, int], ranks: int = 1,
+def fitting_configs(estimate_of: EstimateOf, have: dict[str, int], ranks: int = 1,
                     folder: Path = REPO / "configs") -> list[str]:
     """The configs of `folder` whose slice fits `have`: `estimate_of(cfg)` gives the Estimate of
     a loaded config's slice (None: no slice on this machine)."""
@@ -171,7 +182,7 @@ def refusal(what: str, est: Estimate, have: dict[str, int], fitting: list[str],
         + (", ".join(fitting) if fitting else "none"))
 
 
-def fit_data(est: Estimate, have: dict[str, int], ranks: int = 1) -> dict:
+def fit_data(est: Estimate, have: dict[str, int], ranks: int = 1) -> dict[str, dict[str, float]]:
     """The estimate and what was available, for the report's figures."""
     return {"memory_estimate_gib": {k: round(v / GIB, 2) for k, v in est.needs(ranks).items()},
             "memory_available_gib": {k: round(v / GIB, 2) for k, v in have.items()},
@@ -180,8 +191,9 @@ def fit_data(est: Estimate, have: dict[str, int], ranks: int = 1) -> dict:
                 if f.name not in ("parameters", "gpu")}}
 
 
-def slice_estimate(c, *, te: bool, cpu: bool, cap, layers: int, seq_length: int | None,
-                   steps: int, system: str | None, dp: int = 1) -> Estimate | None:
+def slice_estimate(c: Config, *, te: bool, cpu: bool, cap: tuple[int, int] | None, layers: int,
+                   seq_length: int | None, steps: int, system: str | None, dp: int = 1
+                   ) -> Estimate | None:
     """The Estimate of config `c`'s slice as checks.run_checks runs it on this machine (at DP 2
     as the dp2 phase's ranks do: distributed optimizer, no host copies); None: no slice here."""
     compute = choose_recipe(c.precision.compute, cap)[0] if te else local_compute(
@@ -197,7 +209,8 @@ def slice_estimate(c, *, te: bool, cpu: bool, cap, layers: int, seq_length: int 
     return estimate(s, te=te, gpu=not cpu, host_copies=SLICE_HOST_COPIES if dp == 1 else 0)
 
 
-def fits(rep, check: str, what: str, estimate_of, cfg, *, gpu: bool, ranks: int = 1) -> bool:
+def fits(rep: Report, check: str, what: str, estimate_of: EstimateOf, cfg: Config, *, gpu: bool,
+         ranks: int = 1) -> bool:
     """Whether `what` fits this machine's memory now (module fit), estimated before anything is
     built: the estimate and the memory available go into `check`'s figures; when it cannot fit,
     `check` fails naming both and the configs whose slice fits. Two GPUs for the DP 2 phase on

@@ -25,8 +25,16 @@ Timing: CUDA events on a GPU; `time.perf_counter` on the CPU (where `torch._scal
 runs, so the unit tests take the same path at small shapes; CPU times mean nothing)."""
 from __future__ import annotations
 
+import functools
 import statistics
 import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, NotRequired, TypeAlias, TypedDict, cast
+
+if TYPE_CHECKING:   # torch is imported where it is used
+    import torch
+
+    from ..planner.context import Context
 
 CEILING_N = 8192
 PASSES = ("fwd", "dgrad", "wgrad")
@@ -34,6 +42,58 @@ PRECISIONS = ("bf16", "fp8")
 LINEARS = ("qkv", "proj", "ffn_up", "ffn_down")
 E4M3_MAX = 448.0
 """The largest finite float8_e4m3fn (torch.finfo(torch.float8_e4m3fn).max)."""
+
+
+Operand: TypeAlias = "torch.Tensor | tuple[torch.Tensor, torch.Tensor]"
+"""An operand as `operands` makes it: a BF16 tensor, or an (E4M3 tensor, scale) pair for FP8."""
+
+
+class LinearPlan(TypedDict):
+    mnk: list[int]
+    passes_s: dict[str, float]
+
+
+class Assumed(TypedDict):
+    """What the planner assumes for one precision's GEMMs (planner_assumption)."""
+    tokens: int
+    peak_tflops: float
+    peak_fraction: float
+    ceiling_s: float
+    linears: dict[str, LinearPlan]
+
+
+class Ceiling(TypedDict):
+    """The n^3 product's figures (ceiling)."""
+    precision: str
+    n: int
+    median_s: float
+    tflops: float
+    spread: float
+    rel_error_vs_bf16: NotRequired[float]
+    """FP8 only."""
+
+
+class AgainstPlanner(TypedDict):
+    """A shard_gemms row beside the planner's assumption (against_planner)."""
+    share_of_peak: float
+    planner_passes_s: dict[str, float]
+    planner_tflops: float
+    measured_over_planner: float
+
+
+class GemmRow(TypedDict):
+    """One linear in one precision (shard_gemms), then beside the planner (against_planner)."""
+    mnk: list[int]
+    passes_s: dict[str, float]
+    flops: float
+    seconds: NotRequired[float]
+    tflops: NotRequired[float]
+    rel_error_vs_bf16: NotRequired[float]
+    """FP8 only."""
+    share_of_peak: NotRequired[float]
+    planner_passes_s: NotRequired[dict[str, float]]
+    planner_tflops: NotRequired[float]
+    measured_over_planner: NotRequired[float]
 
 
 def pass_shapes(M: int, N: int, K: int) -> dict[str, tuple[int, int, int]]:
@@ -46,7 +106,7 @@ def gemm_flops(m: int, n: int, k: int) -> float:
     return 2.0 * m * n * k
 
 
-def planner_context(system: str, precision: str):
+def planner_context(system: str, precision: str) -> Context:
     """The planner's Context of the HGX H200 layout (TP4, CP2, MBS 1) on `system`."""
     from ..planner.context import Context
     from ..planner.spec import make_config
@@ -54,7 +114,7 @@ def planner_context(system: str, precision: str):
                                   precision=precision))
 
 
-def planner_assumption(system: str, precision: str) -> dict:
+def planner_assumption(system: str, precision: str) -> Assumed:
     """What the planner assumes for `precision` GEMMs on `system`: the dense peak, the
     achievable fraction, the n^3 ceiling product's time, and per linear of the TP4 shard its
     (M, N, K) and the seconds of its three GEMMs (planner.compute.part_passes)."""
@@ -70,7 +130,7 @@ def planner_assumption(system: str, precision: str) -> dict:
                         for k in LINEARS}}
 
 
-def quantize_e4m3(t):
+def quantize_e4m3(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(E4M3 tensor, FP32 dequantization scale): one scale for the whole tensor, amax -> 448."""
     import torch
     amax = t.abs().amax().float().clamp_min(1e-12)
@@ -78,7 +138,8 @@ def quantize_e4m3(t):
     return q, (amax / E4M3_MAX).reshape(())
 
 
-def operands(m: int, n: int, k: int, precision: str, *, device: str = "cuda", seed: int = 0):
+def operands(m: int, n: int, k: int, precision: str, *, device: str = "cuda", seed: int = 0
+             ) -> tuple[Operand, Operand]:
     """A [m, k] and B [n, k] on `device` (row-major; the product is A B^T): BF16 tensors, or
     (E4M3 tensor, scale) pairs for FP8."""
     import torch
@@ -90,22 +151,25 @@ def operands(m: int, n: int, k: int, precision: str, *, device: str = "cuda", se
     return quantize_e4m3(a), quantize_e4m3(b)
 
 
-def product(a, b, precision: str, *, fast_accum: bool = True, out=None):
+def product(a: Operand, b: Operand, precision: str, *, fast_accum: bool = True,
+            out: torch.Tensor | None = None) -> torch.Tensor:
     """A B^T in `precision` (operands as `operands` makes them), BF16 result."""
     import torch
-    if precision == "bf16":
-        return torch.matmul(a, b.t(), out=out)
-    (qa, sa), (qb, sb) = a, b
+    if precision == "bf16":   # BF16 tensors (operands)
+        return torch.matmul(cast(torch.Tensor, a), cast(torch.Tensor, b).t(), out=out)
+    (qa, sa), (qb, sb) = cast(tuple[torch.Tensor, torch.Tensor], a), cast(
+        tuple[torch.Tensor, torch.Tensor], b)   # (E4M3 tensor, scale) pairs (operands)
     # torch._scaled_mm: mat2 column-major (the transpose of a row-major [n, k]); the scales
     # multiply the product (dequantization scales)
     return torch._scaled_mm(qa, qb.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16,
                             use_fast_accum=fast_accum)
 
 
-def median_seconds(fn, *, iters: int, warmup: int, device: str) -> tuple[float, float]:
+def median_seconds(fn: Callable[[], object], *, iters: int, warmup: int, device: str
+                   ) -> tuple[float, float]:
     """(median seconds of fn(), (max - min) / median) over `iters` calls after `warmup`."""
     import torch
-    times = []
+    times: list[float] = []
     for i in range(warmup + iters):
         if device == "cuda":
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -113,7 +177,7 @@ def median_seconds(fn, *, iters: int, warmup: int, device: str) -> tuple[float, 
             fn()
             e.record()
             e.synchronize()
-            dt = s.elapsed_time(e) / 1e3
+            dt: float = s.elapsed_time(e) / 1e3   # Any: torch 2.13 leaves Event unannotated
         else:
             t0 = time.perf_counter()
             fn()
@@ -124,7 +188,8 @@ def median_seconds(fn, *, iters: int, warmup: int, device: str) -> tuple[float, 
     return t, (max(times) - min(times)) / t
 
 
-def rel_error_vs_bf16(a, b, m: int, n: int, k: int, *, device: str, seed: int) -> float:
+def rel_error_vs_bf16(a: Operand, b: Operand, m: int, n: int, k: int, *, device: str,
+                      seed: int) -> float:
     """Relative error of the FP8 product of (a, b) against the BF16 product of the same data
     (FP32 accumulation of both in the norm)."""
     ab, bb = operands(m, n, k, "bf16", device=device, seed=seed)
@@ -134,21 +199,21 @@ def rel_error_vs_bf16(a, b, m: int, n: int, k: int, *, device: str, seed: int) -
 
 
 def ceiling(precision: str, *, n: int = CEILING_N, iters: int = 50, warmup: int = 5,
-            device: str = "cuda") -> dict:
+            device: str = "cuda") -> Ceiling:
     """The n^3 matrix product's median time and TFLOP/s in `precision` (module docstring)."""
     import torch
     pairs = [operands(n, n, n, precision, device=device, seed=s) for s in range(2)]
     out = torch.empty(n, n, device=device, dtype=torch.bfloat16)
     state = {"i": 0}
 
-    def step():
+    def step() -> None:
         a, b = pairs[state["i"] % 2]
         state["i"] += 1
         product(a, b, precision, out=out if precision == "bf16" else None)
 
     t, spread = median_seconds(step, iters=iters, warmup=warmup, device=device)
-    res = {"precision": precision, "n": n, "median_s": t, "tflops": gemm_flops(n, n, n) / t / 1e12,
-           "spread": spread}
+    res: Ceiling = {"precision": precision, "n": n, "median_s": t,
+                    "tflops": gemm_flops(n, n, n) / t / 1e12, "spread": spread}
     if precision == "fp8":
         a, b = pairs[0]
         res["rel_error_vs_bf16"] = rel_error_vs_bf16(a, b, n, n, n, device=device, seed=0)
@@ -158,23 +223,24 @@ def ceiling(precision: str, *, n: int = CEILING_N, iters: int = 50, warmup: int 
     return res
 
 
-def shard_gemms(shapes: dict[str, list[int] | tuple[int, int, int]], *, precisions=PRECISIONS,
-                iters: int = 10, warmup: int = 3, device: str = "cuda", on_row=None) -> dict:
+def shard_gemms(shapes: Mapping[str, Sequence[int]], *, precisions: Sequence[str] = PRECISIONS,
+                iters: int = 10, warmup: int = 3, device: str = "cuda",
+                on_row: Callable[[str, str, GemmRow], None] | None = None
+                ) -> dict[str, dict[str, GemmRow]]:
     """Each linear of `shapes` ((M, N, K) by name) in each precision: the seconds of its three
     GEMMs (`pass_shapes`), its FLOPs (6 M N K) and TFLOP/s; FP8 rows also the relative error
     against BF16 of the forward product. `on_row(name, precision, row)` is called after each
     row (the phase writes its report there)."""
     import torch
-    rows: dict[str, dict] = {}
+    rows: dict[str, dict[str, GemmRow]] = {}
     for name, (M, N, K) in shapes.items():
         for prec in precisions:
-            row: dict = {"mnk": [M, N, K], "passes_s": {}, "flops": 6.0 * M * N * K}
+            row: GemmRow = {"mnk": [M, N, K], "passes_s": {}, "flops": 6.0 * M * N * K}
             for i, (p, (m, n, k)) in enumerate(pass_shapes(M, N, K).items()):
                 a, b = operands(m, n, k, prec, device=device, seed=i)
                 # TE's FP8 recipes: fprop fast accumulation, dgrad and wgrad the split one
                 row["passes_s"][p], _ = median_seconds(
-                    lambda a=a, b=b, prec=prec, fast=p == "fwd": product(a, b, prec,
-                                                                        fast_accum=fast),
+                    functools.partial(product, a, b, prec, fast_accum=p == "fwd"),
                     iters=iters, warmup=warmup, device=device)
                 if prec == "fp8" and p == "fwd":
                     row["rel_error_vs_bf16"] = rel_error_vs_bf16(a, b, m, n, k, device=device,
@@ -190,7 +256,7 @@ def shard_gemms(shapes: dict[str, list[int] | tuple[int, int, int]], *, precisio
     return rows
 
 
-def against_planner(row: dict, assumed: dict, name: str) -> dict:
+def against_planner(row: GemmRow, assumed: Assumed, name: str) -> AgainstPlanner:
     """A shard_gemms row's figures beside the planner's `assumed` (planner_assumption) for the
     same linear: share of the dense peak, the planner's seconds and TFLOP/s, measured rate over
     the planner's."""

@@ -31,8 +31,20 @@ matrix products in BF16 and FP8 (module gemm).
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .gemm import CEILING_N
+
+if TYPE_CHECKING:   # torch and megatron-core are imported where they are used
+    import torch
+    from megatron.core.transformer.transformer_layer import TransformerLayer
+
+    from ..config.schema import Config, ModelConfig
+    from .gemm import Assumed, Ceiling, GemmRow
+    from .layer_types import LayerRow, LayerTiming, Note, Nvfp4Figures, PlannerLayer, ShardGemms
+    from .report import Report
 
 SEQ = 4096
 CEILINGS = {"matmul_ceiling": "bf16", "matmul_ceiling_fp8": "fp8"}
@@ -46,13 +58,13 @@ SHAPES = {"full": {"num_attention_heads": 128, "num_query_groups": 8, "ffn_hidde
                         "tp": 4}}
 
 
-def matmul_ceiling(n: int = 8192, iters: int = 50, warmup: int = 5) -> dict:
+def matmul_ceiling(n: int = 8192, iters: int = 50, warmup: int = 5) -> Ceiling:
     """The BF16 n^3 product on the GPU (gemm.ceiling)."""
     from .gemm import ceiling
     return ceiling("bf16", n=n, iters=iters, warmup=warmup)
 
 
-def layer_overrides(shape: str, system: str, seq: int = SEQ) -> dict:
+def layer_overrides(shape: str, system: str, seq: int = SEQ) -> dict[str, dict[str, object]]:
     s = SHAPES[shape]
     return {
         "model": {"num_layers": 1, "num_attention_heads": s["num_attention_heads"],
@@ -70,7 +82,7 @@ def layer_overrides(shape: str, system: str, seq: int = SEQ) -> dict:
     }
 
 
-def layer_flops(m) -> dict[str, float]:
+def layer_flops(m: ModelConfig) -> dict[str, float]:
     """Convention FLOPs (forward + backward) of one layer of ModelConfig `m`, by part, for any
     head count (a TP shard built as a TP 1 model has nq x d != hidden)."""
     s, h, f = m.seq_length, m.hidden_size, m.ffn_hidden_size
@@ -80,7 +92,7 @@ def layer_flops(m) -> dict[str, float]:
             "ffn_up": 12.0 * s * h * f, "ffn_down": 6.0 * s * f * h}
 
 
-def planner_layer(system: str, shape: str, seq: int = SEQ) -> dict:
+def planner_layer(system: str, shape: str, seq: int = SEQ) -> PlannerLayer:
     """The planner's forward and backward seconds of one layer (no embedding, no logits) of
     `shape` on `system`, BF16, CP 1."""
     from ..config.schema import ModelConfig
@@ -94,19 +106,22 @@ def planner_layer(system: str, shape: str, seq: int = SEQ) -> dict:
     return {"fwd_s": fwd.total, "bwd_s": bwd.total, "attention_s": fwd.attention + bwd.attention}
 
 
-def bench_layer(config, shape: str, *, system: str, iters: int = 10, warmup: int = 3,
-                seq: int = SEQ) -> dict:
+def bench_layer(config: str | Path, shape: str, *, system: str, iters: int = 10,
+                warmup: int = 3, seq: int = SEQ) -> LayerTiming:
     """Forward and backward medians of one layer of `shape` (module docstring). Needs
     torch.distributed and Megatron's parallel state initialised (TP = 1)."""
     import torch
     from megatron.core.transformer.spec_utils import build_module
+    from megatron.core.typed_torch import apply_module
 
     from ..config.load import load_config
     from ..model.builder import layer_spec, transformer_config
     cfg = load_config(config, validate=False, overrides=layer_overrides(shape, system, seq))
     tc = transformer_config(cfg)
     tc.gradient_accumulation_fusion = False   # no DDP wrapper: no main_grad buffers
-    layer = build_module(layer_spec(cfg, te=False), config=tc, layer_number=1).to(
+    # Any: megatron-core 0.19.2 leaves build_module's return unannotated (the spec's module)
+    layer: TransformerLayer = build_module(layer_spec(cfg, te=False), config=tc,
+                                           layer_number=1).to(
         device="cuda", dtype=torch.bfloat16)
     g = torch.Generator(device="cuda").manual_seed(0)
     h = cfg.model.hidden_size
@@ -114,14 +129,18 @@ def bench_layer(config, shape: str, *, system: str, iters: int = 10, warmup: int
          ).requires_grad_(True)
     dy = torch.randn(seq, 1, h, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
     mask = torch.triu(torch.ones(seq, seq, dtype=torch.bool, device="cuda"), 1)[None, None]
-    fwd, bwd = [], []
+    fwd: list[float] = []
+    bwd: list[float] = []
     for i in range(warmup + iters):
         x.grad = None
         layer.zero_grad(set_to_none=True)
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
         ev[0].record()
-        out = layer(hidden_states=x, attention_mask=mask)
-        out = out[0] if isinstance(out, tuple) else out
+        # the layer itself, its arguments checked (megatron-core's typed_torch.apply_module); Any:
+        # TransformerLayer.forward's return is unannotated (a tuple: output, context)
+        res: tuple[torch.Tensor, torch.Tensor | None] | torch.Tensor = apply_module(layer)(
+            hidden_states=x, attention_mask=mask)
+        out = res[0] if isinstance(res, tuple) else res
         ev[1].record()
         out.backward(dy)
         ev[2].record()
@@ -130,7 +149,7 @@ def bench_layer(config, shape: str, *, system: str, iters: int = 10, warmup: int
             fwd.append(ev[0].elapsed_time(ev[1]) / 1e3)
             bwd.append(ev[1].elapsed_time(ev[2]) / 1e3)
     peak = torch.cuda.max_memory_allocated() / 2**30
-    del layer, x, dy, out, mask
+    del layer, x, dy, out, res, mask
     torch.cuda.empty_cache()
     flops = layer_flops(cfg.model)
     return {"shape": shape, "seq": seq, "heads": cfg.model.num_attention_heads,
@@ -139,11 +158,12 @@ def bench_layer(config, shape: str, *, system: str, iters: int = 10, warmup: int
             "flops": sum(flops.values()), "flops_by_part": flops, "peak_gib": round(peak, 1)}
 
 
-def _rel(a, b) -> float:
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
 
 
-def nvfp4_emulation(shape=(4096, 16384, 26624), iters: int = 3, note=None) -> dict:
+def nvfp4_emulation(shape: tuple[int, int, int] = (4096, 16384, 26624), iters: int = 3,
+                    note: Note | None = None) -> Nvfp4Figures:
     """Figures of the nvfp4_emulation check (module docstring); `note(**figures)` is called
     with each figure as soon as it is measured."""
     note = note or (lambda **_: None)
@@ -158,7 +178,7 @@ def nvfp4_emulation(shape=(4096, 16384, 26624), iters: int = 3, note=None) -> di
     dy = torch.randn(512, 1024, generator=g)
     quant_equal = all(torch.equal(fake_quantize(t, columnwise=c), fake_quantize(
         t.cuda(), columnwise=c).cpu()) for t in (x, w) for c in (False, True))
-    out = {}
+    out: dict[str, list[torch.Tensor]] = {}
     for dev in ("cpu", "cuda"):
         xd, wd = x.to(dev).requires_grad_(True), w.to(dev).requires_grad_(True)
         y = nvfp4_linear(xd, wd)
@@ -173,10 +193,10 @@ def nvfp4_emulation(shape=(4096, 16384, 26624), iters: int = 3, note=None) -> di
     xb = (torch.randn(T, K, device="cuda", generator=gc)).to(torch.bfloat16).requires_grad_(True)
     wb = (torch.randn(N, K, device="cuda", generator=gc) * 0.02).to(torch.bfloat16).requires_grad_(True)
     dyb = torch.randn(T, N, device="cuda", generator=gc).to(torch.bfloat16)
-    times = {}
+    times: dict[str, float] = {}
     for name, fn in (("nvfp4_emulated", lambda: nvfp4_linear(xb, wb)),
                      ("bf16", lambda: F.linear(xb, wb))):
-        ts = []
+        ts: list[float] = []
         for i in range(iters + 1):
             xb.grad = wb.grad = None
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -198,14 +218,14 @@ def nvfp4_emulation(shape=(4096, 16384, 26624), iters: int = 3, note=None) -> di
             "fwd_bwd_s": times, "slowdown_vs_bf16": times["nvfp4_emulated"] / times["bf16"]}
 
 
-def _note(rep, name: str, **data) -> None:
+def _note(rep: Report, name: str, **data: object) -> None:
     """Figures of check `name`, written to the report at once (a killed phase keeps them)."""
     rep.checks[name].data.update(data)
     rep.save()
 
 
-def ceiling_check(rep, name: str, precision: str, assumed: dict, *, system: str,
-                  ceiling_fn=None) -> None:
+def ceiling_check(rep: Report, name: str, precision: str, assumed: Assumed, *, system: str,
+                  ceiling_fn: Callable[[str], Ceiling] | None = None) -> None:
     """Check `name`: the n^3 ceiling in `precision` beside the dense peak and the planner's
     assumption `assumed` (gemm.planner_assumption); FP8 fails when its product is off the BF16
     one by more than FP8_MAX_REL_ERROR (a wrong scale). `ceiling_fn`: gemm.ceiling's stand-in
@@ -229,8 +249,9 @@ def ceiling_check(rep, name: str, precision: str, assumed: dict, *, system: str,
     rep.passed(name, detail, **data)
 
 
-def gemms_check(rep, assumed: dict[str, dict], *, precisions=("bf16", "fp8"),
-                shard_fn=None) -> None:
+def gemms_check(rep: Report, assumed: Mapping[str, Assumed], *,
+                precisions: Sequence[str] = ("bf16", "fp8"),
+                shard_fn: ShardGemms | None = None) -> None:
     """Check gemms_tp4: the TP4 shard's linears (gemm.shard_gemms at the planner's shapes),
     each row written to the report as it is measured, beside the dense peak and the planner.
     `shard_fn`: gemm.shard_gemms' stand-in (the unit tests pass a CPU one at small shapes)."""
@@ -241,7 +262,7 @@ def gemms_check(rep, assumed: dict[str, dict], *, precisions=("bf16", "fp8"),
     data.update(tokens=first["tokens"], dense_peak_tflops={p: assumed[p]["peak_tflops"]
                                                            for p in precisions})
 
-    def on_row(name: str, prec: str, row: dict) -> None:
+    def on_row(name: str, prec: str, row: GemmRow) -> None:
         row.update(against_planner(row, assumed[prec], name))
         data.setdefault(name, {})[prec] = row
         rep.save()
@@ -268,7 +289,7 @@ def gemms_check(rep, assumed: dict[str, dict], *, precisions=("bf16", "fp8"),
         rep.passed("gemms_tp4", detail)
 
 
-def run_layer_phase(rep, cfg, *, system: str, iters: int = 10) -> None:
+def run_layer_phase(rep: Report, cfg: Config, *, system: str, iters: int = 10) -> None:
     """The checks matmul_ceiling, matmul_ceiling_fp8, gemms_tp4, nvfp4_emulation and
     layer_bf16, cheapest first, each figure written to the report as it is measured (needs
     CUDA; layer_bf16 also megatron-core)."""
@@ -277,7 +298,7 @@ def run_layer_phase(rep, cfg, *, system: str, iters: int = 10) -> None:
     from ..parallel.setup import seed_model_parallel, teardown_parallel
     from .gemm import planner_assumption
     from .report import Timed
-    assumed: dict[str, dict] = {}
+    assumed: dict[str, Assumed] = {}
     for name, prec in CEILINGS.items():
         with Timed(rep, name):
             assumed[prec] = planner_assumption(system, prec)
@@ -306,7 +327,7 @@ def run_layer_phase(rep, cfg, *, system: str, iters: int = 10) -> None:
     if not rep.afford(["layer_bf16"], 30, "one 405B-width layer in two shapes"):
         return
     peak = assumed["bf16"]["peak_tflops"]
-    ceiling = rep.checks["matmul_ceiling"].data["tflops"]
+    ceiling: float = rep.checks["matmul_ceiling"].data["tflops"]
     with Timed(rep, "layer_bf16"):
         import torch.distributed as dist
         from megatron.core import parallel_state as ps
@@ -318,18 +339,18 @@ def run_layer_phase(rep, cfg, *, system: str, iters: int = 10) -> None:
                                          pipeline_model_parallel_size=1)
         # the same graph-safe RNG tracker the slice makes (Megatron keeps the first one)
         seed_model_parallel(1234, cuda_graphs=True)
-        rows = {}
+        rows: dict[str, LayerRow] = {}
         try:
             for shape in SHAPES:
-                r = bench_layer(cfg.source, shape, system=system, iters=iters)
+                b = bench_layer(cfg.source, shape, system=system, iters=iters)
                 p = planner_layer(system, shape)
-                t = r["fwd_s"] + r["bwd_s"]
-                r.update(total_s=t, model_tflops=r["flops"] / t / 1e12,
-                         mfu_vs_measured_ceiling=r["flops"] / t / 1e12 / ceiling,
-                         mfu_vs_datasheet=r["flops"] / t / 1e12 / peak,
-                         planner_fwd_s=p["fwd_s"], planner_bwd_s=p["bwd_s"],
-                         planner_attention_s=p["attention_s"],
-                         planner_over_measured=(p["fwd_s"] + p["bwd_s"]) / t)
+                t = b["fwd_s"] + b["bwd_s"]
+                r: LayerRow = {**b, "total_s": t, "model_tflops": b["flops"] / t / 1e12,
+                               "mfu_vs_measured_ceiling": b["flops"] / t / 1e12 / ceiling,
+                               "mfu_vs_datasheet": b["flops"] / t / 1e12 / peak,
+                               "planner_fwd_s": p["fwd_s"], "planner_bwd_s": p["bwd_s"],
+                               "planner_attention_s": p["attention_s"],
+                               "planner_over_measured": (p["fwd_s"] + p["bwd_s"]) / t}
                 rows[shape] = r
                 _note(rep, "layer_bf16", **{shape: r})
                 rep.log(f"layer {shape}: fwd {r['fwd_s'] * 1e3:.1f} ms, bwd {r['bwd_s'] * 1e3:.1f} "

@@ -28,10 +28,21 @@ import os
 import sys
 import tarfile
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, NotRequired, TypedDict, cast
 
 from .report import Report, Timed
+
+if TYPE_CHECKING:   # torch and the training loop are imported where they are used
+    import torch
+
+    from ..profile.capture import ProfileRun
+    from ..train.loop import Run
+    from ..train.protocols import Microbatch
+
+    ForwardBackward = Callable[[list[Microbatch]], torch.Tensor]
+    """Run._forward_backward."""
 
 PACK_PREFIX, PACK_EXT = "profile_", ".tgz"
 PACK_LIMIT = 15 * 2**20
@@ -39,8 +50,94 @@ PACK_LIMIT = 15 * 2**20
 it the traces are left out of the pack (their analysis stays in)."""
 NEEDS_S = 30.0
 """Seconds of the time budget the check needs (a few steps, the trace export, the analysis)."""
-EAGER_PLAN = dict(skip=0, baseline=1, steps=2)
-REPLAYED_PLAN = dict(skip=1, baseline=0, steps=2)
+
+
+class PlanSteps(TypedDict):
+    """profile.capture.Plan's step counts."""
+    skip: int
+    baseline: int
+    steps: int
+
+
+EAGER_PLAN = PlanSteps(skip=0, baseline=1, steps=2)
+REPLAYED_PLAN = PlanSteps(skip=1, baseline=0, steps=2)
+
+
+class Memory(TypedDict):
+    """The allocator's peaks in a rank record (profile.capture)."""
+    max_allocated_gb: float
+    max_reserved_gb: float
+    capacity_gb: float
+
+
+class Figures(TypedDict):
+    """One profile folder's figures as its analysis and rank record give them (_figures); the
+    ones this module only passes on to the report are `object`."""
+    folder: str
+    steps_s: list[float]
+    measured_step_s: object
+    compute_s: float
+    host_gap_s: float
+    exposed_s: object
+    components: object
+    unattributed: object
+    predicted_step_s: object
+    prediction_error: object
+    baseline_step_s: list[float]
+    eager_step_s: list[float]
+    profiled_step_s: object
+    overhead_ratio: object
+    graphs_speedup: object
+    memory: Memory | None
+    trace_bytes: object
+    gpu_trace: bool
+    kernels: int
+    cpu_ops: int
+    event_categories: dict[str, int]
+
+
+class _StepDetail(TypedDict):
+    step_s: float
+
+
+class _RankAnalysis(TypedDict):
+    """A rank's entry in analysis.json (profile.report), the keys read here."""
+    steps_detail: list[_StepDetail]
+    compute_s: float
+    host_gap_s: float
+    exposed_s: object
+    components: object
+    unattributed: object
+
+
+class _Analysis(TypedDict):
+    """analysis.json (profile.report.analyze_folder), the keys read here."""
+    compared_ranks: list[int]
+    ranks: dict[str, _RankAnalysis]
+    measured_step_s: object
+    predicted_step_s: object
+    prediction_error: object
+    overhead_ratio: object
+    graphs_speedup: object
+
+
+class _RankRecord(TypedDict):
+    """A rank record (profile.capture.ProfileHook), the keys read here."""
+    trace: str
+    baseline_step_s: list[float]
+    eager_step_s: list[float]
+    profiled_step_s: object
+    memory: Memory | None
+    trace_bytes: object
+
+
+class Pack(TypedDict):
+    """Where the folders were packed (_pack), or why not (`error`)."""
+    path: str
+    bytes: NotRequired[int]
+    folders: NotRequired[list[str]]
+    left_out: NotRequired[list[str]]
+    error: NotRequired[str]
 
 
 def pack_path(report_path: str | Path | None) -> Path | None:
@@ -52,7 +149,7 @@ def pack_path(report_path: str | Path | None) -> Path | None:
     return p.with_name(PACK_PREFIX + p.stem + PACK_EXT)
 
 
-def profile_check(rep: Report, run: Any) -> None:
+def profile_check(rep: Report, run: Run) -> None:
     """The `profile` check on `run` (an initialised train.loop.Run whose other checks are
     done). Never raises: a failure is the check's."""
     if not rep.afford(("profile",), NEEDS_S, "the profile"):
@@ -61,13 +158,15 @@ def profile_check(rep: Report, run: Any) -> None:
         _profile(rep, run)
 
 
-def _note(rep: Report, **data) -> None:
+def _note(rep: Report, **data: object) -> None:
     rep.checks["profile"].data.update(data)
     rep.save()
 
 
-def _profile(rep: Report, run: Any) -> None:
+def _profile(rep: Report, run: Run) -> None:
     from ..profile.capture import GroupThreads, install_annotations
+    # `run` gets what ProfileRun adds to the training loop's Run (below): read as one from here
+    run = cast("ProfileRun", run)
     gpu, graphs = run.device.gpu, run._graphs is not None
     work = Path(tempfile.mkdtemp(prefix="profile_", dir=run.cfg.checkpoint.ckpt_dir))
     dest = pack_path(rep.path) or work.with_suffix(PACK_EXT)
@@ -75,8 +174,10 @@ def _profile(rep: Report, run: Any) -> None:
     # what ProfileRun adds to the training loop's Run, on this run (ProfileHook reads them)
     run.eager = False
     run.group_threads = GroupThreads()   # the groups exist already: gloo threads unattributed
-    saved_fb = run.__dict__.get("_forward_backward")
-    run._forward_backward = _eager_switch(run, run._forward_backward)
+    saved_fb: ForwardBackward | None = run.__dict__.get("_forward_backward")
+    # an instance attribute over the method, on purpose (as ProfileRun overrides it)
+    run._forward_backward = _eager_switch(  # type: ignore[method-assign]
+        run, run._forward_backward)
     try:
         install_annotations(run)
         eager = _capture(rep, run, folders[0], EAGER_PLAN, graphs=graphs)
@@ -91,12 +192,12 @@ def _profile(rep: Report, run: Any) -> None:
         if saved_fb is None:
             del run._forward_backward
         else:
-            run._forward_backward = saved_fb
+            run._forward_backward = saved_fb  # type: ignore[method-assign]
         run.eager = False
         try:
             pack = _pack([f for f in folders if f.is_dir()], dest)
         except (OSError, tarfile.TarError) as e:   # the figures stand without the pack
-            pack = dict(path=str(dest), error=f"{type(e).__name__}: {e}")
+            pack = {"path": str(dest), "error": f"{type(e).__name__}: {e}"}
         _note(rep, pack=pack)
     problems = _problems(eager, gpu) + (_problems(replayed, gpu, kernels_needed=False)
                                         if replayed else [])
@@ -109,10 +210,10 @@ def _profile(rep: Report, run: Any) -> None:
         rep.passed("profile", detail)
 
 
-def _eager_switch(run: Any, inner):
+def _eager_switch(run: ProfileRun, inner: ForwardBackward) -> ForwardBackward:
     """Run._forward_backward that runs Megatron's schedule itself (no graph replay) while
     `run.eager` is set, as profile.capture.ProfileRun._forward_backward does."""
-    def forward_backward(microbatches):
+    def forward_backward(microbatches: list[Microbatch]) -> torch.Tensor:
         if not (run.eager and run._graphs is not None):
             return inner(microbatches)
         from ..train.step import run_schedule
@@ -123,7 +224,8 @@ def _eager_switch(run: Any, inner):
     return forward_backward
 
 
-def _capture(rep: Report, run: Any, out: Path, plan_kw: dict, *, graphs: bool) -> dict:
+def _capture(rep: Report, run: ProfileRun, out: Path, plan_kw: PlanSteps, *,
+             graphs: bool) -> Figures:
     """ProfileHook's phases on `run`'s next steps into the fresh folder `out`, then its
     analysis; returns the figures (profile_check's data)."""
     from ..profile.capture import Plan, ProfileHook
@@ -132,7 +234,7 @@ def _capture(rep: Report, run: Any, out: Path, plan_kw: dict, *, graphs: bool) -
     from ..train.prefetch import Prefetcher
     plan = Plan(out=out, **plan_kw)
     mark_folder(out, run.cfg, plan)          # `out` is new: mark_folder clears nothing of ours
-    manifest = json.loads((out / MANIFEST).read_text())
+    manifest: dict[str, object] = json.loads((out / MANIFEST).read_text())
     manifest["first_contact"] = ("eager steps profiled (Megatron's schedule), replayed and eager "
                                  "steps timed before them" if graphs else
                                  "replayed steps profiled (the full-iteration graph)"
@@ -166,32 +268,33 @@ def _capture(rep: Report, run: Any, out: Path, plan_kw: dict, *, graphs: bool) -
     return _figures(out)
 
 
-def _figures(out: Path) -> dict:
+def _figures(out: Path) -> Figures:
     """What the folder's analysis.json and rank record say, as read back from the files."""
     from ..profile.trace import load
-    res = json.loads((out / "analysis.json").read_text())
+    # JSON (Any), read through typed views of the keys used (_Analysis, _RankRecord)
+    res: _Analysis = json.loads((out / "analysis.json").read_text())
     rank = str(res["compared_ranks"][0])
     m = res["ranks"][rank]
-    rec = json.loads((out / "ranks" / f"rank{int(rank):05d}.json").read_text())
+    rec: _RankRecord = json.loads((out / "ranks" / f"rank{int(rank):05d}.json").read_text())
     trace = load(out / rec["trace"])
     cats: dict[str, int] = {}
     for e in trace.events:
         cats[e.cat] = cats.get(e.cat, 0) + 1
-    return dict(folder=out.name, steps_s=[s["step_s"] for s in m["steps_detail"]],
-                measured_step_s=res["measured_step_s"], compute_s=m["compute_s"],
-                host_gap_s=m["host_gap_s"], exposed_s=m["exposed_s"],
-                components=m["components"], unattributed=m["unattributed"],
-                predicted_step_s=res["predicted_step_s"],
-                prediction_error=res["prediction_error"],
-                baseline_step_s=rec["baseline_step_s"], eager_step_s=rec["eager_step_s"],
-                profiled_step_s=rec["profiled_step_s"], overhead_ratio=res["overhead_ratio"],
-                graphs_speedup=res["graphs_speedup"], memory=rec["memory"],
-                trace_bytes=rec["trace_bytes"], gpu_trace=trace.gpu,
-                kernels=cats.get("kernel", 0), cpu_ops=cats.get("cpu_op", 0),
-                event_categories=cats)
+    return {"folder": out.name, "steps_s": [s["step_s"] for s in m["steps_detail"]],
+            "measured_step_s": res["measured_step_s"], "compute_s": m["compute_s"],
+            "host_gap_s": m["host_gap_s"], "exposed_s": m["exposed_s"],
+            "components": m["components"], "unattributed": m["unattributed"],
+            "predicted_step_s": res["predicted_step_s"],
+            "prediction_error": res["prediction_error"],
+            "baseline_step_s": rec["baseline_step_s"], "eager_step_s": rec["eager_step_s"],
+            "profiled_step_s": rec["profiled_step_s"], "overhead_ratio": res["overhead_ratio"],
+            "graphs_speedup": res["graphs_speedup"], "memory": rec["memory"],
+            "trace_bytes": rec["trace_bytes"], "gpu_trace": trace.gpu,
+            "kernels": cats.get("kernel", 0), "cpu_ops": cats.get("cpu_op", 0),
+            "event_categories": cats}
 
 
-def _problems(fig: dict, gpu: bool, *, kernels_needed: bool = True) -> list[str]:
+def _problems(fig: Figures, gpu: bool, *, kernels_needed: bool = True) -> list[str]:
     out = []
     what = fig["folder"]
     if not fig["steps_s"]:
@@ -205,8 +308,10 @@ def _problems(fig: dict, gpu: bool, *, kernels_needed: bool = True) -> list[str]
     return out
 
 
-def _line(eager: dict, replayed: dict | None, pack: dict, gpu: bool) -> str:
-    ms = lambda xs: "/".join(f"{x * 1e3:.1f}" for x in xs) or "-"   # noqa: E731
+def _line(eager: Figures, replayed: Figures | None, pack: Pack, gpu: bool) -> str:
+    def ms(xs: list[float]) -> str:
+        return "/".join(f"{x * 1e3:.1f}" for x in xs) or "-"
+
     parts = [f"eager: {len(eager['steps_s'])} profiled steps, {ms(eager['steps_s'])} ms in the "
              f"trace (compute {eager['compute_s'] * 1e3:.1f}, host gaps "
              f"{eager['host_gap_s'] * 1e3:.1f} ms/step; {eager['kernels']} kernels, "
@@ -231,7 +336,7 @@ def _line(eager: dict, replayed: dict | None, pack: dict, gpu: bool) -> str:
     return "; ".join(parts)
 
 
-def _pack(folders: list[Path], dest: Path) -> dict:
+def _pack(folders: list[Path], dest: Path) -> Pack:
     """The folders into one .tar.gz (written whole, then renamed); the traces are left out
     when the whole would pass PACK_LIMIT."""
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -254,5 +359,5 @@ def _pack(folders: list[Path], dest: Path) -> dict:
     size = dest.stat().st_size
     print(f"[profile] packed {', '.join(f.name for f in folders)} into {dest} "
           f"({size / 2**20:.2f} MiB)", file=sys.stderr, flush=True)
-    return dict(path=str(dest), bytes=size, folders=[f.name for f in folders],
-                left_out=left_out)
+    return {"path": str(dest), "bytes": size, "folders": [f.name for f in folders],
+            "left_out": left_out}

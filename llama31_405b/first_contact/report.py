@@ -9,8 +9,11 @@ import json
 import os
 import time
 import traceback
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
+from typing import Any
 
 CHECKS = ("gpu", "transformer_engine", "recipe", "gradient_accumulation_fusion", "build",
           "checkpoint_save", "checkpoint_load", "warmup_and_graphs", "replay_equals_eager",
@@ -35,8 +38,9 @@ class Check:
     """"passed", "failed" or "not run"."""
     detail: str = ""
     seconds: float = 0.0
-    data: dict = field(default_factory=dict)
-    """Figures of the check (times, ratios, versions), for the JSON report."""
+    data: dict[str, Any] = field(default_factory=dict)
+    """Figures of the check (times, ratios, versions), for the JSON report. Any: JSON values of
+    every kind (numbers, strings, lists, nested tables) that the phases also read back."""
 
 
 class Report:
@@ -44,25 +48,25 @@ class Report:
     change; `budget_s`: seconds this process may spend (None: no limit)."""
 
     def __init__(self, *, tracebacks: bool = False, path: str | Path | None = None,
-                 budget_s: float | None = None, meta: dict | None = None):
+                 budget_s: float | None = None, meta: dict[str, object] | None = None) -> None:
         self.checks = {n: Check(n) for n in CHECKS}
         self.tracebacks = tracebacks
         self.path = Path(path) if path else None
         self.t0 = time.monotonic()
         self.budget_s = budget_s
-        self.meta = dict(meta or {})
+        self.meta: dict[str, object] = dict(meta or {})
         self.current: str | None = None
         """The check in progress (Timed), named in the report until it ends."""
         self.save()
 
     # -- status -------------------------------------------------------------------------------
-    def passed(self, check: str, detail: str = "", /, **data) -> None:
+    def passed(self, check: str, detail: str = "", /, **data: object) -> None:
         c = self.checks[check]
         c.status, c.detail = "passed", detail
         c.data.update(data)
         self.save()
 
-    def failed(self, check: str, detail: str, /, **data) -> None:
+    def failed(self, check: str, detail: str, /, **data: object) -> None:
         c = self.checks[check]
         c.status, c.detail = "failed", detail
         c.data.update(data)
@@ -74,7 +78,7 @@ class Report:
             c.detail = reason
             self.save()
 
-    def rest_not_run(self, reason: str, names=None) -> None:
+    def rest_not_run(self, reason: str, names: Iterable[str] | None = None) -> None:
         for n in names if names is not None else CHECKS:
             c = self.checks[n]
             if c.status == "not run" and not c.detail:
@@ -96,7 +100,7 @@ class Report:
         """Seconds left of the budget (infinite without one)."""
         return float("inf") if self.budget_s is None else self.budget_s - self.elapsed()
 
-    def afford(self, names, needs_s: float, what: str) -> bool:
+    def afford(self, names: Iterable[str], needs_s: float, what: str) -> bool:
         """True if `needs_s` seconds are left; else the checks `names` are marked not run."""
         left = self.time_left()
         if left >= needs_s:
@@ -114,7 +118,7 @@ class Report:
     def as_json(self) -> str:
         return json.dumps([dataclasses.asdict(c) for c in self.checks.values()], indent=2)
 
-    def document(self) -> dict:
+    def document(self) -> dict[str, object]:
         return {"meta": {**self.meta, "elapsed_s": round(self.elapsed(), 1),
                          "budget_s": self.budget_s},
                 "summary": {s: sum(c.status == s for c in self.checks.values())
@@ -148,21 +152,22 @@ class Report:
 class Timed:
     """`with Timed(rep, name):` times a check and turns an exception into its failure."""
 
-    def __init__(self, report: Report, name: str):
+    def __init__(self, report: Report, name: str) -> None:
         self.report, self.name = report, name
 
-    def __enter__(self):
+    def __enter__(self) -> Timed:
         self.t0 = time.perf_counter()
         self.report.current = self.name
         self.report.progress(f"{self.name} started")
         return self
 
-    def __exit__(self, typ, exc, tb):
+    def __exit__(self, typ: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> bool:
         c = self.report.checks[self.name]
         c.seconds = time.perf_counter() - self.t0
         self.report.current = None
         if exc is not None and not isinstance(exc, KeyboardInterrupt):
-            detail = f"{typ.__name__}: {exc}"
+            detail = f"{type(exc).__name__}: {exc}"
             if self.report.tracebacks:
                 detail += "\n" + "".join(traceback.format_exception(typ, exc, tb))
             self.report.failed(self.name, detail)

@@ -3,7 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, ParamSpec, TypeVar, cast
+
+if TYPE_CHECKING:   # torch, megatron-core and the training loop are imported where they are used
+    import torch
+    from megatron.core.distributed import DistributedDataParallel
+    from megatron.core.distributed.param_and_grad_buffer import _ParamAndGradBuffer
+
+    from ..config.schema import Config
+    from ..train.loop import Run
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = REPO / "configs" / "config_GB200_128x4x144xtp4pp8cp2.toml"
@@ -62,9 +75,9 @@ def local_compute(configured: str) -> str:
     return "bf16" if configured in ("fp8", "nvfp4") else configured
 
 
-def slice_config(cfg, *, compute: str, layers: int, seq_length: int, steps: int,
+def slice_config(cfg: Config, *, compute: str, layers: int, seq_length: int, steps: int,
                  system: str | None, ckpt_dir: str, gaf: bool, dp: int = 1,
-                 graphs: bool = True, keep_width: bool = True):
+                 graphs: bool = True, keep_width: bool = True) -> Config:
     """The slice of `cfg` (package docstring): TP = PP = CP = 1 on `dp` ranks of one rack,
     MiniBS 2 of MBS 1, a 32,768-row vocabulary, `layers` layers at the config's width,
     full-iteration CUDA graphs (`graphs`; False on the CPU), a constant LR (SLICE_LR).
@@ -100,13 +113,13 @@ class SyntheticTokens:
     """Random token ids in the datasets' format (train.batches.DTYPES), one fixed stream per
     index: the slice reads nothing from disk."""
 
-    def __init__(self, *, vocab: int, seq_length: int, seed: int, length: int = 1 << 20):
+    def __init__(self, *, vocab: int, seq_length: int, seed: int, length: int = 1 << 20) -> None:
         self.vocab, self.seq, self.seed, self.length = vocab, seq_length, seed, length
 
     def __len__(self) -> int:
         return self.length
 
-    def __getitem__(self, i: int) -> dict:
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         import torch
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
         text = torch.randint(0, self.vocab, (self.seq + 1,), generator=g, dtype=torch.int64)
@@ -115,36 +128,42 @@ class SyntheticTokens:
                 "position_ids": torch.arange(self.seq, dtype=torch.int64)}
 
 
-def synthetic_datasets(scfg) -> tuple[SyntheticTokens, SyntheticTokens]:
+def synthetic_datasets(scfg: Config) -> tuple[SyntheticTokens, SyntheticTokens]:
     m = scfg.model
     return (SyntheticTokens(vocab=m.vocab_size, seq_length=m.seq_length, seed=1),
             SyntheticTokens(vocab=m.vocab_size, seq_length=m.seq_length, seed=2))
 
 
-def weights(chunks) -> dict:
+def weights(chunks: Iterable[torch.nn.Module]) -> dict[str, torch.Tensor]:
     """Host copies of every parameter, by name."""
     from ..model.builder import unwrap
     return {n: p.detach().to("cpu", copy=True) for c in chunks
             for n, p in unwrap(c).named_parameters()}
 
 
-def loaded_weights(run) -> dict:
+def loaded_weights(run: Run) -> dict[str, torch.Tensor]:
     """Host copies of `run`'s parameters as its model holds them right after the checkpoint
     load, filled by `run._init` just before the warm-up: loaded, wrapped for training (megatron's
     Float16Module casts every parameter to BF16, the FP32 weights of megatron's WrappedTorchNorm
     included) and read by the optimizer's master weights. What the warm-up restore must give
     back, bit for bit and in the same dtype, and what the training steps must move."""
-    held: dict = {}
-    inner = run._warmup_and_restore
-
-    def capture(*a, **k):
-        held.update(weights(run.model))
-        return inner(*a, **k)
-    run._warmup_and_restore = capture
+    held: dict[str, torch.Tensor] = {}
+    # an instance attribute over the method, on purpose: this run's init calls the capture
+    run._warmup_and_restore = _before(  # type: ignore[method-assign]
+        run._warmup_and_restore, lambda: held.update(weights(run.model)))
     return held
 
 
-def differing(chunks, ref: dict) -> list[str]:
+def _before(inner: Callable[_P, _R], first: Callable[[], object]) -> Callable[_P, _R]:
+    """`inner` with `first()` called before each call."""
+    def call(*a: _P.args, **k: _P.kwargs) -> _R:
+        first()
+        return inner(*a, **k)
+    return call
+
+
+def differing(chunks: Iterable[torch.nn.Module], ref: Mapping[str, torch.Tensor]
+              ) -> list[str]:
     """Names of the parameters that differ from `ref` in shape, dtype or any bit. `ref` must be
     taken from the same wrapped model (loaded_weights): the weights as built hold
     megatron's WrappedTorchNorm weights in FP32, the wrapped model in BF16."""
@@ -153,7 +172,8 @@ def differing(chunks, ref: dict) -> list[str]:
             if not torch_equal(p.detach().cpu(), ref[n])]
 
 
-def differing_cast(held: dict, saved: dict) -> list[str]:
+def differing_cast(held: Mapping[str, torch.Tensor], saved: Mapping[str, torch.Tensor]
+                   ) -> list[str]:
     """Names of the parameters of `held` whose value is not `saved`'s cast to the held dtype
     (what a load of `saved` followed by megatron's Float16Module cast gives), or that are
     missing from `saved` or of another shape."""
@@ -161,7 +181,15 @@ def differing_cast(held: dict, saved: dict) -> list[str]:
             if n not in saved or not torch_equal(t, saved[n].to(t.dtype))]
 
 
-def torch_equal(a, b) -> bool:
+def ddp_buffers(chunk: DistributedDataParallel) -> list[_ParamAndGradBuffer]:
+    """The parameter-and-gradient buffers of a DDP chunk, dense then expert-parallel.
+    megatron-core 0.19.2's `DistributedDataParallel.__init__` sets `buffers` to a list, over
+    torch.nn.Module's `buffers()` method, which is what a type checker sees."""
+    expert: list[_ParamAndGradBuffer] = getattr(chunk, "expert_parallel_buffers", [])
+    return list(cast("list[_ParamAndGradBuffer]", chunk.buffers)) + list(expert)
+
+
+def torch_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     import torch
     return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
 

@@ -8,7 +8,8 @@ frequency scaling (computed here from cfg.model, see `rope.py`), no dropout.
 """
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +17,20 @@ import torch.nn.functional as F
 from ..config.schema import Config
 from ..systems.device import Device, decide
 from .rope import llama31_inv_freq
+
+if TYPE_CHECKING:
+    # megatron-core is imported inside the functions at run time (after the process set-up that
+    # must precede it); its classes are the annotations' types
+    from megatron.core.distributed import (DistributedDataParallel,
+                                           DistributedDataParallelConfig)
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.optimizer import OptimizerConfig
+    from megatron.core.optimizer.param_layout import FullParamLayout
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.module import MegatronModule
+    from megatron.core.transformer.spec_utils import ModuleSpec
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
 _DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -83,7 +98,7 @@ def gradient_accumulation_fusion(cfg: Config, device: Device) -> bool:
     return on
 
 
-def _recompute_kwargs(mode: str) -> dict:
+def _recompute_kwargs(mode: str) -> dict[str, str | int | list[str]]:
     if mode == "selective":   # recompute the attention core (softmax(QK^T)V): cheap, big savings
         return {"recompute_granularity": "selective", "recompute_modules": ["core_attn"]}
     if mode == "full":        # recompute every transformer layer from its input
@@ -104,7 +119,7 @@ def graph_capture_iteration(cfg: Config) -> int:
     return max(1, cfg.run.warmup_iters - 1)
 
 
-def transformer_config(cfg: Config, *, device: Device | None = None):
+def transformer_config(cfg: Config, *, device: Device | None = None) -> TransformerConfig:
     """The Megatron TransformerConfig of `cfg` (model shape, layout, precision, performance) on
     `device` (default: decide(cfg))."""
     from megatron.core.transformer import TransformerConfig
@@ -114,7 +129,9 @@ def transformer_config(cfg: Config, *, device: Device | None = None):
     gpu = device.gpu
     te = _te_path(cfg, device)
     params_dtype = _DTYPE[pr.params]
-    kw: dict = dict(
+    # Any: TransformerConfig's fields have many types; its keywords are checked by
+    # tests/test_megatron_keywords.py, not by mypy (a ** call is not checked key by key)
+    kw: dict[str, Any] = dict(
         # --- model shape: Llama 3.1 ---
         num_layers=m.num_layers, hidden_size=m.hidden_size, ffn_hidden_size=m.ffn_hidden_size,
         num_attention_heads=m.num_attention_heads, num_query_groups=m.num_query_groups,
@@ -186,7 +203,8 @@ def transformer_config(cfg: Config, *, device: Device | None = None):
     return TransformerConfig(**kw)
 
 
-def layer_spec(cfg: Config, *, te: bool | None = None, device: Device | None = None):
+def layer_spec(cfg: Config, *, te: bool | None = None,
+               device: Device | None = None) -> ModuleSpec:
     """Transformer Engine layer spec on GPU (with TE installed), Megatron's local (pure PyTorch)
     spec otherwise; `te=False` asks for the local spec on GPU too (bench/gpu_layer.py)."""
     from megatron.core.models.gpt.gpt_layer_specs import (
@@ -196,7 +214,8 @@ def layer_spec(cfg: Config, *, te: bool | None = None, device: Device | None = N
     return get_gpt_layer_local_spec(normalization="RMSNorm")
 
 
-def _cpu_block_spec(layer, tcfg, vp_stage):
+def _cpu_block_spec(layer: ModuleSpec, tcfg: TransformerConfig,
+                    vp_stage: int | None) -> TransformerBlockSubmodules:
     """The local layer spec as a whole block whose final norm is PyTorch's RMSNorm. Given a
     layer spec, megatron-core 0.19.2 (transformer_block._get_block_submodules) takes the final
     norm from its module-level LayerNormImpl, which is Transformer Engine's TENorm wherever TE
@@ -208,11 +227,12 @@ def _cpu_block_spec(layer, tcfg, vp_stage):
     return TransformerBlockSubmodules(layer_specs=[layer] * n, layer_norm=WrappedTorchNorm)
 
 
-def ddp_config(cfg: Config):
+def ddp_config(cfg: Config) -> DistributedDataParallelConfig:
     """Megatron DDP: FP32 gradient buckets, overlapped reduce-scatter/all-gather, distributed
     optimizer, FP8/FP4 parameter all-gather."""
     from megatron.core.distributed import DistributedDataParallelConfig
     perf = cfg.performance
+    # Any: as transformer_config's keywords (tests/test_megatron_keywords.py checks them)
     kw: dict[str, Any] = dict(
         grad_reduce_in_fp32=cfg.precision.grad_reduce_in_fp32,
         overlap_grad_reduce=perf.overlap_grad_reduce,
@@ -236,7 +256,7 @@ def _align_param_gather(cfg: Config) -> bool:
             and cfg.parallel.vp > 1)
 
 
-def optimizer_config(cfg: Config):
+def optimizer_config(cfg: Config) -> OptimizerConfig:
     """AdamW with the rule-derived hyperparameters (cfg.derived), gradient clipping, FP32 master
     weights; the LR itself is set every step by train.schedule."""
     from megatron.core.optimizer import OptimizerConfig
@@ -250,7 +270,8 @@ def optimizer_config(cfg: Config):
         overlap_param_gather=cfg.performance.overlap_param_gather)
 
 
-def build_model(cfg: Config, *, config=None, device: Device | None = None):
+def build_model(cfg: Config, *, config: TransformerConfig | None = None,
+                device: Device | None = None) -> list[GPTModel]:
     """The model chunks of this rank (one per virtual pipeline stage), not yet wrapped in DDP.
 
     Needs megatron's parallel_state initialised (llama31_405b.parallel.setup). The vocabulary is
@@ -264,12 +285,16 @@ def build_model(cfg: Config, *, config=None, device: Device | None = None):
     spec = layer_spec(cfg, device=device)
     vp = cfg.parallel.vp
     inv_freq = llama31_inv_freq(cfg.model)
-    chunks = []
+    chunks: list[GPTModel] = []
     for stage in range(vp):
         vp_stage = stage if vp > 1 else None
         model = GPTModel(
             config=tcfg,
-            transformer_layer_spec=spec if device.gpu else _cpu_block_spec(spec, tcfg, vp_stage),
+            # megatron-core 0.19.2 annotates GPTModel's transformer_layer_spec ModuleSpec, but
+            # passes it to TransformerBlock, whose spec is Union[TransformerBlockSubmodules,
+            # ModuleSpec]: the CPU's whole-block spec (_cpu_block_spec) is one of those
+            transformer_layer_spec=(spec if device.gpu  # type: ignore[arg-type]
+                                    else _cpu_block_spec(spec, tcfg, vp_stage)),
             vocab_size=cfg.derived.padded_vocab_size, max_sequence_length=cfg.model.seq_length,
             pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
             post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
@@ -281,7 +306,7 @@ def build_model(cfg: Config, *, config=None, device: Device | None = None):
             # Megatron's built-in Llama 3 scaling hardcodes low=1, high=4, original=8192; the
             # project sets the frequencies from cfg.model below instead.
             rope_scaling=False, vp_stage=vp_stage)
-        rope = getattr(model, "rotary_pos_emb", None)
+        rope: RotaryEmbedding | None = getattr(model, "rotary_pos_emb", None)
         if rope is not None:
             rope.inv_freq = inv_freq.to(rope.inv_freq.device)
             model.rotary_pos_emb_cache.clear()
@@ -292,7 +317,8 @@ def build_model(cfg: Config, *, config=None, device: Device | None = None):
     return chunks
 
 
-def _full_param_layouts(dcfg, modules: list) -> list:
+def _full_param_layouts(dcfg: DistributedDataParallelConfig,
+                        modules: Sequence[torch.nn.Module]) -> list[FullParamLayout | None]:
     """The distributed optimizer's parameter layout of each chunk, computed before DDP as
     megatron-core 0.19.2 asks (`DistributedDataParallel.__init__` logs "full_param_layout not
     provided ... Auto-computing layout inside DDP" otherwise), with what DDP would use itself:
@@ -325,24 +351,26 @@ def _full_param_layouts(dcfg, modules: list) -> list:
         expert_data_parallel_world_size=expt.size()) for i, m in enumerate(modules)]
 
 
-def _ddp_stream(tcfg):
+def _ddp_stream(
+        tcfg: TransformerConfig,
+) -> tuple[contextlib.AbstractContextManager[object], torch.cuda.Stream | None]:
     """Where DDP is built on GPU: megatron-core 0.19.2's shared full-iteration capture stream
     with full-iteration graphs (so the AccumulateGrad nodes DDP keeps do not reference another,
     non-capturing stream), a fresh stream otherwise, as Megatron-LM's `get_model`
     (megatron/training/training.py); on CPU no stream."""
-    import contextlib
     if not torch.cuda.is_available() or tcfg.use_cpu_initialization:
         return contextlib.nullcontext(), None
     if tcfg.cuda_graph_impl == "full_iteration":
         from megatron.core.full_cuda_graph import get_shared_capture_stream
-        stream = get_shared_capture_stream()
+        # megatron-core 0.19.2 leaves get_shared_capture_stream unannotated: a torch.cuda.Stream
+        stream = cast(torch.cuda.Stream, get_shared_capture_stream())
     else:
         stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     return torch.cuda.stream(stream), stream
 
 
-def wrap_for_training(cfg: Config, chunks):
+def wrap_for_training(cfg: Config, chunks: Sequence[GPTModel]) -> list[DistributedDataParallel]:
     """Megatron DDP around each chunk (after Float16Module for BF16 parameters), with the
     distributed optimizer's parameter layouts computed first (`_full_param_layouts`), and the
     gradient finalisation hook: without config.finalize_model_grads_func the data-parallel
@@ -351,7 +379,7 @@ def wrap_for_training(cfg: Config, chunks):
     from megatron.core.transformer.module import Float16Module
     tcfg = chunks[0].config
     dcfg = ddp_config(cfg)
-    inner = [Float16Module(tcfg, chunk) if tcfg.bf16 else chunk for chunk in chunks]
+    inner: list[MegatronModule] = [Float16Module(tcfg, chunk) if tcfg.bf16 else chunk for chunk in chunks]
     layouts = _full_param_layouts(dcfg, inner)
     where, stream = _ddp_stream(tcfg)
     with where:
@@ -364,17 +392,28 @@ def wrap_for_training(cfg: Config, chunks):
         torch.cuda.current_stream().wait_stream(stream)
     tcfg.finalize_model_grads_func = finalize_model_grads
     # as Megatron's training loop: hooks only when gradient reduction overlaps the backward pass
-    one = (lambda fns: fns[0] if len(fns) == 1 else fns)  # noqa: E731
+    # megatron-core 0.19.2 annotates these three fields Optional[Callable], but its interleaved
+    # schedule (pipeline_parallel.schedules.forward_backward_pipelining_with_interleaving) takes
+    # a list of them, one per chunk, as Megatron-LM's training loop sets them: the ignores below
     if cfg.performance.overlap_grad_reduce:
-        tcfg.no_sync_func = one([w.no_sync for w in wrapped])
-        tcfg.grad_sync_func = one([w.start_grad_sync for w in wrapped])
+        tcfg.no_sync_func = _one_or_all([w.no_sync for w in wrapped])  # type: ignore[assignment]
+        tcfg.grad_sync_func = _one_or_all(  # type: ignore[assignment]
+            [w.start_grad_sync for w in wrapped])
     if _align_param_gather(cfg):
-        tcfg.param_sync_func = one([w.start_param_sync for w in wrapped])
+        tcfg.param_sync_func = _one_or_all(  # type: ignore[assignment]
+            [w.start_param_sync for w in wrapped])
     return wrapped
 
 
-def unwrap(chunk):
+def _one_or_all(fns: list[Callable[..., Any]]) -> Callable[..., Any] | list[Callable[..., Any]]:
+    """A hook of one chunk alone, the list of them with several (Megatron's convention)."""
+    return fns[0] if len(fns) == 1 else fns
+
+
+def unwrap(chunk: torch.nn.Module) -> GPTModel:
     """The GPTModel inside DDP / Float16Module wrappers."""
     while hasattr(chunk, "module"):
-        chunk = chunk.module
-    return chunk
+        # torch types a submodule attribute Tensor | Module; `module` is always the wrapped module
+        chunk = cast(torch.nn.Module, chunk.module)
+    # the chunks are build_model's: a GPTModel once the wrappers are off
+    return cast("GPTModel", chunk)

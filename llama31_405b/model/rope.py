@@ -17,6 +17,8 @@ import math
 
 import torch
 
+from ..config.schema import ModelConfig
+
 
 def base_inv_freq(kv_channels: int, base: float) -> torch.Tensor:
     """1 / base^(2i/d) for i in [0, d/2), FP32 (as Megatron computes it). Always computed on the
@@ -42,7 +44,7 @@ def llama31_scale(inv_freq: torch.Tensor, *, factor: float, low_freq_factor: flo
     return torch.where(wavelen < high_wavelen, inv_freq, out)
 
 
-def llama31_inv_freq(model) -> torch.Tensor:
+def llama31_inv_freq(model: ModelConfig) -> torch.Tensor:
     """RoPE inverse frequencies of a ModelConfig (with scaling when model.rope_scaling)."""
     inv = base_inv_freq(model.kv_channels, model.rope_base)
     if not model.rope_scaling:

@@ -6,7 +6,7 @@ Call order in train: setup_parallel -> placement check -> model build -> checkpo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from ..config.schema import Config
 from ..systems.device import Device, decide
@@ -34,7 +34,9 @@ class ParallelInfo:
         return self.dist_env.rank == 0
 
 
-def megatron_parallel_kwargs(cfg: Config) -> dict:
+# Any: values of several types (sizes, an order, a path), passed by keyword to megatron-core's
+# initialize_model_parallel (tests/test_megatron_keywords.py checks their names)
+def megatron_parallel_kwargs(cfg: Config) -> dict[str, Any]:
     """Arguments of megatron's initialize_model_parallel for cfg.parallel.
 
     Llama is dense, but Megatron still builds expert groups and asserts, for orders that do not
@@ -47,7 +49,7 @@ def megatron_parallel_kwargs(cfg: Config) -> dict:
     (megatron-core 0.19.2 parallel_state.get_nccl_options)."""
     from ..config.paths import shipped_file
     p = cfg.parallel
-    kw = dict(tensor_model_parallel_size=p.tp, pipeline_model_parallel_size=p.pp,
+    kw: dict[str, Any] = dict(tensor_model_parallel_size=p.tp, pipeline_model_parallel_size=p.pp,
               virtual_pipeline_model_parallel_size=p.vp if p.vp > 1 else None,
               context_parallel_size=p.cp, expert_model_parallel_size=1,
               expert_tensor_parallel_size=p.tp * p.cp, order=p.order)

@@ -15,12 +15,17 @@ The embedding, the output layer, norms and attention stay in high precision.
 from __future__ import annotations
 
 import types
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, Sequence
 
 from .linear import AmaxScope, NVFP4Recipe, nvfp4_linear, tp_amax_groups
 
+if TYPE_CHECKING:
+    import torch
 
-def is_bf16_edge_layer(layer_number: int, cfg) -> bool:
+    from ..config.schema import Config
+
+
+def is_bf16_edge_layer(layer_number: int, cfg: Config) -> bool:
     """True if the 1-based GLOBAL transformer layer number is one of the configured BF16 edge
     layers (precision.bf16_layers_at_start / _at_end, counted over the whole model)."""
     pr, n = cfg.precision, cfg.model.num_layers
@@ -29,8 +34,8 @@ def is_bf16_edge_layer(layer_number: int, cfg) -> bool:
     return layer_number <= pr.bf16_layers_at_start or layer_number > n - pr.bf16_layers_at_end
 
 
-def emulate_linear(module, recipe: NVFP4Recipe, *, scope: AmaxScope = "te",
-                   generator=None) -> None:
+def emulate_linear(module: torch.nn.Module, recipe: NVFP4Recipe, *, scope: AmaxScope = "te",
+                   generator: torch.Generator | None = None) -> None:
     """Make one megatron ColumnParallelLinear / RowParallelLinear compute its GEMM in NVFP4."""
     from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
     from megatron.core.tensor_parallel.mappings import (copy_to_tensor_model_parallel_region,
@@ -59,9 +64,15 @@ def emulate_linear(module, recipe: NVFP4Recipe, *, scope: AmaxScope = "te",
     groups = tp_amax_groups(mode, group, sequence_parallel=module.sequence_parallel,
                             gathered=True, scope=scope)
 
-    def _forward_impl(self, input, weight, bias=None, gradient_accumulation_fusion=False,
-                      allreduce_dgrad=False, sequence_parallel=False, grad_output_buffer=None,
-                      wgrad_deferral_limit=None, tp_group=None, gtp_remat_size=1):
+    # the parameters of megatron-core 0.19.2 tensor_parallel.layers.ColumnParallelLinear
+    # ._forward_impl (RowParallelLinear's is the same)
+    def _forward_impl(self: torch.nn.Module, input: torch.Tensor, weight: torch.Tensor,
+                      bias: torch.Tensor | None = None, gradient_accumulation_fusion: bool = False,
+                      allreduce_dgrad: bool = False, sequence_parallel: bool = False,
+                      grad_output_buffer: list[torch.Tensor] | None = None,
+                      wgrad_deferral_limit: int | None = None,
+                      tp_group: torch.distributed.ProcessGroup | None = None,
+                      gtp_remat_size: int = 1) -> torch.Tensor:
         if grad_output_buffer is not None:
             raise ValueError("NVFP4 emulation: deferred embedding wgrad is not supported")
         if sequence_parallel:      # AG forward / RS backward, as Megatron's linear function does
@@ -74,11 +85,14 @@ def emulate_linear(module, recipe: NVFP4Recipe, *, scope: AmaxScope = "te",
                             generator=generator, accumulate_main_grad=gradient_accumulation_fusion)
 
     # an instance attribute: not a parameter or buffer, so state_dict/checkpoints are unchanged
-    module._forward_impl = types.MethodType(_forward_impl, module)
-    module.nvfp4_recipe = recipe
+    # (replacing the method on the instance is the point; torch types Module.__setattr__'s
+    # value Tensor | Module, where any attribute that is neither is set as a plain one)
+    module._forward_impl = types.MethodType(_forward_impl, module)  # type: ignore[method-assign]
+    module.nvfp4_recipe = recipe  # type: ignore[assignment]
 
 
-def apply_nvfp4_emulation(model_chunks, cfg, *, generator=None) -> int:
+def apply_nvfp4_emulation(model_chunks: torch.nn.Module | Sequence[torch.nn.Module], cfg: Config,
+                          *, generator: torch.Generator | None = None) -> int:
     """Switch the transformer-layer linears of a Megatron GPTModel (local spec) to NVFP4.
 
     model_chunks: a module or a list of modules (virtual-pipeline chunks, possibly DDP-wrapped).

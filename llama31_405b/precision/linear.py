@@ -28,13 +28,16 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Callable, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Literal, TypeVar, cast
 
 import torch
 import torch.nn.functional as F
 
 from .nvfp4 import BLOCK, fake_quantize, fake_quantize_amax, fake_quantize_rowcol
 from .rounding import scratch
+
+if TYPE_CHECKING:
+    from ..config.schema import Config
 
 AmaxScope = Literal["te", "tensor"]
 _T = TypeVar("_T")
@@ -52,7 +55,7 @@ class NVFP4Recipe:
     """16x16 weight tiles instead of 1x16 blocks."""
 
     @classmethod
-    def from_config(cls, cfg) -> "NVFP4Recipe":
+    def from_config(cls, cfg: Config) -> NVFP4Recipe:
         pr = cfg.precision
         return cls(rht=pr.nvfp4_rht, stochastic_rounding=pr.nvfp4_stochastic_rounding,
                    weights_2d=pr.nvfp4_2d_weights)
@@ -62,15 +65,15 @@ class NVFP4Recipe:
 class AmaxGroups:
     """Process group over which each operand's global amax is MAX-all-reduced (None: local)."""
 
-    x: object = None
+    x: torch.distributed.ProcessGroup | None = None
     """The input X (Fprop rowwise and Wgrad columnwise quantizations)."""
-    w: object = None
+    w: torch.distributed.ProcessGroup | None = None
     """The weight W (Fprop and Dgrad)."""
-    dy: object = None
+    dy: torch.distributed.ProcessGroup | None = None
     """The output gradient dY (Dgrad rowwise and Wgrad columnwise quantizations)."""
 
 
-def tp_amax_groups(parallel_mode: Literal["column", "row"] | None, group, *,
+def tp_amax_groups(parallel_mode: Literal["column", "row"] | None, group: torch.distributed.ProcessGroup | None, *,
                    sequence_parallel: bool = False, gathered: bool = True,
                    scope: AmaxScope = "te") -> AmaxGroups:
     """Which operands of a tensor-parallel linear need their amax reduced over `group`.
@@ -126,10 +129,12 @@ class _WeightQuantCache:
     quantized every time (a cache hit on one rank and a miss on another would leave the
     all-reduce unmatched)."""
 
-    def __init__(self):
-        self._entries: dict[int, tuple] = {}   # id(weight) -> (weakref, bits copy, {key: tensor})
+    def __init__(self) -> None:
+        # id(weight) -> (weakref, bits copy, {key: what `make` returned for that key})
+        self._entries: dict[int, tuple[weakref.ref[torch.Tensor], torch.Tensor,
+                                       dict[tuple[object, ...], object]]] = {}
 
-    def get(self, weight: torch.Tensor, key: tuple, make: Callable[[], _T]) -> _T:
+    def get(self, weight: torch.Tensor, key: tuple[object, ...], make: Callable[[], _T]) -> _T:
         bits_dtype = _INT_OF_SIZE.get(weight.element_size())
         if bits_dtype is None or weight.is_meta:
             return make()
@@ -147,7 +152,7 @@ class _WeightQuantCache:
         out = entry[2].get(key)
         if out is None:
             out = entry[2][key] = make()
-        return out
+        return cast(_T, out)   # stored by `make` under this key (one kind of value per key)
 
     def clear(self) -> None:
         self._entries.clear()
@@ -156,7 +161,8 @@ class _WeightQuantCache:
 WEIGHT_CACHE = _WeightQuantCache()
 
 
-def _quantized_weight(weight: torch.Tensor, group, **kw) -> torch.Tensor:
+# Any: fake_quantize's keyword arguments (block, columnwise), passed through
+def _quantized_weight(weight: torch.Tensor, group: torch.distributed.ProcessGroup | None, **kw: Any) -> torch.Tensor:
     if group is not None:
         return fake_quantize(weight, amax_group=group, **kw)
     return WEIGHT_CACHE.get(weight, tuple(sorted(kw.items())),
@@ -167,10 +173,32 @@ def _quantized_weight_pair(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     """The Fprop (rowwise) and Dgrad (columnwise, transposed back) 1x16 quantized weight, both
     [N, K], quantized together and kept under one cache entry (one comparison of the weight's
     bits per pass)."""
-    def make():
+    def make() -> tuple[torch.Tensor, torch.Tensor]:
         row, col, _ = fake_quantize_rowcol(weight)
         return row, col.t()
     return WEIGHT_CACHE.get(weight, ("rowwise+columnwise",), make)
+
+
+if TYPE_CHECKING:
+    class _LinearCtx(torch.autograd.function.FunctionCtx):
+        """What NVFP4LinearFunction keeps on its autograd context (FunctionCtx declares none
+        of it): the saved tensors (x2d or None, weight, Dgrad weight or None, Wgrad X or None)
+        and the attributes forward sets."""
+
+        needs_input_grad: tuple[bool, ...]
+        saved_tensors: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None,
+                             torch.Tensor | None]
+        recipe: NVFP4Recipe
+        groups: AmaxGroups
+        generator: torch.Generator | None
+        has_bias: bool
+        bias_dtype: torch.dtype | None
+        accumulate_main_grad: bool
+        x_shape: torch.Size
+        x_dtype: torch.dtype
+        x_amax: float
+
+        def save_for_backward(self, *tensors: torch.Tensor | None) -> None: ...
 
 
 class NVFP4LinearFunction(torch.autograd.Function):
@@ -184,9 +212,9 @@ class NVFP4LinearFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight, bias, recipe: NVFP4Recipe, groups: AmaxGroups,
-                generator: torch.Generator | None, accumulate_main_grad: bool,
-                grad_enabled: bool):
+    def forward(ctx: _LinearCtx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                recipe: NVFP4Recipe, groups: AmaxGroups, generator: torch.Generator | None,
+                accumulate_main_grad: bool, grad_enabled: bool) -> torch.Tensor:
         k = x.shape[-1]
         n = weight.shape[0]
         if weight.shape[1] != k:
@@ -218,7 +246,9 @@ class NVFP4LinearFunction(torch.autograd.Function):
         return y.to(x.dtype).reshape(*x.shape[:-1], n)
 
     @staticmethod
-    def backward(ctx, grad_output):
+    def backward(ctx: _LinearCtx, grad_output: torch.Tensor
+                 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None,
+                            None, None, None, None, None]:
         x2, weight, wdgrad, xt = ctx.saved_tensors
         recipe, groups, gen = ctx.recipe, ctx.groups, ctx.generator
         n = weight.shape[0]
@@ -247,7 +277,8 @@ class NVFP4LinearFunction(torch.autograd.Function):
                                          generator=gen, amax_group=groups.dy,
                                          amax=None if rht else dy_amax, out_slot="wgrad_dy")[0]
             if xt is None:                                                     # [K, T]
-                xt = fake_quantize_amax(_pad_rows(x2), columnwise=True, rht=rht,
+                # x2 is saved exactly when xt is not (forward)
+                xt = fake_quantize_amax(_pad_rows(cast(torch.Tensor, x2)), columnwise=True, rht=rht,
                                         amax_group=groups.x, amax=None if rht else ctx.x_amax,
                                         out_slot="wgrad_x")[0]
             dw = torch.matmul(dyt, xt.t())                                     # [N, K]
@@ -271,5 +302,7 @@ def nvfp4_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
                  generator: torch.Generator | None = None,
                  accumulate_main_grad: bool = False) -> torch.Tensor:
     """F.linear(x, weight, bias) with NVFP4-quantized GEMM operands (autograd-aware)."""
-    return NVFP4LinearFunction.apply(x, weight, bias, recipe, amax_groups, generator,
-                                     accumulate_main_grad, torch.is_grad_enabled())
+    # torch 2.13 types Function.apply's result Any: it is forward's
+    return cast(torch.Tensor, NVFP4LinearFunction.apply(
+        x, weight, bias, recipe, amax_groups, generator, accumulate_main_grad,
+        torch.is_grad_enabled()))

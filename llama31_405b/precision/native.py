@@ -21,10 +21,17 @@ import tempfile
 import threading
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from .rounding import scratch
+
+if TYPE_CHECKING:
+    from .rounding import RowColWork
+
+Encode = Callable[[int], tuple[float, float, float]]
+"""The bits of max|x| -> (amax, fl32(S_enc / 6), S_dec) (nvfp4._encode_bits)."""
 
 BLOCK = 16
 
@@ -45,7 +52,7 @@ _STATE: dict[str, object] = {}
 class Kernel:
     """ctypes bindings of rowcol.c (pointers as integers: tensor.data_ptr())."""
 
-    def __init__(self, lib: ctypes.CDLL):
+    def __init__(self, lib: ctypes.CDLL) -> None:
         i64, ptr, f32, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
         self.block_amax = lib.nvfp4_block_amax
         self.block_amax.argtypes = [ptr, i64, i64, ptr, ptr, i32]
@@ -102,7 +109,8 @@ def kernel_for(device: torch.device) -> Kernel | None:
     return kernel() if ENABLED and device.type == "cpu" else None
 
 
-def rowcol(kern: Kernel, x2d: torch.Tensor, work, out: torch.Tensor, encode) -> float:
+def rowcol(kern: Kernel, x2d: torch.Tensor, work: RowColWork, out: torch.Tensor,
+           encode: Encode) -> float:
     """nvfp4.fake_quantize_rowcol's round-to-nearest case: both layouts into `out` (contiguous,
     2 * x2d.numel() FP32 values), block temporaries in `work` (rounding.RowColWork). encode:
     the bits of max|x| -> (amax, fl32(S_enc / 6), S_dec) (nvfp4: any group reduction of the
@@ -115,7 +123,7 @@ def rowcol(kern: Kernel, x2d: torch.Tensor, work, out: torch.Tensor, encode) -> 
     return amax
 
 
-def rowwise(kern: Kernel, x2d: torch.Tensor, out_slot: str | None, encode
+def rowwise(kern: Kernel, x2d: torch.Tensor, out_slot: str | None, encode: Encode
             ) -> tuple[torch.Tensor, float]:
     """nvfp4.fake_quantize_amax's rowwise 1x16 round-to-nearest case: (values, amax); the values
     in the scratch buffer `out_slot` if given (rounding.scratch), else a new tensor. encode: as

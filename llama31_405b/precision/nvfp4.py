@@ -58,7 +58,7 @@ def rht_matrix(device: torch.device | str = "cpu") -> torch.Tensor:
 _RHT_CACHE: dict[torch.device, torch.Tensor] = {}
 
 
-def _rht(device) -> torch.Tensor:
+def _rht(device: torch.device) -> torch.Tensor:
     m = _RHT_CACHE.get(device)
     if m is None:
         m = _RHT_CACHE.setdefault(device, rht_matrix(device))
@@ -112,7 +112,7 @@ def _check_shape(rows: int, cols: int, block: str, rht: bool, columnwise: bool) 
         raise ValueError("NVFP4: the random Hadamard transform applies to 1d (1x16) blocks only")
 
 
-def _reduce_amax(amax: torch.Tensor, group) -> torch.Tensor:
+def _reduce_amax(amax: torch.Tensor, group: torch.distributed.ProcessGroup | None) -> torch.Tensor:
     if group is not None and torch.distributed.get_world_size(group) > 1:
         amax = amax.clone()
         torch.distributed.all_reduce(amax, op=torch.distributed.ReduceOp.MAX, group=group)
@@ -126,7 +126,7 @@ def _max_abs(a: torch.Tensor, dim: int, keepdim: bool = False) -> torch.Tensor:
     return a.view(torch.int32).amax(dim, keepdim=keepdim).view(torch.float32)
 
 
-def _block_amax(x2d: torch.Tensor, block: str, axis: int):
+def _block_amax(x2d: torch.Tensor, block: str, axis: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Blocked view of x2d and the per-block amax shaped to broadcast over it.
 
     axis 1: blocks of 16 along the last dim; axis 0: along the first dim; 2d: 16x16 tiles."""
@@ -166,7 +166,8 @@ def encode_scales(amax: float) -> tuple[float, float]:
     return s, _fl32(1.0 / s)
 
 
-def _encode_bits(bits: int, amax_group, device) -> tuple[float, float, float]:
+def _encode_bits(bits: int, amax_group: torch.distributed.ProcessGroup | None,
+                 device: torch.device) -> tuple[float, float, float]:
     """(amax, fl32(S_enc / 6), S_dec) from the bits of max|x| the C kernel found (native.py),
     the amax MAX-reduced over the group first if any."""
     amax = _F32.unpack(_U32.pack(bits))[0]
@@ -176,7 +177,8 @@ def _encode_bits(bits: int, amax_group, device) -> tuple[float, float, float]:
     return amax, _fl32(s_enc * _INV6_F32), s_dec
 
 
-def _block_scales(amax_b: torch.Tensor, s_enc: float, s_dec: float):
+def _block_scales(amax_b: torch.Tensor, s_enc: float,
+                  s_dec: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(s_b, enc_b) of block amaxes: the e4m3 block scales as FP32 values and the encode factors
     min(1 / (s_b * S_dec), FLT_MAX)."""
     s_b = round_e4m3_(torch.mul(amax_b, _fl32(s_enc * _INV6_F32)).clamp_(max=E4M3_MAX))
@@ -186,7 +188,8 @@ def _block_scales(amax_b: torch.Tensor, s_enc: float, s_dec: float):
 _SEVEN_BITS = 0x40E00000   # the FP32 bit pattern of 7.0
 
 
-def _round_(y: torch.Tensor, stochastic: bool, generator, amax_b: torch.Tensor,
+def _round_(y: torch.Tensor, stochastic: bool, generator: torch.Generator | None,
+            amax_b: torch.Tensor,
             enc_b: torch.Tensor) -> torch.Tensor:
     """In place: clamp scaled values y = x * enc_b to [-6, 6] and round them to E2M1 (RNE or
     stochastic). amax_b, enc_b: the block amaxes and encode factors (same shape).
@@ -206,8 +209,9 @@ def _round_(y: torch.Tensor, stochastic: bool, generator, amax_b: torch.Tensor,
 
 
 def _quantize_core(x2d: torch.Tensor, *, axis: int, block: str, rht: bool, stochastic: bool,
-                   generator: torch.Generator | None, amax_group, amax: float | None = None,
-                   out_slot: str | None = None):
+                   generator: torch.Generator | None, amax_group: torch.distributed.ProcessGroup | None,
+                   amax: float | None = None, out_slot: str | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float, float, float]:
     """Quantize a contiguous FP32 2D tensor with blocks along `axis`; everything in x2d's layout.
 
     amax: the global amax when already known (after any group reduction): neither recomputed
@@ -233,8 +237,8 @@ def _quantize_core(x2d: torch.Tensor, *, axis: int, block: str, rht: bool, stoch
 
 def fake_quantize_amax(x: torch.Tensor, *, block: BlockKind = "1d", columnwise: bool = False,
                        rht: bool = False, stochastic: bool = False,
-                       generator: torch.Generator | None = None, amax_group=None,
-                       amax: float | None = None,
+                       generator: torch.Generator | None = None,
+                       amax_group: torch.distributed.ProcessGroup | None = None, amax: float | None = None,
                        out_slot: str | None = None) -> tuple[torch.Tensor, float]:
     """fake_quantize, and the global amax it used (a float, after any group reduction).
 
@@ -259,7 +263,8 @@ def fake_quantize_amax(x: torch.Tensor, *, block: BlockKind = "1d", columnwise: 
 
 def fake_quantize(x: torch.Tensor, *, block: BlockKind = "1d", columnwise: bool = False,
                   rht: bool = False, stochastic: bool = False,
-                  generator: torch.Generator | None = None, amax_group=None) -> torch.Tensor:
+                  generator: torch.Generator | None = None,
+                  amax_group: torch.distributed.ProcessGroup | None = None) -> torch.Tensor:
     """dequantize(quantize(x, ...)) in FP32, without packing; returned in the quantized layout
     (the 2D view of x, transposed (a view) when columnwise). Bit-identical to the packed round
     trip. Columnwise blocks are processed in place along the first dimension (no transpose)."""
@@ -269,8 +274,8 @@ def fake_quantize(x: torch.Tensor, *, block: BlockKind = "1d", columnwise: bool 
 
 
 def fake_quantize_rowcol(x: torch.Tensor, *, stochastic: bool = False,
-                         generator: torch.Generator | None = None, amax_group=None,
-                         out: torch.Tensor | None = None
+                         generator: torch.Generator | None = None,
+                         amax_group: torch.distributed.ProcessGroup | None = None, out: torch.Tensor | None = None
                          ) -> tuple[torch.Tensor, torch.Tensor, float]:
     """(fake_quantize(x), fake_quantize(x, columnwise=True), amax), 1x16 blocks without RHT, as
     the two calls in that order give them (stochastic rounding draws the rowwise bits first),

@@ -62,7 +62,8 @@ def _magnitude_codes(v: torch.Tensor) -> torch.Tensor:
 
 def quantize(x: torch.Tensor, *, block: BlockKind = "1d", rht: bool = False,
              stochastic: bool = False, generator: torch.Generator | None = None,
-             columnwise: bool = False, amax_group=None) -> NVFP4Tensor:
+             columnwise: bool = False,
+             amax_group: torch.distributed.ProcessGroup | None = None) -> NVFP4Tensor:
     """Quantize x to NVFP4 with TE's arithmetic.
 
     block: "1d" (1x16 blocks along the last dim of the layout) or "2d" (16x16 tiles, weights).

@@ -35,7 +35,8 @@ def scratch(slot: str, like: torch.Tensor | tuple[int, ...], dtype: torch.dtype,
     numel = 1
     for d in shape:
         numel *= d
-    cache = getattr(_SCRATCH, "bufs", None)
+    cache: dict[tuple[str, int, torch.dtype, torch.device | None], torch.Tensor] | None = (
+        getattr(_SCRATCH, "bufs", None))
     if cache is None:
         cache = _SCRATCH.bufs = {}
     key = (slot, numel, dtype, device)
@@ -56,7 +57,7 @@ class RowColWork:
     rounding. At the tiny model's sizes building ~40 views and temporaries per call cost about
     as much as a pass over the data."""
 
-    def __init__(self, rows: int, cols: int, device):
+    def __init__(self, rows: int, cols: int, device: torch.device) -> None:
         n, m, rb, cb = rows * cols, rows * cols // 16, rows // 16, cols // 16
         f32, i32 = torch.float32, torch.int32
         self.abs = torch.empty(rows, cols, dtype=f32, device=device)
@@ -86,7 +87,8 @@ _WORK_SHAPES = 8
 def rowcol_work(rows: int, cols: int, device: torch.device) -> RowColWork:
     """The calling thread's RowColWork for this shape (the least recently used of more than
     _WORK_SHAPES shapes is dropped)."""
-    cache = getattr(_SCRATCH, "work", None)
+    cache: dict[tuple[int, int, torch.device], RowColWork] | None = getattr(_SCRATCH, "work",
+                                                                              None)
     if cache is None:
         cache = _SCRATCH.work = {}
     key = (rows, cols, device)
@@ -176,7 +178,8 @@ def round_e2m1(a: torch.Tensor) -> torch.Tensor:
     return round_e2m1_(a.float().clone())
 
 
-def random_bytes(n: int, generator: torch.Generator | None, device) -> torch.Tensor:
+def random_bytes(n: int, generator: torch.Generator | None,
+                 device: torch.device) -> torch.Tensor:
     """n uniform random bytes (uint8): full-range int32 draws viewed as bytes (4 per draw).
     The result lives in a scratch buffer: consume it before the next call."""
     words = scratch("rand", ((n + 3) // 4,), torch.int32, device)

@@ -33,12 +33,16 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import launch_env
 from ..config.schema import Config
 from ..config.validate_gpu import precision_rules, userbuffer_rules
 from .attention_env import ATTENTION_BACKEND, megatron_attention_env
+
+if TYPE_CHECKING:
+    import torch
+    from megatron.core.dist_checkpointing.mapping import ShardedStateDict
 
 # Every environment variable Transformer Engine 2.20.2 reads that shapes the numerics of a recipe
 # this project configures, with where TE reads it. Read from TE 2.20.2's published Python sources
@@ -183,7 +187,9 @@ def _refuse(cfg: Config, found: list[str]) -> None:
         raise RecipeEnvError(f"{cfg.source or '<config>'}: " + "; ".join(found))
 
 
-def transformer_config_kwargs(cfg: Config) -> dict:
+# Any: values of several TransformerConfig field types, passed on by keyword (their names are
+# checked by tests/test_megatron_keywords.py)
+def transformer_config_kwargs(cfg: Config) -> dict[str, Any]:
     """megatron-core 0.19.2 TransformerConfig fields for cfg.precision (and its param gathers):
     bf16/params_dtype/pipeline_dtype from precision.params, the fp8/fp4 switches and recipes, the
     BF16 edge layers, FP8 attention.
@@ -199,7 +205,7 @@ def transformer_config_kwargs(cfg: Config) -> dict:
     pr, perf = cfg.precision, cfg.performance
     edges = pr.bf16_layers_at_start > 0 or pr.bf16_layers_at_end > 0
     dtype = torch.bfloat16 if pr.params == "bf16" else torch.float32
-    kw: dict = {
+    kw: dict[str, Any] = {
         "bf16": pr.params == "bf16",
         "params_dtype": dtype,
         "pipeline_dtype": dtype,
@@ -291,7 +297,8 @@ def te_attention_backend() -> str | None:
     in its module's `_attention_backends` (and logs "Running with ... backend" at INFO). None
     before any TE attention forward (or without TE)."""
     mod = sys.modules.get(_DPA_MODULE)
-    chosen = getattr(mod, "_attention_backends", None) if mod is not None else None
+    chosen: Mapping[str, object] | None = (getattr(mod, "_attention_backends", None)
+                                           if mod is not None else None)
     if not chosen or chosen.get("attention_params") is None:
         return None
     if chosen.get("use_flash_attention"):
@@ -380,13 +387,13 @@ def ub_quantization_modes(cfg: Config) -> list[str]:
     return ["NONE"]
 
 
-def is_te_quantized(t: Any) -> bool:
+def is_te_quantized(t: object) -> bool:
     """A Transformer Engine quantized tensor (Float8Tensor, NVFP4Tensor, MXFP8Tensor, ...):
     what fp8_param/fp4_param parameters are. Checked by module so CPU code needs no TE."""
     return type(t).__module__.startswith("transformer_engine.") and hasattr(t, "dequantize")
 
 
-def high_precision_load_targets(sharded_state_dict) -> int:
+def high_precision_load_targets(sharded_state_dict: ShardedStateDict) -> int:
     """Before `dist_checkpointing.load`: give every sharded tensor whose target is a TE
     quantized parameter a plain tensor of the parameter's nominal dtype and shape to load into,
     so the loaded state dict holds the checkpoint's BF16 values. By default megatron-core
@@ -407,7 +414,8 @@ def high_precision_load_targets(sharded_state_dict) -> int:
     return n
 
 
-def keep_checkpoint_master_values(module, state_dict: Mapping[str, Any]) -> int:
+def keep_checkpoint_master_values(module: torch.nn.Module,
+                                  state_dict: Mapping[str, torch.Tensor]) -> int:
     """After `module.load_state_dict(state_dict)`: make the checkpoint's high-precision values
     the FP32 master weights of quantized parameters.
 
@@ -435,6 +443,7 @@ def keep_checkpoint_master_values(module, state_dict: Mapping[str, Any]) -> int:
         if tuple(value.shape) != tuple(p.shape):
             raise RecipeEnvError(f"parameter {name}: checkpoint shape {tuple(value.shape)} != "
                                  f"parameter shape {tuple(p.shape)}")
-        p._high_precision_init_val = value.detach().to("cpu", copy=True)
+        # TE 2.20.2's attribute of a quantized parameter (module.base), unknown to torch's Parameter
+        p._high_precision_init_val = value.detach().to("cpu", copy=True)  # type: ignore[attr-defined]
         n += 1
     return n

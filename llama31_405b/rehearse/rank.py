@@ -27,9 +27,11 @@ import resource
 import sys
 import time
 import traceback
+from typing import Any
 
-CONFIG_CHANGES = {"sequence_parallel": False, "context_parallel_size": 1,
-                  "use_cpu_initialization": False}
+# Any: values of several TransformerConfig field types, passed to dataclasses.replace by name
+CONFIG_CHANGES: dict[str, Any] = {"sequence_parallel": False, "context_parallel_size": 1,
+                                  "use_cpu_initialization": False}
 """TransformerConfig fields the rehearsal sets for Megatron's local spec on the meta device. The
 local spec's norm refuses sequence parallelism (megatron-core 0.19.2 torch_norm.WrappedTorchNorm)
 and its attention CP > 1 (dot_product_attention.DotProductAttention); neither changes a
@@ -176,7 +178,10 @@ def rehearse_rank(cfg, rank: int, alloc, clock: dict[str, float]) -> dict:
         model = wrap_for_training(cfg, chunks)
     lap("ddp")
     with torch.device("meta"):
-        opt = get_megatron_optimizer(optimizer_config(cfg), model, use_gloo_process_groups=False)
+        # megatron-core 0.19.2 annotates model_chunks List[MegatronModule], which is invariant:
+        # its DistributedDataParallel is a MegatronModule, and the function only reads the list
+        opt = get_megatron_optimizer(optimizer_config(cfg), model,  # type: ignore[arg-type]
+                                     use_gloo_process_groups=False)
         measure.init_optimizer_state(opt)
     lap("optimizer")
     return {"coords": {"tp": info.tp_rank, "cp": info.cp_rank, "pp": info.pp_rank,

@@ -15,7 +15,13 @@ the dataset and draws nothing from the run's random streams.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from .protocols import Microbatch, Samples
 
 KEYS = ("tokens", "labels", "loss_mask", "position_ids")
 DTYPES = {"tokens": torch.int64, "labels": torch.int64, "loss_mask": torch.float32,
@@ -24,12 +30,12 @@ DTYPES = {"tokens": torch.int64, "labels": torch.int64, "loss_mask": torch.float
 the full-iteration CUDA graphs copy every microbatch into buffers made from the first one."""
 
 
-def _stack(items: list[dict]) -> dict[str, torch.Tensor]:
+def _stack(items: list[Mapping[str, object]]) -> Microbatch:
     return {k: torch.stack([torch.as_tensor(it[k]) for it in items]) for k in KEYS}
 
 
-def train_microbatches(dataset, *, step: int, gbs: int, minibs: int, mbs: int,
-                       dp_rank: int) -> list[dict[str, torch.Tensor]]:
+def train_microbatches(dataset: Samples, *, step: int, gbs: int, minibs: int, mbs: int,
+                       dp_rank: int) -> list[Microbatch]:
     start = step * gbs + dp_rank * minibs
     idx = list(range(start, start + minibs))
     return [_stack([dataset[i] for i in idx[j:j + mbs]]) for j in range(0, minibs, mbs)]
@@ -48,11 +54,11 @@ def eval_microbatch_count(shard_len: int, mbs: int, multiple_of: int = 1) -> int
 
 
 def synthetic_microbatches(count: int, *, mbs: int, seq_length: int, vocab_size: int,
-                           seed: int) -> list[dict[str, torch.Tensor]]:
+                           seed: int) -> list[Microbatch]:
     """`count` microbatches of random token ids in [0, vocab_size), unmasked, drawn from a
     generator seeded with `seed` (the global random streams are not touched)."""
     gen = torch.Generator().manual_seed(seed)
-    out = []
+    out: list[Microbatch] = []
     for _ in range(count):
         text = torch.randint(0, vocab_size, (mbs, seq_length + 1), generator=gen,
                              dtype=DTYPES["tokens"])
@@ -63,11 +69,11 @@ def synthetic_microbatches(count: int, *, mbs: int, seq_length: int, vocab_size:
     return out
 
 
-def eval_microbatches(dataset, *, shard: range, mbs: int,
-                      multiple_of: int = 1) -> list[dict[str, torch.Tensor]]:
+def eval_microbatches(dataset: Samples, *, shard: range, mbs: int,
+                      multiple_of: int = 1) -> list[Microbatch]:
     """Microbatches covering `shard`; padding rows (and whole padding microbatches, when the
     interleaved schedule needs a multiple of PP) have loss_mask 0."""
-    out = []
+    out: list[Microbatch] = []
     idx = list(shard)
     for j in range(0, len(idx), mbs):
         items = [dataset[i] for i in idx[j:j + mbs]]

@@ -18,14 +18,22 @@ before; bench/eval_gather.py times both.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Unpack, cast
+
 import torch
 
 from .batches import eval_microbatches, eval_shard
 from .gather_dispatch import finish_in_flight, gathering, reset
 from .step import global_sum, run_schedule
 
+if TYPE_CHECKING:   # megatron.core is imported after the TE environment check (train.loop)
+    from megatron.core.distributed import DistributedDataParallel
 
-def eval_layout(cfg, *, dp_rank: int, dp: int) -> tuple[range, int, int]:
+    from ..config.schema import Config
+    from .protocols import ForwardBackward, Microbatch, Samples, ScheduleArgs
+
+
+def eval_layout(cfg: Config, *, dp_rank: int, dp: int) -> tuple[range, int, int]:
     """(this rank's shard of the validation set, eval MBS, microbatch-count multiple)."""
     mbs = cfg.batch.eval_micro_batch_size or cfg.batch.micro_batch_size
     shard = eval_shard(cfg.derived.eval_samples, dp, dp_rank)
@@ -33,12 +41,12 @@ def eval_layout(cfg, *, dp_rank: int, dp: int) -> tuple[range, int, int]:
     return shard, mbs, multiple
 
 
-def eval_batches(valid_ds, cfg, *, dp_rank: int, dp: int) -> list[dict[str, torch.Tensor]]:
+def eval_batches(valid_ds: Samples, cfg: Config, *, dp_rank: int, dp: int) -> list[Microbatch]:
     shard, mbs, multiple = eval_layout(cfg, dp_rank=dp_rank, dp=dp)
     return eval_microbatches(valid_ds, shard=shard, mbs=mbs, multiple_of=multiple)
 
 
-def _dispatch(chunk, *, whole: bool) -> None:
+def _dispatch(chunk: DistributedDataParallel, *, whole: bool) -> None:
     """Start the asynchronous all-gather of `chunk`'s bucket groups not dispatched yet, in the
     order the forward pass uses them: all of them with `align_param_gather` (its pre-hooks pass
     `skip_next_bucket_dispatch=True` and only wait), else the head of the bucket chain, whose
@@ -68,14 +76,14 @@ class GatherAhead:
     once, as in a training step: on gloo that needs one worker thread per group
     (gloo_workers)."""
 
-    def __init__(self, schedule=None):
+    def __init__(self, schedule: ForwardBackward | None = None) -> None:
         self.schedule = schedule
 
-    def __call__(self, **kwargs):
+    def __call__(self, **kwargs: Unpack[ScheduleArgs]) -> list[dict[str, torch.Tensor]] | None:
         schedule = self.schedule
         if schedule is None:
             from megatron.core.pipeline_parallel import get_forward_backward_func
-            schedule = get_forward_backward_func()
+            schedule = cast("ForwardBackward", get_forward_backward_func())   # unannotated
         chunks = gathering(kwargs["model"])
         if not chunks:
             return schedule(**kwargs)
@@ -92,7 +100,7 @@ class GatherAhead:
                 finish_in_flight(c)             # a gather the pass did not use
 
 
-def sync_params(model_chunks) -> bool:
+def sync_params(model_chunks: list[DistributedDataParallel]) -> bool:
     """Make every DP rank's parameters those of the last optimizer step with one synchronous
     gather of everything: `DistributedDataParallel.start_param_sync(force_sync=True)` on every
     chunk, what Megatron-LM's `force_param_sync` (megatron/training/training.py) does before
@@ -119,8 +127,9 @@ def sync_params(model_chunks) -> bool:
     return True
 
 
-def evaluate(model_chunks, microbatches, cfg, *, last_stage: bool, tp_rank: int, gpu: bool,
-             forward_only_fn=None) -> float:
+def evaluate(model_chunks: list[DistributedDataParallel], microbatches: list[Microbatch],
+             cfg: Config, *, last_stage: bool, tp_rank: int, gpu: bool,
+             forward_only_fn: ForwardBackward | None = None) -> float:
     """Log perplexity of `microbatches` summed over all ranks, with the weights of the last
     optimizer step, gathered overlapped with the pass (`GatherAhead`). `forward_only_fn`
     replaces it (train.graphs: the evaluation CUDA graph, which wraps a GatherAhead)."""

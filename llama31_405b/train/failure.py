@@ -30,7 +30,6 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any
 
 from .siblings import Siblings, describe_lost
 
@@ -129,7 +128,7 @@ class StopRequest:
     - `finish()`: the run reached its target; True when it may end in success.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self.reason = ""
         self.error = False
@@ -147,7 +146,8 @@ class StopRequest:
             self.reason = self.reason or reason
             self.error = self.error or error
 
-    def signal(self, reason: str, log, where=None) -> None:
+    def signal(self, reason: str, log: Callable[[str], object],
+               where: Callable[[], tuple[int, int]] | None = None) -> None:
         """where: () -> (step, samples): the run's position, fixed into `point` (a run whose
         stop is already settled, by a failed collective for one, keeps that first cause)."""
         with self._lock:
@@ -159,7 +159,7 @@ class StopRequest:
                 self.point = _point("aborted", reason, where)
             log(reason)
 
-    def settle(self, status: str, reason: str, where) -> StopPoint:
+    def settle(self, status: str, reason: str, where: Callable[[], tuple[int, int]]) -> StopPoint:
         """Fix where and why the run stopped, unless that is known already (a signal, or an
         earlier failure, came first); the point that holds."""
         with self._lock:
@@ -175,13 +175,13 @@ class StopRequest:
             return True
 
 
-def _point(status: str, reason: str, where) -> StopPoint:
+def _point(status: str, reason: str, where: Callable[[], tuple[int, int]]) -> StopPoint:
     import time
     step, samples = where()
     return StopPoint(status, reason, int(step), int(samples), int(time.time() * 1e3))
 
 
-_Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+_Handler = Callable[[int, FrameType | None], object] | int | signal.Handlers | None
 """What signal.signal takes and returns."""
 
 
@@ -191,8 +191,8 @@ class SignalWatch:
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-    def __init__(self, *, on_signal, grace_s: float = 20.0):
-        self.on_signal = on_signal   # callable(reason) -> None; must not block on a collective
+    def __init__(self, *, on_signal: Callable[[str], None], grace_s: float = 20.0) -> None:
+        self.on_signal = on_signal   # must not block on a collective
         self.grace_s = grace_s
         self.received: int | None = None
         self._reason = ""
@@ -228,11 +228,11 @@ class SignalWatch:
                          daemon=True).start()
         return self
 
-    def _handler(self, signum, frame):
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
         # main thread, between bytecodes: an assignment only (see the module docstring)
         self.received = self.received or signum
 
-    def _watch(self, r: socket.socket):
+    def _watch(self, r: socket.socket) -> None:
         while True:
             try:
                 data = r.recv(1)
@@ -248,14 +248,14 @@ class SignalWatch:
         timer.start()
         self.on_signal(self.reason())
 
-    def _exit_after_grace(self):
+    def _exit_after_grace(self) -> None:
         if self.done.wait(self.grace_s):
             return
         print(f"error: {self.reason()}: the run did not stop within {self.grace_s:.0f} s "
               "(blocked in a collective?); exiting", file=sys.stderr, flush=True)
         os._exit(128 + (self.received or signal.SIGTERM))
 
-    def uninstall(self):
+    def uninstall(self) -> None:
         self.done.set()
         if self._pair is None:
             return

@@ -41,26 +41,49 @@ static inputs: everything the warm-up changed is restored in place (train.warmup
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Protocol, Unpack
+
 from .gather_dispatch import reset as reset_gather_dispatch
+
+if TYPE_CHECKING:   # megatron.core is imported after the TE environment check (train.loop)
+    import torch
+    from megatron.core.distributed import DistributedDataParallel
+    from megatron.core.full_cuda_graph import FullCudaGraphWrapper
+    from megatron.core.optimizer import MegatronOptimizer
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.cuda_graphs import TECudaGraphHelper
+
+    from ..config.schema import Config
+    from .protocols import ForwardBackward, ScheduleArgs
 
 EVAL_CAPTURE_PASS = 1
 """The evaluation pass (0-based) that is captured: one eager pass first."""
+
+
+class _LayerGraphCapture(Protocol):
+    """What `capture_layer_graphs` calls on megatron-core 0.19.2's TECudaGraphHelper, whose
+    methods have no return annotation (both return nothing)."""
+
+    def create_cudagraphs(self) -> None: ...
+
+    def cuda_graph_set_manual_hooks(self) -> None: ...
 
 
 class _GatheringCapture:
     """The training FullCudaGraphWrapper, called with the gather dispatch state reset right
     before its capture call (module docstring); every other call passes straight through."""
 
-    def __init__(self, wrapper):
+    def __init__(self, wrapper: FullCudaGraphWrapper) -> None:
         self.wrapper = wrapper
 
-    def __call__(self, **kwargs):
+    def __call__(self, **kwargs: Unpack[ScheduleArgs]) -> list[dict[str, torch.Tensor]] | None:
         w = self.wrapper
         cls = type(w)
         if cls.cuda_graph["training"] is None and \
                 cls.curr_iteration["training"] == w.cuda_graph_warmup_steps:
             reset_gather_dispatch(kwargs["model"])
-        return w(**kwargs)
+        call: ForwardBackward = w    # megatron-core 0.19.2 types its __call__ *args, **kwargs
+        return call(**kwargs)
 
 
 class FullIterationGraphs:
@@ -68,7 +91,7 @@ class FullIterationGraphs:
     and static buffers in class attributes (one set per process); they are cleared here, so a
     process that builds several runs (tests) starts each from scratch."""
 
-    def __init__(self, cfg, tcfg):
+    def __init__(self, cfg: Config, tcfg: TransformerConfig) -> None:
         from megatron.core.full_cuda_graph import FullCudaGraphWrapper, StaticBufferLoader
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -78,8 +101,8 @@ class FullIterationGraphs:
         FullCudaGraphWrapper.cuda_graph = {"training": None, "validation": None}
         FullCudaGraphWrapper.result = {"training": None, "validation": None}
         FullCudaGraphWrapper.curr_iteration = {"training": 0, "validation": 0}
-        schedule = get_forward_backward_func()
-        single_pool = getattr(tcfg, "cuda_graph_use_single_mempool", True)
+        schedule: ForwardBackward = get_forward_backward_func()   # megatron: unannotated
+        single_pool: bool = getattr(tcfg, "cuda_graph_use_single_mempool", True)
         self.train = _GatheringCapture(FullCudaGraphWrapper(
             schedule, cuda_graph_warmup_steps=graph_capture_iteration(cfg),
             use_single_mempool=single_pool))
@@ -95,7 +118,9 @@ class FullIterationGraphs:
         return {k: g is not None for k, g in FullCudaGraphWrapper.cuda_graph.items()}
 
 
-def capture_layer_graphs(cfg, model, optimizer, tcfg, *, rank: int):
+def capture_layer_graphs(cfg: Config, model: list[DistributedDataParallel],
+                         optimizer: MegatronOptimizer, tcfg: TransformerConfig, *,
+                         rank: int) -> TECudaGraphHelper:
     """Per-layer CUDA graphs (Transformer Engine make_graphed_callables), captured once
     before run_start, after the warm-up iterations, as Megatron's own training loop does
     (megatron/training/training.py, train(): capture at iteration == cuda_graph_warmup_steps).
@@ -114,13 +139,14 @@ def capture_layer_graphs(cfg, model, optimizer, tcfg, *, rank: int):
     helper = TECudaGraphHelper(model=model, config=tcfg, seq_length=cfg.model.seq_length,
                                micro_batch_size=cfg.batch.micro_batch_size,
                                optimizers=[optimizer])
+    capture: _LayerGraphCapture = helper
     overlap_gather = cfg.performance.overlap_param_gather and cfg.optimizer.distributed
     if overlap_gather:
         for m in model:
             m.disable_forward_pre_hook(param_sync=False)
-    helper.create_cudagraphs()
+    capture.create_cudagraphs()
     if overlap_gather:
         for m in model:
             m.enable_forward_pre_hook()
-        helper.cuda_graph_set_manual_hooks()
+        capture.cuda_graph_set_manual_hooks()
     return helper

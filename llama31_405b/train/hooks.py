@@ -15,6 +15,10 @@ raises; one that wants every rank to stop together at the next step calls
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:   # the loop imports this module: its Run is the hooks' argument
+    from .loop import Run
 
 
 @dataclass(slots=True)
@@ -32,35 +36,60 @@ class StepStats:
 
 
 class Hook:
-    def on_init_start(self, run) -> None: ...
-    def on_init_stop(self, run) -> None: ...
-    def on_run_start(self, run) -> None: ...
-    def on_block_start(self, run, step: int, block_samples: int) -> None: ...
-    def on_step_end(self, run, stats: StepStats) -> None: ...
-    def on_block_stop(self, run, step: int, block_samples: int) -> None: ...
-    def on_eval_start(self, run, step: int) -> None: ...
-    def on_eval_end(self, run, step: int, value: float, eval_time_s: float) -> None: ...
-    def on_run_stop(self, run, status: str, reason: str) -> None: ...
-    def on_signal(self, run, reason: str) -> None: ...
+    def on_init_start(self, run: Run) -> None: ...
+    def on_init_stop(self, run: Run) -> None: ...
+    def on_run_start(self, run: Run) -> None: ...
+    def on_block_start(self, run: Run, step: int, block_samples: int) -> None: ...
+    def on_step_end(self, run: Run, stats: StepStats) -> None: ...
+    def on_block_stop(self, run: Run, step: int, block_samples: int) -> None: ...
+    def on_eval_start(self, run: Run, step: int) -> None: ...
+    def on_eval_end(self, run: Run, step: int, value: float, eval_time_s: float) -> None: ...
+    def on_run_stop(self, run: Run, status: str, reason: str) -> None: ...
+    def on_signal(self, run: Run, reason: str) -> None: ...
 
 
 class Hooks(Hook):
     """Calls each registered hook in order."""
 
-    def __init__(self, hooks: list[Hook]):
+    def __init__(self, hooks: list[Hook]) -> None:
         self.hooks = list(hooks)
 
-    def _call(self, name, *args):
+    def on_init_start(self, run: Run) -> None:
         for h in self.hooks:
-            getattr(h, name)(*args)
+            h.on_init_start(run)
 
-    def on_init_start(self, run): self._call("on_init_start", run)
-    def on_init_stop(self, run): self._call("on_init_stop", run)
-    def on_run_start(self, run): self._call("on_run_start", run)
-    def on_block_start(self, run, step, block_samples): self._call("on_block_start", run, step, block_samples)
-    def on_step_end(self, run, stats): self._call("on_step_end", run, stats)
-    def on_block_stop(self, run, step, block_samples): self._call("on_block_stop", run, step, block_samples)
-    def on_eval_start(self, run, step): self._call("on_eval_start", run, step)
-    def on_eval_end(self, run, step, value, eval_time_s): self._call("on_eval_end", run, step, value, eval_time_s)
-    def on_run_stop(self, run, status, reason): self._call("on_run_stop", run, status, reason)
-    def on_signal(self, run, reason): self._call("on_signal", run, reason)
+    def on_init_stop(self, run: Run) -> None:
+        for h in self.hooks:
+            h.on_init_stop(run)
+
+    def on_run_start(self, run: Run) -> None:
+        for h in self.hooks:
+            h.on_run_start(run)
+
+    def on_block_start(self, run: Run, step: int, block_samples: int) -> None:
+        for h in self.hooks:
+            h.on_block_start(run, step, block_samples)
+
+    def on_step_end(self, run: Run, stats: StepStats) -> None:
+        for h in self.hooks:
+            h.on_step_end(run, stats)
+
+    def on_block_stop(self, run: Run, step: int, block_samples: int) -> None:
+        for h in self.hooks:
+            h.on_block_stop(run, step, block_samples)
+
+    def on_eval_start(self, run: Run, step: int) -> None:
+        for h in self.hooks:
+            h.on_eval_start(run, step)
+
+    def on_eval_end(self, run: Run, step: int, value: float, eval_time_s: float) -> None:
+        for h in self.hooks:
+            h.on_eval_end(run, step, value, eval_time_s)
+
+    def on_run_stop(self, run: Run, status: str, reason: str) -> None:
+        for h in self.hooks:
+            h.on_run_stop(run, status, reason)
+
+    def on_signal(self, run: Run, reason: str) -> None:
+        for h in self.hooks:
+            h.on_signal(run, reason)

@@ -15,19 +15,25 @@ command carries the user's --set overrides.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..config.schema import Config
 
 
 @dataclass(frozen=True)
 class CheckedInputs:
-    verified: dict | None
-    """require_verified's records by manifest key (None: data.require_verified = false)."""
+    verified: dict[str, Any] | None
+    """require_verified's records by manifest key (None: data.require_verified = false): parsed
+    JSON of the data manifest (data.verify), hence Any."""
     checkpoint: str
     """The initial checkpoint to load ('' for none)."""
 
 
-def checkpoint_path(cfg, given: str | None) -> tuple[str, str]:
+def checkpoint_path(cfg: Config, given: str | None) -> tuple[str, str]:
     """(path, what names it): `given` (the --init-checkpoint option) or the config's
     checkpoint.ckpt_dir/checkpoint.init."""
     if given is not None:
@@ -36,7 +42,8 @@ def checkpoint_path(cfg, given: str | None) -> tuple[str, str]:
         "checkpoint.ckpt_dir/checkpoint.init"
 
 
-def check_inputs(cfg, *, init_checkpoint: str | None, sets=(), data: bool = True) -> CheckedInputs:
+def check_inputs(cfg: Config, *, init_checkpoint: str | None, sets: Sequence[str] = (),
+                 data: bool = True) -> CheckedInputs:
     """Raise DataError / CheckpointError (naming key and path) for inputs that cannot work.
     `data=False`: the caller brings its datasets (tiny pre-training), skip the data."""
     verified = None

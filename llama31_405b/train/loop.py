@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -36,13 +37,18 @@ from .schedule import LRSchedule
 if TYPE_CHECKING:   # megatron.core is imported by the init, after the TE environment check
     from megatron.core.distributed import DistributedDataParallel
     from megatron.core.optimizer import MegatronOptimizer
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.cuda_graphs import TECudaGraphHelper
 
     from ..config.schema import Config
+    from ..parallel.distributed import DistEnv
     from ..parallel.setup import ParallelInfo
     from ..systems.device import Device
+    from .failure import StopPoint
     from .graphs import FullIterationGraphs
     from .inputs import CheckedInputs
     from .prefetch import Prefetcher
+    from .protocols import Microbatch, Samples
 
 
 def te_env_checked(cfg: Config, device: Device, *, te_installed: bool | None = None) -> bool:
@@ -68,8 +74,9 @@ class RunState:
     samples: int = 0
     init_stopped: bool = False
     run_started: bool = False
-    evals: list = field(default_factory=list)
-    losses: list = field(default_factory=list)
+    evals: list[tuple[int, int, float]] = field(default_factory=list)
+    """(step, samples, log perplexity) of every evaluation."""
+    losses: list[float] = field(default_factory=list)
     status: str | None = None
     reason: str = ""
     run_start_ms: int | None = None
@@ -87,13 +94,19 @@ class Run:
     optimizer: MegatronOptimizer
     schedule: LRSchedule
     last_stage: bool
-    train_ds: Any
+    train_ds: Samples
     """The training blend (data.datasets, or the caller's `datasets`): indexed by sample."""
-    valid_ds: Any
+    valid_ds: Samples
+    te_kernels: dict[str, str | None]
+    """GPU: what chose the TE kernels (precision.te_recipe.te_kernel_record), after the warm-up."""
+    cuda_graph_helper: TECudaGraphHelper
+    """Per-layer CUDA graphs ("layers") only: megatron-core's helper that captured them."""
 
-    def __init__(self, cfg, *, seed: int, hooks: list[Hook], dist_env=None,
-                 timeout_s: float = 600.0, signal_grace_s: float = 20.0,
-                 init_checkpoint: str | None = None, datasets=None, sets=()):
+    def __init__(self, cfg: Config, *, seed: int, hooks: list[Hook],
+                 dist_env: DistEnv | None = None, timeout_s: float = 600.0,
+                 signal_grace_s: float = 20.0, init_checkpoint: str | None = None,
+                 datasets: tuple[Samples, Samples] | None = None,
+                 sets: Sequence[str] = ()) -> None:
         self.cfg, self.seed = cfg, seed
         self.sets = tuple(sets)
         """The user's --set overrides: carried into the commands that messages suggest."""
@@ -106,19 +119,20 @@ class Run:
         self.stop = StopRequest()
         self.gc = ManualGC.from_config(cfg)
         self._graphs: FullIterationGraphs | None = None   # with full-iteration graphs
-        self._loader: Prefetcher | None = None             # started by the first step
+        self._loader: Prefetcher[list[Microbatch]] | None = None   # started by the first step
         self._init_ckpt = ""
         self.failure: BaseException | None = None
         """The exception that ended the run (None: it ended by itself or by RunAborted)."""
-        self._quantized_init: dict = {}   # train.warmup.quantized_values after the load
+        # train.warmup.quantized_values after the load
+        self._quantized_init: dict[torch.nn.Parameter, torch.Tensor] = {}
 
     # state shortcuts used by hooks
     @property
-    def step(self):
+    def step(self) -> int:
         return self.state.step
 
     @property
-    def samples(self):
+    def samples(self) -> int:
         return self.state.samples
 
     @property
@@ -126,7 +140,7 @@ class Run:
         return self.state.run_started
 
     # -- init -----------------------------------------------------------------------------------
-    def _init(self):
+    def _init(self) -> None:
         from .. import cpu_compat
         from ..systems.device import decide
         cfg = self.cfg
@@ -185,7 +199,7 @@ class Run:
             if self.info.is_rank0 and "transformer_engine" in sys.modules:
                 print(f"[train] {te_kernel_line(self.te_kernels)}", file=sys.stderr, flush=True)
 
-    def _init_tp_comm_overlap(self):
+    def _init_tp_comm_overlap(self) -> None:
         """Transformer Engine userbuffers for TP communication/GEMM overlap (GPU), created
         before the TE layers, for activations of [seq/CP x MBS, hidden] (Megatron's sizing in
         megatron/training/initialize.py _initialize_tp_communicators), one communicator set per
@@ -202,14 +216,14 @@ class Run:
             dtype=torch.bfloat16 if cfg.precision.params == "bf16" else torch.float32,
             bootstrap_backend="nccl")
 
-    def _check_placement(self):
+    def _check_placement(self) -> None:
         """THE placement call site: every TP/CP/PP group inside one rack, checked right after
         process-group setup, before the model is built or a checkpoint is read (raises
         PlacementError, which the train command turns into exit code 3)."""
         from ..parallel.placement import check_placement
         check_placement(self.cfg, self.info.dist_env)
 
-    def _build_datasets(self):
+    def _build_datasets(self) -> tuple[Samples, Samples]:
         if self._datasets is not None:
             return self._datasets
         from ..data.datasets import build_datasets
@@ -217,7 +231,7 @@ class Run:
         return build_datasets(self.cfg, seed=self.seed, train_samples=d.max_steps * d.gbs,
                               verified=self._inputs.verified)
 
-    def _warmup_and_restore(self, tcfg):
+    def _warmup_and_restore(self, tcfg: TransformerConfig) -> None:
         """Warm-up on synthetic tokens, then per-layer graph capture ("layers"), then
         everything put back in place (train.warmup)."""
         from .warmup import RestorePoint
@@ -235,7 +249,7 @@ class Run:
         point.restore(self.model, self.optimizer)
         self._quantized_init = {}
 
-    def _warmup(self, iters: int):
+    def _warmup(self, iters: int) -> None:
         """`iters` training iterations (forward/backward, gradient reduction, optimizer step at
         the first update's LR) and the evaluation passes the graphs need (two with
         full-iteration graphs: eager, then captured), all on synthetic microbatches of the real
@@ -262,12 +276,12 @@ class Run:
                                                   seed=WARMUP_SEED - 1 - j, **tokens))
 
     # -- one step -------------------------------------------------------------------------------
-    def _zero_grads(self):
+    def _zero_grads(self) -> None:
         for m in self.model:
             m.zero_grad_buffer()
         self.optimizer.zero_grad()
 
-    def _read_train_batch(self, step: int) -> list[dict[str, torch.Tensor]]:
+    def _read_train_batch(self, step: int) -> list[Microbatch]:
         """Step `step`'s microbatches of this DP rank (runs in the loader thread)."""
         from .batches import train_microbatches
         cfg = self.cfg
@@ -278,7 +292,7 @@ class Run:
             mbs = [{k: v.pin_memory() for k, v in mb.items()} for mb in mbs]
         return mbs
 
-    def _train_batch(self, step: int) -> list[dict[str, torch.Tensor]]:
+    def _train_batch(self, step: int) -> list[Microbatch]:
         if self._loader is None:
             from .prefetch import Prefetcher
             from ..data.errors import DataError
@@ -291,7 +305,7 @@ class Run:
         if self._loader is not None:
             self._loader.close()
 
-    def _forward_backward(self, microbatches) -> torch.Tensor:
+    def _forward_backward(self, microbatches: list[Microbatch]) -> torch.Tensor:
         from .step import run_schedule
         cfg = self.cfg
         return run_schedule(self.model, microbatches, seq_length=cfg.model.seq_length,
@@ -342,7 +356,7 @@ class Run:
         return self._evaluate(eval_batches(self.valid_ds, self.cfg, dp_rank=self.info.dp_rank,
                                            dp=self.info.dp_size))
 
-    def _evaluate(self, microbatches) -> float:
+    def _evaluate(self, microbatches: list[Microbatch]) -> float:
         from megatron.core import parallel_state as ps
 
         from .evaluation import evaluate
@@ -360,12 +374,12 @@ class Run:
         return self.state.step, self.state.samples
 
     @property
-    def stop_point(self):
+    def stop_point(self) -> StopPoint | None:
         """train.failure.StopPoint: where and why the run stopped (None while it runs). The
         MLPerf log's run_stop and the console's summary report it."""
         return self.stop.point
 
-    def _on_signal(self, reason: str):
+    def _on_signal(self, reason: str) -> None:
         # the signal watchdog thread: run_stop aborted now (unless the target was reached or
         # the stop is settled already), then the loop stops with the other ranks at the next step
         self.stop.signal(reason, lambda r: self.hooks.on_signal(self, r), self._where)
@@ -410,14 +424,14 @@ class Run:
             watch.uninstall()
         return status
 
-    def _stop_if_requested(self, *, agreed: bool = True):
+    def _stop_if_requested(self, *, agreed: bool = True) -> None:
         """agreed: the stop every rank learnt from the last step's all-reduce; else this rank's
         own request (init, where no step agrees on it)."""
         if self.state.stop_agreed if agreed else self.stop.requested:
             raise RunAborted(self.stop.reason or "stopped with the other ranks: another rank "
                                                  "received a signal or could not write its log")
 
-    def _test_delay(self, seconds: float):
+    def _test_delay(self, seconds: float) -> None:
         """TEST ONLY (config [testing]): slow a step or an evaluation down on purpose."""
         if seconds > 0:
             time.sleep(seconds)

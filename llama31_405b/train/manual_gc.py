@@ -14,10 +14,14 @@ The proven GB200 run collects every 1000 steps in training and validation alike.
 from __future__ import annotations
 
 import gc
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..config.schema import Config
 
 
 class ManualGC:
-    def __init__(self, *, enabled: bool, interval: int, eval_steps_per_eval: int):
+    def __init__(self, *, enabled: bool, interval: int, eval_steps_per_eval: int) -> None:
         self.enabled = enabled
         self.interval = max(1, interval)
         self.eval_steps_per_eval = max(1, eval_steps_per_eval)
@@ -26,7 +30,7 @@ class ManualGC:
         """(phase, step count) of every manual collection, for tests and logs."""
 
     @classmethod
-    def from_config(cls, cfg) -> "ManualGC":
+    def from_config(cls, cfg: Config) -> ManualGC:
         d = cfg.derived
         return cls(enabled=cfg.performance.manual_gc,
                    interval=cfg.performance.manual_gc_interval,

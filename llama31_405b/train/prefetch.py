@@ -16,24 +16,30 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Generic, TypeVar, cast
 
 _POLL_S = 0.1
 
+T = TypeVar("T")
+"""What `make` gives for a step (the loop: the step's microbatches)."""
 
-class Prefetcher:
-    def __init__(self, make: Callable[[int], Any], *, start: int, stop: int, depth: int = 2,
-                 name: str = "batch-prefetch", keep_types: tuple = ()):
+
+class Prefetcher(Generic[T]):
+    def __init__(self, make: Callable[[int], T], *, start: int, stop: int, depth: int = 2,
+                 name: str = "batch-prefetch",
+                 keep_types: tuple[type[BaseException], ...] = ()) -> None:
         self._make = make
         self._keep_types = keep_types
         self._next = start
-        self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
+        # (step, its item, None) or (step, None, the error that `make` raised for it)
+        self._queue: queue.Queue[tuple[int, T | None, BaseException | None]] = queue.Queue(
+            maxsize=max(1, depth))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(start, stop), name=name,
                                         daemon=True)
         self._thread.start()
 
-    def _put(self, item) -> bool:
+    def _put(self, item: tuple[int, T | None, BaseException | None]) -> bool:
         while not self._stop.is_set():
             try:
                 self._queue.put(item, timeout=_POLL_S)
@@ -47,14 +53,14 @@ class Prefetcher:
             if self._stop.is_set():
                 return
             try:
-                item = (k, self._make(k), None)
+                item: tuple[int, T | None, BaseException | None] = (k, self._make(k), None)
             except BaseException as e:  # noqa: BLE001 - handed to the loop, raised there
                 self._put((k, None, e))
                 return
             if not self._put(item):
                 return
 
-    def get(self, step: int):
+    def get(self, step: int) -> T:
         """The batch of `step` (steps are asked for in order, from `start`)."""
         if step != self._next:
             raise RuntimeError(f"prefetcher: step {step} asked for, step {self._next} is next")
@@ -70,7 +76,7 @@ class Prefetcher:
                 raise type(err)(f"reading the batch of step {k}: {err}") from err
             raise RuntimeError(f"reading the batch of step {k} failed: {err}") from err
         self._next = k + 1
-        return item
+        return cast(T, item)   # None only beside an error
 
     @property
     def alive(self) -> bool:

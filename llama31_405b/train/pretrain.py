@@ -13,6 +13,11 @@ import dataclasses
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from ..config.schema import Config
+    from .protocols import Samples
 
 PRETRAIN_STEPS = 120
 PRETRAIN_LR = 3e-3
@@ -20,7 +25,7 @@ PRETRAIN_WARMUP = 30
 PRETRAIN_SEED = 1000
 
 
-def pretrain_config(cfg):
+def pretrain_config(cfg: Config) -> Config:
     """The run config with the pre-training shard as its only training data."""
     if not cfg.data.pretrain_prefix:
         raise ValueError(f"{cfg.source}: data.pretrain_prefix is not set; the initial checkpoint "
@@ -30,13 +35,14 @@ def pretrain_config(cfg):
     return dataclasses.replace(cfg, data=data)
 
 
-def init_checkpoint_path(cfg) -> Path:
+def init_checkpoint_path(cfg: Config) -> Path:
     return Path(cfg.checkpoint.ckpt_dir) / cfg.checkpoint.init
 
 
-def make_init_checkpoint(cfg, *, out: str | Path | None = None, steps: int = PRETRAIN_STEPS,
-                         lr: float = PRETRAIN_LR, seed: int = PRETRAIN_SEED, datasets=None,
-                         stream=sys.stderr) -> Path:
+def make_init_checkpoint(cfg: Config, *, out: str | Path | None = None, steps: int = PRETRAIN_STEPS,
+                         lr: float = PRETRAIN_LR, seed: int = PRETRAIN_SEED,
+                         datasets: tuple[Samples, Samples] | None = None,
+                         stream: TextIO = sys.stderr) -> Path:
     """Pre-train from random weights and save the model. Runs in the current process group
     (world size of cfg); returns the checkpoint path."""
     from ..checkpoint import format as ckpt_format

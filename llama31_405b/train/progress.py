@@ -9,11 +9,17 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import TYPE_CHECKING, TextIO
 
 from .hooks import Hook, StepStats
 
+if TYPE_CHECKING:
+    from ..config.schema import Config
+    from .failure import StopPoint
+    from .loop import Run, RunState
 
-def mfu(cfg, seconds_per_step: float) -> float:
+
+def mfu(cfg: Config, seconds_per_step: float) -> float:
     d = cfg.derived
     peak = d.system.peak_tflops(cfg.precision.compute) * 1e12
     if peak <= 0 or seconds_per_step <= 0:
@@ -27,25 +33,26 @@ def _fmt_time(s: float) -> str:
 
 
 class ProgressHook(Hook):
-    def __init__(self, cfg, *, rank: int, interval: int | None = None, stream=None):
+    def __init__(self, cfg: Config, *, rank: int, interval: int | None = None,
+                 stream: TextIO | None = None) -> None:
         self.cfg, self.rank = cfg, rank
         self.interval = interval or cfg.run.log_interval
         self.stream = stream or sys.stderr
         self._times: list[float] = []
         self._t_run: float | None = None
 
-    def _print(self, line: str):
+    def _print(self, line: str) -> None:
         if self.rank == 0:
             print(line, file=self.stream, flush=True)
 
-    def on_run_start(self, run):
+    def on_run_start(self, run: Run) -> None:
         self._t_run = time.perf_counter()
         d = self.cfg.derived
         self._print(f"[train] run_start: GBS {d.gbs} (MiniBS {self.cfg.batch.minibs} x DP {d.dp}), "
                     f"first eval at step {d.first_eval_step}, then every {d.eval_interval_steps}; "
                     f"target {d.target}, max steps {d.max_steps}")
 
-    def on_step_end(self, run, st: StepStats):
+    def on_step_end(self, run: Run, st: StepStats) -> None:
         self._times.append(st.step_time_s)
         if st.step % self.interval and st.step != st.next_eval_step:
             return
@@ -59,23 +66,23 @@ class ProgressHook(Hook):
                     f"{tok_s:9.0f} tok/s | MFU {100 * mfu(self.cfg, avg):5.2f}% | "
                     f"eval@{st.next_eval_step} in {_fmt_time(eta)}")
 
-    def on_eval_end(self, run, step, value, eval_time_s):
+    def on_eval_end(self, run: Run, step: int, value: float, eval_time_s: float) -> None:
         target = self.cfg.derived.target
         mark = "<= target" if value <= target else "> target"
         self._print(f"[eval]  step {step:5d} | samples {run.samples:8d} | log perplexity {value:.4f} "
                     f"({mark} {target}) | {eval_time_s:.1f} s")
 
-    def on_signal(self, run, reason):
+    def on_signal(self, run: Run, reason: str) -> None:
         self._print(f"[train] {reason}: run_stop aborted logged; stopping at the next step")
 
-    def on_run_stop(self, run, status, reason):
-        state = getattr(run, "state", None)
+    def on_run_stop(self, run: Run, status: str, reason: str) -> None:
+        state: RunState | None = getattr(run, "state", None)
         if state is not None and not state.run_started:
             return   # the train command says "stopped before run_start: <reason>" (one line)
         # the values of the log's run_stop (train.failure.StopPoint, fixed once): a step under
         # way when a signal came may finish after it; that is said apart
-        point = getattr(run, "stop_point", None)
-        start_ms = getattr(state, "run_start_ms", None)
+        point: StopPoint | None = getattr(run, "stop_point", None)
+        start_ms: int | None = getattr(state, "run_start_ms", None)
         if point is not None and start_ms is not None:
             step, samples, minutes = point.step, point.samples, (point.time_ms - start_ms) / 6e4
         else:

@@ -15,6 +15,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:   # megatron.core is imported after the TE environment check (train.loop)
+    from megatron.core.optimizer import MegatronOptimizer
+
+    from ..config.schema import Config
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +32,7 @@ class LRSchedule:
     weight_decay: float
 
     @classmethod
-    def from_config(cls, cfg) -> "LRSchedule":
+    def from_config(cls, cfg: Config) -> LRSchedule:
         d = cfg.derived
         return cls(lr=d.lr, end_lr=d.end_lr, warmup_steps=d.warmup_steps,
                    decay_steps=d.decay_steps, weight_decay=d.weight_decay)
@@ -42,11 +48,14 @@ class LRSchedule:
         progress = (k - w) / dsteps
         return self.end_lr + (self.lr - self.end_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
-    def apply(self, optimizer, k: int) -> float:
+    def apply(self, optimizer: MegatronOptimizer, k: int) -> float:
         """Set LR and weight decay of every parameter group for update k; returns the LR.
         Megatron's param groups carry lr_mult/wd_mult (wd_mult 0 for norms)."""
         lr = self.lr_at(k)
-        for group in optimizer.param_groups:
-            group["lr"] = lr * group.get("lr_mult", 1.0)
-            group["weight_decay"] = self.weight_decay * group.get("wd_mult", 1.0)
+        # megatron-core 0.19.2 MegatronOptimizer.param_groups: the torch optimizer's, through an
+        # unannotated property; the multipliers are numbers
+        groups: list[dict[str, object]] = optimizer.param_groups
+        for group in groups:
+            group["lr"] = lr * cast(float, group.get("lr_mult", 1.0))
+            group["weight_decay"] = self.weight_decay * cast(float, group.get("wd_mult", 1.0))
         return lr

@@ -2,12 +2,20 @@
 per-token loss that makes the global-batch loss identical for every layout."""
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from functools import partial
+from typing import TYPE_CHECKING, cast
 
 import torch
 
+if TYPE_CHECKING:   # megatron.core is imported after the TE environment check (train.loop)
+    from megatron.core.distributed import DistributedDataParallel
 
-def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
+    from ..config.schema import Config
+    from .protocols import ForwardBackward, LossReport, Microbatch
+
+
+def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor) -> LossReport:
     """Sum of per-token losses and token count (calculate_per_token_loss: Megatron divides the
     gradients by the global token count in finalize_model_grads)."""
     losses = output_tensor.float().reshape(-1)
@@ -18,13 +26,15 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
     return loss_sum, ntok.to(torch.int), {"lm loss": report}
 
 
-def forward_step(data_iterator, model):
+def forward_step(data_iterator: Iterator[Microbatch], model: DistributedDataParallel
+                 ) -> tuple[torch.Tensor, Callable[[torch.Tensor], LossReport]]:
     batch = next(data_iterator)
-    output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+    output: torch.Tensor = model(batch["tokens"], batch["position_ids"], None,
+                                 labels=batch["labels"])
     return output, partial(loss_func, batch["loss_mask"])
 
 
-def _to_device(mb: dict, cp: int, *, gpu: bool) -> dict:
+def _to_device(mb: Microbatch, cp: int, *, gpu: bool) -> Microbatch:
     if gpu:
         mb = {k: v.cuda(non_blocking=True) for k, v in mb.items()}
     if cp > 1:
@@ -38,9 +48,9 @@ def _to_device(mb: dict, cp: int, *, gpu: bool) -> dict:
     return mb
 
 
-def run_schedule(model_chunks, microbatches: list[dict], *, seq_length: int, mbs: int,
-                 forward_only: bool, gpu: bool, cp: int = 1,
-                 forward_backward=None) -> torch.Tensor:
+def run_schedule(model_chunks: list[DistributedDataParallel], microbatches: list[Microbatch], *,
+                 seq_length: int, mbs: int, forward_only: bool, gpu: bool, cp: int = 1,
+                 forward_backward: ForwardBackward | None = None) -> torch.Tensor:
     """Forward (and backward) over `microbatches`; returns [loss_sum, tokens] of this rank's
     share (zeros on ranks without the last pipeline stage). `gpu` is the run's device decision;
     `forward_backward` replaces Megatron's schedule function (train.graphs: the full-iteration
@@ -50,7 +60,7 @@ def run_schedule(model_chunks, microbatches: list[dict], *, seq_length: int, mbs
         return torch.zeros(2, dtype=torch.float64)
     if forward_backward is None:
         from megatron.core.pipeline_parallel import get_forward_backward_func
-        forward_backward = get_forward_backward_func()
+        forward_backward = cast("ForwardBackward", get_forward_backward_func())   # unannotated
     iters = [iter(mbs_dev) for _ in model_chunks]
     out = forward_backward(
         forward_step_func=forward_step,
@@ -66,7 +76,7 @@ def run_schedule(model_chunks, microbatches: list[dict], *, seq_length: int, mbs
 
 
 def global_sum(local: torch.Tensor, *, contributes: bool, gpu: bool,
-               flags=()) -> torch.Tensor:
+               flags: tuple[float, ...] = ()) -> torch.Tensor:
     """Sum a small [loss_sum, tokens] vector over the whole world; only ranks holding the last
     pipeline stage with TP rank 0 contribute (TP ranks hold identical losses). Every rank gets
     the result, so all stop together on NaN or at the target. `flags` (every rank's, e.g. its
@@ -81,7 +91,7 @@ def global_sum(local: torch.Tensor, *, contributes: bool, gpu: bool,
     return vec.cpu()
 
 
-def configure_num_microbatches(cfg, *, rank: int) -> int:
+def configure_num_microbatches(cfg: Config, *, rank: int) -> int:
     """Set Megatron's global microbatch calculator to this config (GBS, MBS, DP) and return
     the microbatches per step (MiniBS / MBS). The project's schedule passes num_microbatches
     explicitly; Megatron's TECudaGraphHelper (per-layer CUDA graphs) reads the calculator."""
