@@ -46,7 +46,7 @@ test-stress: $(STAMP)
 	  [ $$rc != 5 ] || echo "make test-stress: no test is marked stress or converge" >&2; exit $$rc; }
 
 # mypy (mypy.ini) over the package against the pinned Transformer Engine and megatron-core
-# sources, then three seeded faults it must report at their file and line (scripts/typecheck.py,
+# sources, then the seeded faults (SEEDS) it must report at their file and line (scripts/typecheck.py,
 # docs/typecheck.md). The first run fetches TE's Python sources into .cache/te-2.20.2/
 typecheck: $(STAMP)
 	$(PY) scripts/typecheck.py

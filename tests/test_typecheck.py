@@ -8,10 +8,16 @@ itself, seeded faults included: scripts/typecheck.py, docs/typecheck.md):
   output (other line, other code) is reported as missing;
 - mypy.ini excludes nothing blanket: its per-module exclusions name single project modules,
   disable only error codes (never call-arg, never ignore_errors), and its TE path is the
-  fetch script's version.
+  fetch script's version; its strict section names the GPU path scripts/any_share.py bounds;
+- the Any share (scripts/any_share.py) fails a GPU-path module above its limit, by name, and
+  only those; seeds of one file go into one copy, each at its own line.
+
+One test (marked stress: `make test-stress`) runs mypy: the seed on what model.builder returns goes unreported once
+build_model's return annotation is gone (it is found because the builder is typed).
 """
 import configparser
 import importlib.util
+import os
 import sys
 import zipfile
 from pathlib import Path
@@ -30,6 +36,7 @@ def _load(name: str):
 
 
 fetch = _load("fetch_te_sources")
+share = _load("any_share")
 tc = _load("typecheck")
 
 
@@ -149,7 +156,8 @@ def test_the_configuration_excludes_nothing_blanket():
     main = cfg["mypy"]
     assert main.getboolean("check_untyped_defs")
     assert main["mypy_path"] == f"$MYPY_CONFIG_FILE_DIR/.cache/te-{fetch.VERSION}"
-    project = [s for s in cfg.sections() if s.startswith("mypy-llama31_405b")]
+    project = [s for s in cfg.sections() if s.startswith("mypy-llama31_405b")
+               and s != STRICT_SECTION]
     for section in project:
         module = section.removeprefix("mypy-")
         assert "*" not in module and "," not in module, section
@@ -160,3 +168,114 @@ def test_the_configuration_excludes_nothing_blanket():
     assert "owned by a concurrent change" in text or not project
     for section in cfg.sections():
         assert not cfg[section].getboolean("ignore_errors", fallback=False), section
+
+
+STRICT_SECTION = ("mypy-" + ",".join(f"{m}.*" if m != "llama31_405b.parallel.setup" else m
+                                     for m in share.GPU_PATH)
+                  + ",gpu_layer,h200_first_contact")
+
+
+def test_the_gpu_path_refuses_untyped_definitions():
+    """The strict section names exactly the modules whose Any share is bounded (and the two GPU
+    programs), and only makes annotations mandatory; both programs are among mypy's files."""
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "mypy.ini")
+    assert STRICT_SECTION in cfg.sections()
+    strict = cfg[STRICT_SECTION]
+    assert set(strict) == {"disallow_untyped_defs", "disallow_incomplete_defs"}
+    assert strict.getboolean("disallow_untyped_defs") and strict.getboolean("disallow_incomplete_defs")
+    files = [f.strip() for f in cfg["mypy"]["files"].split(",")]
+    assert files == ["llama31_405b", "bench/gpu_layer.py", "scripts/h200_first_contact.py"]
+    assert all((REPO / f).exists() for f in files)
+
+
+REPORT = """                                        Name   Anys   Exprs   Coverage
+----------------------------------------------------------------------
+                         llama31_405b.config      3      10     70.00%
+                  llama31_405b.first_contact      0     187    100.00%
+            llama31_405b.first_contact.layer      6     100     94.00%
+llama31_405b.planner.calibrate.first_contact     48     100     52.00%
+                  llama31_405b.model.builder      5     100     95.00%
+                 llama31_405b.parallel.setup      0     245    100.00%
+           llama31_405b.parallel.setup_other     50     100     50.00%
+               llama31_405b.precision.linear      1     709     99.86%
+                   llama31_405b.train.graphs      3     134     97.76%
+----------------------------------------------------------------------
+                                       Total    116    1785     93.50%
+"""
+
+
+def test_a_gpu_path_module_above_its_limit_fails_by_name():
+    rows = share.parse(REPORT)
+    assert share.Share("llama31_405b.first_contact.layer", 100, 6) in rows
+    assert "Total" not in {r.module for r in rows}
+    table, failures = share.check(rows)
+    # 6 % > 5 %: named with its share and the limit; 5 % exactly passes; modules off the GPU
+    # path (config, planner.calibrate.first_contact, parallel.setup_other) are not judged
+    assert failures == ["llama31_405b.first_contact.layer: 6.0 % of its 100 expressions are Any "
+                        "(6), above its limit of 5 %"]
+    assert any(line.startswith("llama31_405b.first_contact.layer") and line.endswith("ABOVE")
+               for line in table)
+    assert not any("planner" in line or "config" in line or "setup_other" in line
+                   for line in table)
+    assert table[-1].split()[-3:] == ["1475", "15", "1.0"]     # the GPU path as a whole
+
+
+def test_a_per_module_limit_lets_its_module_through_and_must_be_used(monkeypatch):
+    monkeypatch.setitem(share.LIMITS, "llama31_405b.first_contact.layer", (7.0, "a reason"))
+    assert share.check(share.parse(REPORT))[1] == []
+    monkeypatch.setitem(share.LIMITS, "llama31_405b.train.gone", (7.0, "a reason"))
+    assert share.check(share.parse(REPORT))[1] == [
+        "llama31_405b.train.gone: has a limit in scripts/any_share.py LIMITS but no row in the "
+        "report: delete the entry"]
+
+
+def test_each_limit_above_the_default_gives_its_reason():
+    for module, (limit, reason) in share.LIMITS.items():
+        assert share.on_gpu_path(module) and limit > share.DEFAULT_LIMIT, module
+        assert len(reason.split()) >= 5, module
+
+
+def test_a_gpu_path_package_missing_from_the_report_fails():
+    rows = [r for r in share.parse(REPORT) if not r.module.startswith("llama31_405b.train")]
+    assert share.check(rows)[1][1:] == [
+        "llama31_405b.train: not in mypy's any-exprs report (is it still checked?)"]
+    assert len(share.check([])[1]) == len(share.GPU_PATH)
+
+
+def test_seeds_of_one_file_go_into_one_copy_each_at_its_line():
+    text = "a = 1\nb = 2\nc = 3\n"
+    low = tc.Seed("low", "f.py", "c = 3\n", "c = 4\n", "c = 4", "m", "misc")
+    high = tc.Seed("high", "f.py", "a = 1\n", "a = 1\nx.y\n", "x.y", "m", "attr-defined")
+    other = tc.Seed("other", "g.py", "z", "w", "w", "m", "misc")
+    texts, expected = tc.seeded_texts([low, high, other], read=lambda f: text if f == "f.py"
+                                      else "z\n")
+    assert set(texts) == {"f.py", "g.py"}
+    lines = texts["f.py"].splitlines()
+    # the inserted line above moves `low` down by one: its line is counted after both seeds
+    assert lines[:4] == ["a = 1", "x.y", "b = 2", "c = 4"]
+    assert expected == {high: 2, low: 4, other: 1}
+    assert texts["f.py"].count("# mypy: ignore-errors=False") == 2
+
+
+@pytest.mark.slow
+@pytest.mark.stress     # two cold mypy runs, about 3 minutes of CPU: `make test-stress`
+def test_the_builder_seed_is_found_only_because_the_builder_is_typed(tmp_path):
+    """mypy, twice without a cache (a module mypy finds fresh in a cache is not checked again,
+    whatever shadows it): the seed on build_model's result in train/loop.py is reported with the
+    builder as it is, and not with build_model's return annotation gone."""
+    s = next(s for s in tc.SEEDS if "model.builder" in s.what)
+    texts, expected = tc.seeded_texts([s])
+    seeded = tmp_path / "loop.py"
+    seeded.write_text(texts[s.file])
+    builder = "llama31_405b/model/builder.py"
+    source = (REPO / builder).read_text()
+    annotation = ",\n                device: Device | None = None) -> list[GPTModel]:"
+    assert source.count(annotation) == 1
+    untyped = tmp_path / "builder.py"
+    untyped.write_text(source.replace(annotation, ",\n                device: Device | None = None):"))
+    shadow = ["--cache-dir", os.devnull, "--shadow-file", s.file, str(seeded)]
+    found = tc.errors(tc.mypy(*shadow).stdout)
+    assert tc.unreported([s], expected, found) == []
+    found = tc.errors(tc.mypy(*shadow, "--shadow-file", builder, str(untyped)).stdout)
+    assert tc.unreported([s], expected, found) != []
