@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 JOBS ?= 3
 FAST_JOBS ?= 2
 # extra pytest arguments for `make test` / `make test-stress`, e.g. what each test costs in CPU:
-# `make test ARGS="--cpu-times /tmp/cpu.jsonl"`, then `.venv/bin/python bench/test_cpu_times.py /tmp/cpu.jsonl`
+# `make test ARGS="--cpu-times=/tmp/cpu.jsonl"` (with `=`: pytest reads a path given apart before it knows the option), then `.venv/bin/python bench/test_cpu_times.py /tmp/cpu.jsonl`
 ARGS ?=
 
 .PHONY: setup demo test test-fast test-stress typecheck coverage check-configs clean-venv

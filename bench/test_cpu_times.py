@@ -3,7 +3,7 @@
 its ended children) and the wall seconds, the largest first, with each one's share of the run's
 CPU. The CPU total over the cores is the least wall time the suite can take.
 
-    .venv/bin/python -m pytest ... --cpu-times /tmp/cpu.jsonl     # e.g. make test's command
+    make test ARGS=--cpu-times=/tmp/cpu.jsonl      # `=`: a path given apart is read as a test path
     .venv/bin/python bench/test_cpu_times.py /tmp/cpu.jsonl [--top 40] [--cores 2]
 """
 from __future__ import annotations
@@ -46,6 +46,14 @@ def main(argv: list[str] | None = None) -> int:
     total = sum(r["cpu_s"] for r in rows)
     print(f"{len({r['test'] for r in rows})} tests, {total:.0f} CPU s in all: at least "
           f"{total / a.cores:.0f} s of wall time on {a.cores} cores")
+    spans = [r for r in rows if "start" in r]
+    if spans:     # when each worker ran tests: busy wall time against its first start to last end
+        print(f"\n{'busy s':>8} {'span s':>8}  worker (busy: its tests' wall time; span: first "
+              "start to last end)")
+        for wk in sorted({r["worker"] for r in spans}):
+            mine = [r for r in spans if r["worker"] == wk]
+            span = max(r["start"] + r["wall_s"] for r in mine) - min(r["start"] for r in mine)
+            print(f"{sum(r['wall_s'] for r in mine):8.0f} {span:8.0f}  {wk}")
     for title, key in (("test file", lambda r: r["test"].split("::")[0]),
                        ("test (setup + call + teardown)", lambda r: r["test"])):
         print(f"\n{'CPU s':>8} {'share':>6} {'wall s':>8}  {title}")

@@ -3,9 +3,9 @@
 A test's wall time depends on what else the machine runs (under `make test`'s three workers on two
 cores a test can take twice its time alone), so the durations pytest prints cannot tell which
 tests to move to `make test-stress`. The CPU seconds a test uses barely depend on load: this
-records, per test phase (setup, call, teardown), the wall time and the CPU time of the pytest
-process and of its children that ended in the phase (`getrusage(RUSAGE_CHILDREN)`: the CLI
-subprocesses, torchrun and its ranks). Not counted: the Slurm job steps (slurmd's children) and
+records, per test phase (setup, call, teardown), its start (epoch seconds), the wall time and the
+CPU time of the pytest process and of its children that ended in the phase
+(`getrusage(RUSAGE_CHILDREN)`: the CLI subprocesses, torchrun and its ranks). Not counted: the Slurm job steps (slurmd's children) and
 a fixture's processes still running. One JSON line per phase is appended to FILE (every xdist
 worker appends to the same file; a line is one write). `bench/test_cpu_times.py FILE` sums them.
 """
@@ -34,9 +34,10 @@ def _record(item, when: str):
     if not path:
         yield
         return
-    w0, c0 = time.monotonic(), _cpu()
+    t0, w0, c0 = time.time(), time.monotonic(), _cpu()
     yield
-    line = json.dumps(dict(test=item.nodeid, when=when, wall_s=round(time.monotonic() - w0, 3),
+    line = json.dumps(dict(test=item.nodeid, when=when, start=round(t0, 3),
+                           wall_s=round(time.monotonic() - w0, 3),
                            cpu_s=round(_cpu() - c0, 3),
                            worker=os.environ.get("PYTEST_XDIST_WORKER", "main"))) + "\n"
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
