@@ -73,7 +73,7 @@ coverage: $(STAMP)
 	  $(PY) -m coverage report --rcfile=pyproject.toml --data-file=$(COV_OUT)/.coverage \
 	    > $(COV_OUT)/report.txt; tail -n 1 $(COV_OUT)/report.txt; \
 	  $(PY) -m coverage html --rcfile=pyproject.toml --data-file=$(COV_OUT)/.coverage -q; \
-	  $(PY) scripts/coverage_inventory.py --data $(COV_OUT)/.coverage || exit 1; \
+	  $(PY) scripts/coverage_inventory.py --strict --data $(COV_OUT)/.coverage || exit 1; \
 	  [ $$rc1 = 0 ] && [ $$rc2 = 0 ]
 
 check-configs: $(STAMP)

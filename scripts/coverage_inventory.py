@@ -16,7 +16,7 @@ only the outermost such statement is reported, and an `if` line whose block is r
     scripts/coverage_inventory.py --write        # the same, and refresh docs/coverage_snapshot.json
     scripts/coverage_inventory.py --check        # no coverage data: what tests/test_coverage_inventory.py
                                                  # checks (snapshot + page + the code as it is now)
-    scripts/coverage_inventory.py --strict       # after `make coverage` (.ci/run): exit 1 when the
+    scripts/coverage_inventory.py --strict       # `make coverage` runs it last: exit 1 when the
                                                  # page lacks a never-executed unit or statement of
                                                  # the data, or lists one no longer in the code
 """
