@@ -311,12 +311,16 @@ def _run(todo: list[Unit], recs: dict, workers: int, show: bool, tok) -> None:
     writers: dict[tuple[int, int], PartWriter] = {}
     closed: set[tuple[int, int]] = set()
     docs = tokens = 0
-    inherit_tokenizer(tok)  # the forked workers use the loaded model instead of loading it again
+    inherit_tokenizer(tok)  # forked workers use the loaded model instead of loading it again
     # inputs of about one block gain nothing from a pool (json.gz: ~1/4 of the text's size)
     # concurrent.futures, not multiprocessing.Pool: a worker that dies (killed for memory, a
     # signal) fails every pending task with BrokenProcessPool, where Pool loses its task and
     # waits for it forever
-    pool = (ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"))
+    # fork only a single-threaded process (the CLI's): a fork copies the locks other threads hold
+    # at that moment, held forever in the child (a worker forked from a process running gloo's
+    # threads hung so). Otherwise a forkserver's workers, which load the tokenizer themselves
+    start = "fork" if len(os.listdir("/proc/self/task")) == 1 else "forkserver"
+    pool = (ProcessPoolExecutor(workers, mp_context=mp.get_context(start))
             if workers > 1 and total > unit_mod.BLOCK_BYTES // 4 else None)
     path_tok = str(tok.path)
 
