@@ -5,24 +5,9 @@ block fails, a row must name a check that exists, and a conditional expression o
 must be listed."""
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _script():
-    name = "coverage_inventory"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-ci = _script()
+from test_coverage_inventory import REPO, ci  # the script, loaded once by the page test
 
 MOD = '''\
 def pick(xs, gpu):
