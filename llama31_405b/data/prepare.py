@@ -318,8 +318,10 @@ def _run(todo: list[Unit], recs: dict, workers: int, show: bool, tok) -> None:
     # waits for it forever
     # fork only a single-threaded process (the CLI's): a fork copies the locks other threads hold
     # at that moment, held forever in the child (a worker forked from a process running gloo's
-    # threads hung so). Otherwise a forkserver's workers, which load the tokenizer themselves
-    start = "fork" if len(os.listdir("/proc/self/task")) == 1 else "forkserver"
+    # threads hung so). Otherwise spawned workers, which load the tokenizer themselves; not the
+    # forkserver: it is one per process, and starting it here would start it without the
+    # modules a later caller asks it to preload
+    start = "fork" if len(os.listdir("/proc/self/task")) == 1 else "spawn"
     pool = (ProcessPoolExecutor(workers, mp_context=mp.get_context(start))
             if workers > 1 and total > unit_mod.BLOCK_BYTES // 4 else None)
     path_tok = str(tok.path)
