@@ -94,6 +94,7 @@ def _wait_for(pred, timeout: float, what: str):
 
 
 @pytest.mark.slow
+@pytest.mark.stress    # run_and_time.sh runs killed on purpose, 1-2 min: `make test-stress`
 def test_run_and_time_reports_each_runs_outcome(tiny_env, tmp_path):
     """Two local runs (no Slurm): the first gets SIGTERM (aborted, with the signal as reason),
     the second SIGKILL (no run_stop). The summary names both outcomes; exit 4 (a killed run)."""
@@ -134,6 +135,7 @@ def _rank_pid(script_pid: int, rank: int) -> int | None:
 
 
 @pytest.mark.slow
+@pytest.mark.stress    # run_and_time.sh runs killed on purpose, 1-2 min: `make test-stress`
 def test_run_and_time_names_the_rank_torchrun_saw_killed(tiny_env, tmp_path):
     """Two ranks under torchrun (no Slurm), SIGKILL to rank 1: the outcome line adds torchrun's
     report (which rank, which signal), and the console is kept beside the log."""

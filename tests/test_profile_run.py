@@ -18,7 +18,8 @@ import pytest
 from conftest import REPO, py_env
 from helpers.ports import free_port
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("profile_run")]
+# two 4-rank profiles, about 2 minutes of wall time: `make test-stress` (make test's budget)
+pytestmark = [pytest.mark.slow, pytest.mark.stress, pytest.mark.xdist_group("profile_run")]
 
 LAYOUTS = {
     "pp2_dp2": "[parallel]\npp = 2\n\n[batch]\nminibs = 4\nmicro_batch_size = 1\n",
