@@ -120,9 +120,14 @@ def test_synthetic_table_rederives_with_its_misses(synthetic_run, tmp_path):
     assert all(r["ratio"]["compute"] == pytest.approx(1.0, rel=1e-6) for r in four["rows"])
     assert "PP2 x DP2 | 1.00" in (synthetic_run / "table.md").read_text()
     assert "miss" in (synthetic_run / "table.md").read_text()
-    # the 2-rank fit takes two layouts at once; `plan --calibrate` refuses that today, and the
-    # table says so rather than fitting one of them
-    assert two["calibration"] is None and "tp: the profile has 1, the config 2" in two["refused"]
+    # the 2-rank fit takes two layouts at once (`plan --calibrate` with one --config each,
+    # calibrate.solve_joint): it finds the made-up constants again, so the unseen PP2 is
+    # predicted as they predict it
+    assert two["calibration"] == "calibration/two_rank.toml" and "refused" not in two
+    rows2 = {r["layout"]: r for r in two["rows"]}
+    assert [rows2[n]["role"] for n in ("tp2", "dp2", "pp2")] == ["fit", "fit", "unseen"]
+    assert rows2["pp2"]["ratio"]["step"] == pytest.approx(1.0, rel=1e-5)
+    assert two["fitted"]["collective_latency_s"] == pytest.approx(0.002, rel=1e-5)
     pairs = t["core_share"]["pairs"]
     assert [(p["two"], p["four"]) for p in pairs] == list(proof.core_pairs)
     assert pairs[0]["ratio"] == pytest.approx(1.0) and pairs[0]["model_core_share"] > 1

@@ -3,10 +3,10 @@ prints after profiling, and what tests/test_planner_proof.py re-derives from the
 
 The derivation uses the planner's own entry points, not copies of them:
 
-* the calibration: `plan --calibrate FOLDER... --calibration-out FILE --config CONFIG` (the CLI,
-  `llama31_405b.cli.main`, in process) on every round of the section's fit layouts; where it
-  refuses (the fit of two layouts at once, which it may not do yet), the section holds the
-  refusal instead of rows;
+* the calibration: `plan --calibrate FOLDER... --calibration-out FILE --config CONFIG...` (the
+  CLI, `llama31_405b.cli.main`, in process) on every round of the section's fit layouts, one
+  `--config` per fit layout (two layouts: one fit of both, `calibrate.solve_joint`); where it
+  refuses, the section holds the refusal instead of rows;
 * the measured side: `calibrate.from_profile` (the calibration's reader; a graphed profile's
   figures as the replayed step's) with the rows' optimizer time, the median over the rounds;
 * the predicted side: `planner.predict(cfg, fit)` with the constants of the calibration file
@@ -31,15 +31,15 @@ if TYPE_CHECKING:
 COLUMNS = ("step", "compute", "TP", "PP", "DP", "host")
 
 
-def calibrate(folders: list[Path], config: Path, out: Path) -> tuple[Calibration | None, str]:
-    """`plan --calibrate` on `folders` with `config`, writing `out`: (the calibration, "") or
-    (None, what the CLI said when it refused)."""
+def calibrate(folders: list[Path], configs: list[Path], out: Path) -> tuple[Calibration | None, str]:
+    """`plan --calibrate` on `folders` with `configs` (one per layout), writing `out`: (the
+    calibration, "") or (None, what the CLI said when it refused)."""
     from llama31_405b.cli import main
     from llama31_405b.planner import calibrate as cal
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         rc = main(["plan", "--calibrate", *map(str, folders), "--calibration-out", str(out),
-                   "--config", str(config)])
+                   *[x for c in configs for x in ("--config", str(c))]])
     if rc:
         return None, err.getvalue().strip()
     return cal.read(out), ""
@@ -111,8 +111,8 @@ def judge(rows: list[dict]) -> dict:
 
 def section(run: Path, proof: Proof, sec: Section, cal_out: Path, loads: dict) -> dict:
     folders = [round_folder(run, n, r) for n in sec.fit for r in range(1, proof.rounds + 1)]
-    config = Path(run) / "layouts" / sec.fit[0] / "config.toml"
-    cal, refused = calibrate(folders, config, cal_out)
+    configs = [Path(run) / "layouts" / n / "config.toml" for n in sec.fit]
+    cal, refused = calibrate(folders, configs, cal_out)
     out = {"name": sec.name, "title": sec.title, "fit": list(sec.fit),
            "calibration": f"calibration/{sec.name}.toml"}
     if cal is None:

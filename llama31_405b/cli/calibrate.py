@@ -1,7 +1,8 @@
 """`plan --calibrate PROFILE_DIR --calibration-out FILE`: the planner's constants fitted to a
 measured profile (docs/planner.md, "Calibrating from a profile"). A file instead of a folder is
 first contact's JSON report: a partial calibration (the BF16 GEMM rate of one layer). Several
-folders of the same run (profiled at different times) fit the median of each measured figure.
+folders of the same run (profiled at different times) fit the median of each measured figure;
+folders of several layouts (one `--config` per layout) fit one set of constants to them all.
 The stages are the planner's calibrate package (planner/calibrate/__init__.py)."""
 from __future__ import annotations
 
@@ -27,14 +28,75 @@ def _first_contact(args, src: Path, out: str) -> int:
     return 0
 
 
+def _configs(args, srcs: list[Path], m: dict):
+    """The profiled configs (`--config`, else the first folder's profile.json names it) and each
+    folder's layout among them: ([(config, [folders])...], None) or (None, exit status)."""
+    from ..planner import calibrate as cal
+    from .options import load_or_report
+    paths = args.config or [m.get("config")]
+    cfgs = []
+    for path in paths:
+        if not path or not Path(path).is_file():
+            return None, _err([f"{srcs[0]}/profile.json: its config {path!r} is not there; give "
+                               "the profiled config with --config"])
+        cfg = load_or_report(path, None)
+        if cfg is None:
+            return None, 2
+        cfgs.append(cfg)
+    try:
+        if len(cfgs) == 1:
+            bad = [f"{s}: {x}" for s in srcs for x in cal.layout_mismatches(s, cfgs[0])]
+            groups = [(cfgs[0], srcs)]
+        else:
+            bad, groups = _grouped(srcs, cfgs, paths)
+    except cal.ProfileSummaryError as e:
+        return None, _err([str(e)])
+    first = cfgs[0]
+    for flag, field, mine, theirs in (("--system", "system", args.system, first.system.id),
+                                      ("--precision", "precision", args.precision,
+                                       first.precision.compute)):
+        if mine and mine != theirs:
+            bad.append(f"{srcs[0]}: a profile of {field} {theirs!r}, {flag} asks for {mine!r}")
+    if bad:
+        return None, _err(["the profile is not of the run asked for:", *bad])
+    return groups, None
+
+
+def _grouped(srcs: list[Path], cfgs: list, paths: list[str]) -> tuple[list[str], list]:
+    """Each folder matched to the one --config of its layout; a joint fit's configs must be of
+    one system, model and precision, and every config must have a folder."""
+    from ..planner import calibrate as cal
+    bad: list[str] = []
+    folders: list[list[Path]] = [[] for _ in cfgs]
+    for s in srcs:
+        match = [i for i, c in enumerate(cfgs) if not cal.layout_mismatches(s, c)]
+        if len(match) == 1:
+            folders[match[0]].append(s)
+        else:
+            bad.append(f"{s}: its layout is that of {len(match)} of the --config files "
+                       f"({', '.join(paths[i] for i in match) or 'none'}); give exactly one "
+                       "--config per profiled layout")
+    for i, c in enumerate(cfgs):
+        if not folders[i]:
+            bad.append(f"--config {paths[i]}: no folder of its layout among --calibrate's")
+        for field, mine, theirs in (("system.id", c.system.id, cfgs[0].system.id),
+                                    ("model.name", c.model.name, cfgs[0].model.name),
+                                    ("precision.compute", c.precision.compute,
+                                     cfgs[0].precision.compute)):
+            if mine != theirs:
+                bad.append(f"--config {paths[i]}: {field} {mine!r}, --config {paths[0]} has "
+                           f"{theirs!r}: one calibration describes one system, model and precision")
+    return bad, list(zip(cfgs, folders))
+
+
 def calibrate(args) -> int:
-    """Check the arguments against the profile, then the calibrate package's stages in a line:
-    the folders' summary (`from_profile`, their median), the constants (`solve`), the file
-    (`write`, with the `check` of the fit against the measurement)."""
+    """Check the arguments against the profiles, then the calibrate package's stages in a line:
+    each layout's summary (`from_profile`, the median of its folders), the constants (`solve`,
+    or `solve_joint` of several layouts), the file (`write`, with the `check` of the fit against
+    each measurement)."""
     from ..planner import calibrate as cal
     from ..planner.compute import gemm_precision
     from ..planner.context import Context
-    from .options import load_or_report
     srcs = [Path(s) for s in args.calibrate]
     src, out = srcs[0], args.calibration_out
     if not out:
@@ -50,39 +112,29 @@ def calibrate(args) -> int:
         m = cal.manifest(src)
     except cal.ProfileSummaryError as e:
         return _err([str(e)])
-    cfg_path = args.config or m.get("config")
-    if not cfg_path or not Path(cfg_path).is_file():
-        return _err([f"{src}/profile.json: its config {cfg_path!r} is not there; give the "
-                     "profiled config with --config"])
-    cfg = load_or_report(cfg_path, None)
-    if cfg is None:
-        return 2
+    groups, rc = _configs(args, srcs, m)
+    if groups is None:
+        return rc or 2
     try:
-        bad = [f"{s}: {x}" for s in srcs for x in cal.layout_mismatches(s, cfg)]
-    except cal.ProfileSummaryError as e:
-        return _err([str(e)])
-    for flag, field, mine, theirs in (("--system", "system", args.system, cfg.system.id),
-                                      ("--precision", "precision", args.precision,
-                                       cfg.precision.compute)):
-        if mine and mine != theirs:
-            bad.append(f"{src}: a profile of {field} {theirs!r}, {flag} asks for {mine!r}")
-    if bad:
-        return _err(["the profile is not of the run asked for:", *bad])
-    try:
-        summary = cal.median_summary([cal.from_profile(s, cfg) for s in srcs])
-        fit = cal.solve(summary, cfg)
+        runs = [(cal.median_summary([cal.from_profile(s, cfg) for s in folders]), cfg)
+                for cfg, folders in groups]
+        fit = cal.solve_joint(runs)
     except ValueError as e:
         return _err([str(e)])
+    summary, cfg = runs[0]
     precision = gemm_precision(Context.of(cfg))
-    checked = cal.check(summary, fit, cfg)
-    path = cal.write(out, summary, fit, precision, checked)
+    checked = [cal.check(s, fit, c) for s, c in runs]
+    path = cal.write(out, summary, fit, precision, checked[0],
+                     also=[(s, ch) for (s, _), ch in zip(runs[1:], checked[1:])])
     print(f"calibration of {cfg.system.id} / {cfg.model.name} / {precision} GEMMs from "
-          f"{', '.join(map(str, srcs))} ({summary.layout}) written to {path}")
+          f"{', '.join(map(str, srcs))} ({'; '.join(s.layout for s, _ in runs)}) written to "
+          f"{path}")
     for f in fields(fit):
         print(f"  {f.name} = {getattr(fit, f.name)}")
-    graphed = ("" if summary.eager_step_s is None else
-               f" (replayed: full-iteration CUDA graphs; the traced eager step "
-               f"{summary.eager_step_s * 1e3:.1f} ms)")
-    print(f"  the profiled step: simulated {checked['simulated_step_s'] * 1e3:.1f} ms, measured "
-          f"{summary.step_s * 1e3:.1f} ms{graphed}")
+    for (s, _), ch in zip(runs, checked):
+        graphed = ("" if s.eager_step_s is None else
+                   f" (replayed: full-iteration CUDA graphs; the traced eager step "
+                   f"{s.eager_step_s * 1e3:.1f} ms)")
+        print(f"  the profiled step{f' of {s.layout}' if len(runs) > 1 else ''}: simulated "
+              f"{ch['simulated_step_s'] * 1e3:.1f} ms, measured {s.step_s * 1e3:.1f} ms{graphed}")
     return 0

@@ -24,7 +24,9 @@ def register(sub) -> None:
                    help="GEMM precision (default: NVFP4 where native, else FP8)")
     p.add_argument("--recompute", choices=("none", "full", "any"), default="none",
                    help="activation recomputation (any: sweep both)")
-    p.add_argument("--config", metavar="PATH", help="predict the run of an existing config file")
+    p.add_argument("--config", metavar="PATH", action="append",
+                   help="predict the run of an existing config file; with --calibrate, the "
+                        "profiled config (one per layout when the folders are of several)")
     p.add_argument("--top", type=int, default=10, help="sweep rows to show (0: all)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--write-configs", action="store_true",
@@ -39,7 +41,8 @@ def register(sub) -> None:
     p.add_argument("--out", default="out/planner_scaling.png", help="PNG path for --explain")
     p.add_argument("--calibrate", metavar="PROFILE_DIR", nargs="+",
                    help="fit the model's constants to a `profile` folder (several of the same "
-                        "run: to the median of each figure; or first contact's JSON report: a "
+                        "run: to the median of each figure; of several layouts, one --config "
+                        "each: one fit of them all; or first contact's JSON report: a "
                         "partial calibration) and write them to --calibration-out")
     p.add_argument("--calibration-out", metavar="FILE", help="the calibration file --calibrate "
                    "writes (TOML; never overwritten)")
@@ -180,7 +183,11 @@ def run(args) -> int:
         return 0
     if args.config:
         from .options import load_or_report
-        cfg = load_or_report(args.config, None)
+        if len(args.config) > 1:
+            print(f"error: --config given {len(args.config)} times: plan predicts one config "
+                  "(several only with --calibrate, one per profiled layout)", file=sys.stderr)
+            return 2
+        cfg = load_or_report(args.config[0], None)
         if cfg is None:
             return 2
         cal, rc = _calibration(args, cfg)

@@ -6,8 +6,9 @@
     write(path, summary, fit, precision, checked)   # file.py: the calibration file (TOML)
     cal = read(path)                         # file.py: ... and back, for --calibration FILE
 
-`plan --calibrate` (cli/calibrate.py) runs exactly that (several folders: `median_summary` of
-their summaries first). The modules, one per stage:
+`plan --calibrate` (cli/calibrate.py) runs exactly that (several folders of one layout:
+`median_summary` of their summaries first; folders of several layouts, one `--config` each:
+the median per layout, then `solve_joint` of them all). The modules, one per stage:
 
 * constants.py: the model's constants as data, the assumed priors (`ASSUMED`) and the fitted
   ones (`Fitted`); the model modules import only this;
@@ -17,6 +18,7 @@ their summaries first). The modules, one per stage:
   graphs calibrates as its replayed step, not the eager steps its trace holds);
   first_contact.py: first contact's report -> a partial fit (one GEMM rate);
 * solver.py: the solve (`solve`; `fitted()`: the published fit, solved once per process);
+  joint.py: one fit of several layouts (`solve_joint`: folders of two or more layouts);
 * file.py: the calibration file, written and read, and which configs it may serve;
 * synthetic.py: a profile folder of the planner's own prediction (the round trip's tests).
 
@@ -25,6 +27,7 @@ it when called, so that the model's import of the constants does not pull the so
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .constants import ASSUMED, INITIAL, Assumed, Fitted
@@ -43,6 +46,14 @@ def solve(summary: Summary = CALIBRATION, cfg: Config | None = None) -> Fitted:
     return _solve(summary, cfg)
 
 
+def solve_joint(items: Sequence[tuple[Summary, Config | None]]) -> Fitted:
+    """One set of constants fitted to several measured layouts ((summary, config) each;
+    joint.solve_joint: the transport's latency from one layout's TP, its bandwidth from
+    another's DP, the other constants averaged over the layouts)."""
+    from .joint import solve_joint as _joint
+    return _joint(items)
+
+
 def check(summary: Summary, fit: Fitted, cfg: Config | None = None) -> dict:
     """The file's [check]: the simulated step and compute next to the measured (solver.check)."""
     from .solver import check as _check
@@ -58,4 +69,4 @@ def fitted() -> Fitted:
 __all__ = ["ASSUMED", "CALIBRATION", "INITIAL", "KINDS", "PUBLISHED", "Assumed", "Calibration",
            "Fitted", "ProfileSummaryError", "Summary", "check", "fitted", "from_profile",
            "layout_mismatches", "load_summary", "manifest", "median_summary", "mismatches",
-           "read", "solve", "write"]
+           "read", "solve", "solve_joint", "write"]

@@ -12,6 +12,9 @@ check (`config check`, `compliance precheck`, `launch preflight`) use it with `-
     [check]         the simulated step of the profiled layout with these constants, next to the
                     measurement (they agree: the fit reproduces what it was fitted to;
                     `solver.check`)
+    [check.also_N]  a fit of several layouts (`joint.solve_joint`): the same for each further
+                    layout ([run] and [measured] are the first's; [calibration] `also` names the
+                    others); an over-determined fit, so no layout's check need agree exactly
 
 A calibration describes one system, model and GEMM precision; a config of another is refused
 (`mismatches`), naming the field and both values. A file is never overwritten.
@@ -48,6 +51,8 @@ def _value(v) -> str:
         return "true" if v else "false"
     if isinstance(v, float):
         return repr(v)
+    if isinstance(v, list):
+        return json.dumps(v)
     return str(v)
 
 
@@ -68,11 +73,14 @@ def _section(name: str, items: dict) -> list[str]:
 
 
 def render(summary: Summary, fit: Fitted, gemm_precision: str, check: dict,
-           partial: bool = False) -> str:
+           partial: bool = False, also: list[tuple[Summary, dict]] | None = None) -> str:
     head = {"source": summary.source, "config": summary.config, "system": summary.system,
             "model": summary.model, "precision": summary.precision,
             "gemm_precision": gemm_precision, "partial": partial, "layout": summary.layout,
             "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if also:
+        head["also"] = [f"{s.layout} (measured step {s.step_s!r} s, {s.source})" for s, _ in also]
+        check = dict(check) | {f"also_{i}": ch for i, (_, ch) in enumerate(also, 1)}
     run = {f.name: getattr(summary, f.name) for f in fields(Summary)}
     measured = {k: run.pop(k) for k in list(run) if k not in
                 ("source", "system", "model", "precision", "racks", "tp", "pp", "vp", "cp", "minibs",
@@ -89,14 +97,16 @@ def render(summary: Summary, fit: Fitted, gemm_precision: str, check: dict,
 
 
 def write(path: str | Path, summary: Summary, fit: Fitted, gemm_precision: str,
-          check: dict, partial: bool = False) -> Path:
+          check: dict, partial: bool = False,
+          also: list[tuple[Summary, dict]] | None = None) -> Path:
     """Write the file, complete before it appears (a temporary name beside it, moved into
     place by outputs.publish); an existing file is never overwritten (OutputExists, a
     FileExistsError)."""
     from ...outputs import create_exclusive, publish, temp_sibling
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = create_exclusive(temp_sibling(path), render(summary, fit, gemm_precision, check, partial))
+    tmp = create_exclusive(temp_sibling(path),
+                           render(summary, fit, gemm_precision, check, partial, also))
     try:
         return publish(tmp, path, what="calibration", advice="give another --out")
     finally:

@@ -101,13 +101,22 @@ def _modelled(ctx: Context, fit: Fitted, b: Breakdown, kind: str) -> float:
 def _transport(ctx: Context, fit: Fitted, target: dict) -> Fitted | None:
     """One round of the latency and bandwidth of a system with one transport (systems
     `one_transport`) from the two kinds whose messages differ most: TP's per-layer all-reduces
-    (many, small: latency) and DP's gradient collectives (few, large: bandwidth). The modelled
-    time of each is linear in the latency L and in x = 1 / nvlink_bus_efficiency (the bandwidth
-    is nvlink_gbs x efficiency); two figures, two unknowns. None where the layout lacks one of
-    the two kinds, or where no positive latency and bandwidth reproduce both."""
+    (many, small: latency) and DP's gradient collectives (few, large: bandwidth), both measured
+    in this one layout (`_link`). None where the layout lacks one of the two kinds."""
     if not (ctx.system.one_transport and ctx.tp > 1 and ctx.dp * ctx.cp > 1
             and target.get("TP") and target.get("DP")):
         return None
+    return _link(fit, (ctx, target["TP"]), (ctx, target["DP"]))
+
+
+def _link(fit: Fitted, tp: tuple[Context, float], dp: tuple[Context, float]) -> Fitted | None:
+    """The one transport's latency L and x = 1 / nvlink_bus_efficiency (the bandwidth is
+    nvlink_gbs x efficiency) for which the modelled TP time of layout `tp[0]` is `tp[1]` and the
+    modelled DP time of layout `dp[0]` is `dp[1]` (one layout, or two: a joint fit). Each
+    modelled time is linear in L and x: two figures, two unknowns. None where no positive
+    latency and bandwidth reproduce both."""
+    (tctx, t_target), (dctx, d_target) = tp, dp
+    ctx = tctx
     scale = dict(fit.comm_scale) | {"TP": 1.0, "DP": 1.0}
     base = replace(fit, comm_scale=tuple(sorted(scale.items())))
     lat0 = fit.collective_latency_s or ctx.system.collective_latency_s or 1e-3
@@ -115,11 +124,11 @@ def _transport(ctx: Context, fit: Fitted, target: dict) -> Fitted | None:
 
     def model(lat: float, x: float) -> tuple[float, float]:
         f = replace(base, collective_latency_s=lat, nvlink_bus_efficiency=1 / x)
-        b = breakdown(ctx, f)
-        return _modelled(ctx, f, b, "TP"), _modelled(ctx, f, b, "DP")
+        return (_modelled(tctx, f, breakdown(tctx, f), "TP"),
+                _modelled(dctx, f, breakdown(dctx, f), "DP"))
     (t0, d0), (t1, d1), (t2, d2) = model(lat0, x0), model(2 * lat0, x0), model(lat0, 2 * x0)
     at, ad, bt, bd = (t1 - t0) / lat0, (d1 - d0) / lat0, (t2 - t0) / x0, (d2 - d0) / x0
-    rt, rd = target["TP"] - (t0 - at * lat0 - bt * x0), target["DP"] - (d0 - ad * lat0 - bd * x0)
+    rt, rd = t_target - (t0 - at * lat0 - bt * x0), d_target - (d0 - ad * lat0 - bd * x0)
     det = at * bd - ad * bt
     if abs(det) < 1e-12 * max(abs(at * bd), abs(ad * bt), 1e-30):
         return None
@@ -200,40 +209,47 @@ def _initial(c: Summary, ctx: Context) -> Fitted:
     return start
 
 
-def solve(c: Summary = CALIBRATION, cfg=None) -> Fitted:
-    ctx = Context.of(config_of(c, cfg))
+def _compute(ctx: Context, c: Summary, fit: Fitted) -> Fitted:
+    """One round of the compute constants (GEMM efficiency of the run's precision, the linear
+    parts' and the attention's rates, the elementwise passes) for which the modelled compute of
+    the busiest rank is the measured, the communication constants as in `fit`."""
     prec = compute.gemm_precision(ctx)
     parts = dict(c.parts)
+    b = breakdown(ctx, fit)
+    clean = c.compute_s - b.dp_slowdown_s
+    k = clean / c.compute_s
+    fk = replace(fit, core_share=b.core_share)  # ranks sharing cores: measured in the parts
+    now = rank_compute(ctx, fk, b.rank)  # seconds of each part per step
+    fixed = sum(ch.first_fwd_s for ch in plan(ctx, fk).chunks[b.rank])
+    eta0 = compute.gemm_peak_fraction(prec, fit)
+    unit = {p: now[p] * eta0 for p in (*LINEAR, "ffn_up", "ffn_down")}
+    unit["attention"] = now["attention"] * fit.attention_bf16_fraction
+    unit["elementwise"] = (now["elementwise"] - fixed) / fit.elementwise_passes
+    ffn = c.ffn_share_of_compute * clean
+    eta = (unit["ffn_up"] + unit["ffn_down"]) / ffn
+    scales = dict(fit.gemm_part_scale)
+    if parts:  # a profile: each linear part's rate and the attention measured apart
+        for p in LINEAR:
+            if parts.get(p, 0.0) > 0 and unit[p] > 0:
+                scales[p] = parts[p] * k / (unit[p] / scales.get(p, 1.0) / eta)
+        attn = parts.get("attention", 0.0) * k
+    else:
+        other = (unit["qkv"] + unit["proj"] + unit["logits"]) / eta
+        attn = c.gemm_share_of_compute * clean - ffn - other
+    if attn <= 0:
+        raise ValueError(f"{c.source}: the GEMM share leaves no time for attention")
+    passes = ((1 - c.gemm_share_of_compute) * clean - fixed) / unit["elementwise"]
+    new = replace(fit, elementwise_passes=passes, attention_bf16_fraction=unit["attention"] / attn,
+                  gemm_part_scale=tuple(sorted(scales.items())))
+    return (replace(new, nvfp4_gemm_peak_fraction=eta) if prec == "nvfp4"
+            else replace(new, gemm_fraction=((prec, eta),)))
+
+
+def solve(c: Summary = CALIBRATION, cfg=None) -> Fitted:
+    ctx = Context.of(config_of(c, cfg))
     fit = _initial(c, ctx)
     for _ in range(30):
-        b = breakdown(ctx, fit)
-        clean = c.compute_s - b.dp_slowdown_s
-        k = clean / c.compute_s
-        fk = replace(fit, core_share=b.core_share)  # ranks sharing cores: measured in the parts
-        now = rank_compute(ctx, fk, b.rank)  # seconds of each part per step
-        fixed = sum(ch.first_fwd_s for ch in plan(ctx, fk).chunks[b.rank])
-        eta0 = compute.gemm_peak_fraction(prec, fit)
-        unit = {p: now[p] * eta0 for p in (*LINEAR, "ffn_up", "ffn_down")}
-        unit["attention"] = now["attention"] * fit.attention_bf16_fraction
-        unit["elementwise"] = (now["elementwise"] - fixed) / fit.elementwise_passes
-        ffn = c.ffn_share_of_compute * clean
-        eta = (unit["ffn_up"] + unit["ffn_down"]) / ffn
-        scales = dict(fit.gemm_part_scale)
-        if parts:  # a profile: each linear part's rate and the attention measured apart
-            for p in LINEAR:
-                if parts.get(p, 0.0) > 0 and unit[p] > 0:
-                    scales[p] = parts[p] * k / (unit[p] / scales.get(p, 1.0) / eta)
-            attn = parts.get("attention", 0.0) * k
-        else:
-            other = (unit["qkv"] + unit["proj"] + unit["logits"]) / eta
-            attn = c.gemm_share_of_compute * clean - ffn - other
-        if attn <= 0:
-            raise ValueError(f"{c.source}: the GEMM share leaves no time for attention")
-        passes = ((1 - c.gemm_share_of_compute) * clean - fixed) / unit["elementwise"]
-        new = replace(fit, elementwise_passes=passes, attention_bf16_fraction=unit["attention"] / attn,
-                      gemm_part_scale=tuple(sorted(scales.items())))
-        new = (replace(new, nvfp4_gemm_peak_fraction=eta) if prec == "nvfp4"
-               else replace(new, gemm_fraction=((prec, eta),)))
+        new = _compute(ctx, c, fit)
         if c.exposed or c.dp_total_s:
             new = _comm(ctx, new, c, breakdown(ctx, new))
         new = _close_step(ctx, new, c)

@@ -1,0 +1,95 @@
+"""One set of constants fitted to several measured layouts at once (`plan --calibrate` given the
+profile folders of two or more layouts; issue 46, point 3).
+
+No single 2-rank layout on a CPU has both of gloo's collective sizes: TP2 has TP's many small
+all-reduces (latency) and no DP, DP2 has DP's few large gradient collectives (bytes) and no TP.
+The one transport's latency and bandwidth (`solver._link`) then come from two layouts: TP's
+figure from the layout that has TP, DP's from the layout that has DP. Every other constant is
+fitted to each layout as `solver.solve` fits it, given the shared communication constants, and
+the layouts' values are averaged: the compute constants (each layout's own measure of the same
+kernels), the pipeline sends' scale, the host time per layer pass that closes each step. The
+fit is over-determined, so the fitted layouts no longer reproduce their steps exactly: the
+calibration file's [check] shows each one's simulated step next to its measured step.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import fields, replace
+from typing import Any
+
+from ..context import Context
+from ..step import breakdown
+from .constants import Fitted
+from .solver import (_close_step, _comm, _compute, _initial, _link, _pp_scale, _same,
+                     config_of, fit_memory)
+from .summary import Summary
+
+
+def mean(fits: list[Fitted]) -> Fitted:
+    """The field-by-field mean of several fits: a number the mean of those that have one (None
+    where none has), a table (name, value) the mean per name over the fits that have it."""
+    out: dict[str, Any] = {}  # Fitted's fields, each of its own type
+    for f in fields(Fitted):
+        vals = [getattr(x, f.name) for x in fits]
+        if isinstance(vals[0], tuple):
+            keys = sorted({k for v in vals for k, _ in v})
+            out[f.name] = tuple((k, _avg([dict(v)[k] for v in vals if k in dict(v)]))
+                                for k in keys)
+        else:
+            nums = [v for v in vals if v is not None]
+            out[f.name] = _avg(nums) if nums else None
+    return replace(fits[0], **out)
+
+
+def _avg(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def _shared_link(runs: list[tuple[Context, Summary]], fit: Fitted) -> Fitted | None:
+    """The one transport's latency and bandwidth from TP's figure of the first layout with TP and
+    DP's of the first with DP (the same layout where one has both); None on a system with
+    several transports or where no fit layout has one of the two kinds."""
+    if not runs[0][0].system.one_transport:
+        return None
+    tp = next(((ctx, dict(c.exposed)["TP"]) for ctx, c in runs
+               if ctx.tp > 1 and dict(c.exposed).get("TP")), None)
+    dp = next(((ctx, c.dp_total_s) for ctx, c in runs if ctx.dp * ctx.cp > 1 and c.dp_total_s),
+              None)
+    if tp is None or dp is None:
+        return None
+    return _link(fit, tp, dp)
+
+
+def _with_pp(runs: list[tuple[Context, Summary]], fit: Fitted) -> Fitted:
+    """The pipeline sends' scale (solved with the bubble they cause) of each fit layout with a
+    pipeline, averaged; `fit` unchanged where none has one."""
+    got = [_pp_scale(ctx, fit, dict(c.exposed)["PP"], fit.scale("comm_scale", "PP"))
+           for ctx, c in runs if ctx.pp > 1 and dict(c.exposed).get("PP")]
+    if not got:
+        return fit
+    table = dict(fit.comm_scale) | {"PP": _avg(got)}
+    return replace(fit, comm_scale=tuple(sorted(table.items())))
+
+
+def solve_joint(items: Sequence[tuple[Summary, Any]]) -> Fitted:
+    """The constants of several measured layouts ((summary, config) each; one: `solver.solve`'s
+    exact fit). The layouts must be of one system, model and precision (the caller checks)."""
+    from .solver import solve
+    if len(items) == 1:
+        return solve(*items[0])
+    runs = [(Context.of(config_of(c, cfg)), c) for c, cfg in items]
+    fit = _initial(runs[0][1], runs[0][0])
+    for _ in range(60):
+        new = mean([_compute(ctx, c, fit) for ctx, c in runs])
+        link = _shared_link(runs, new)
+        if link is not None:
+            new = _with_pp(runs, link)
+        else:
+            new = mean([_comm(ctx, new, c, breakdown(ctx, new)) for ctx, c in runs
+                        if c.exposed or c.dp_total_s] or [new])
+        new = mean([_close_step(ctx, new, c) for ctx, c in runs])
+        done = _same(new, fit)
+        fit = new
+        if done:
+            break
+    return mean([fit_memory(ctx, c, fit) for ctx, c in runs])
