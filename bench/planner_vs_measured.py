@@ -139,6 +139,16 @@ def _commit() -> dict:
     return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain"))}
 
 
+def _cpu() -> dict:
+    """The CPU the profiles ran on: its model and the SIMD level torch uses (a CPU without BF16
+    units, AVX2, runs the gb200 layout's BF16 GEMMs some 20 x slower than FP32 ones)."""
+    import torch
+    model = next((line.split(":", 1)[1].strip() for line in
+                  Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
+                 "") if Path("/proc/cpuinfo").is_file() else ""
+    return {"cpu_model": model, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
 def _now() -> str:
     return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
 
@@ -150,7 +160,7 @@ def proof_run(a) -> None:
     work = a.work or Path(tempfile.mkdtemp(prefix="planner_vs_measured_"))
     work.mkdir(parents=True, exist_ok=True)
     info = {"started": _now(), "cpus": os.cpu_count(), "load_before": os.getloadavg()[0],
-            "work": str(work), **_commit()}
+            "work": str(work), **_cpu(), **_commit()}
     print(f"summaries folder {run}; work folder {work}; load average {info['load_before']:.1f} "
           f"on {info['cpus']} CPUs; {info['started']}", flush=True)
     (run / "proof.toml").write_text(proof.text)

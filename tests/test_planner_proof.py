@@ -5,9 +5,8 @@ and writes the summaries behind the table into docs/planner_proof/<run>/ (each r
 analysis.json, the layouts' configs, the calibration files, table.json and table.md);
 `test_committed_runs_rederive` re-derives every such folder's table with the planner's own
 calibration and prediction (bench/planner_proof/derive.py) and fails where the committed table
-disagrees. As of 2026-12-05 no run is committed (no quiet machine yet: the next session runs the
-bench once and commits its folder), so that test finds none and checks nothing; the tests on a
-synthetic summaries folder below always run.
+disagrees (one run as of 2026-12-05: docs/planner_proof/2026-12-05T0308Z). The tests on a
+synthetic summaries folder below check the derivation itself: a known miss, a known median.
 
 The synthetic folder: profiles written by `calibrate.synthetic.synthetic_profile` (the planner's
 own prediction, written as `profile` writes a measurement) with made-up constants (`MADE_UP`,
@@ -185,9 +184,11 @@ def test_extra_layouts_are_reported_apart(synthetic_run):
 
 
 def test_committed_runs_rederive(tmp_path):
-    """Every committed run folder (docs/planner_proof/<run>/table.json) re-derives; none is
-    committed as of 2026-12-05 (see the module docstring)."""
-    for table in sorted(RUNS.glob("*/table.json")):
+    """Every committed run folder (docs/planner_proof/<run>/table.json) re-derives, the first
+    run of 2026-12-05 among them."""
+    tables = sorted(RUNS.glob("*/table.json"))
+    assert RUNS / "2026-12-05T0308Z" / "table.json" in tables
+    for table in tables:
         check_run(table.parent, tmp_path / table.parent.name)
 
 

@@ -29,6 +29,7 @@ REPLACE_TARGETS: dict[tuple[str, str], str | None] = {
     ("llama31_405b/rehearse/rank.py", "_transformer_config"):
         "megatron.core.transformer.TransformerConfig",
     ("llama31_405b/planner/calibrate/summary.py", "median_summary"): None,   # its Summary
+    ("llama31_405b/planner/calibrate/joint.py", "mean"): None,   # its Fitted
 }
 
 
