@@ -28,8 +28,8 @@ tests/test_planner_proof.py re-derives a committed folder's table in `make test`
 
 The first run writes the tiny data and both initial checkpoints into --work (a few minutes);
 --reuse summarises the profile folders a previous run left in --work instead of profiling again.
-Never part of `make test`; not yet run: an estimated 20 minutes on a quiet 2-core machine (9
-layouts, 3 rounds; the earlier bench's 6 layouts in 2 rounds took 8-12).
+Never part of `make test`. 18-19 minutes on the quiet 2-core machine (2026-12-05: 9 layouts, 3
+rounds, the two initial checkpoints included; docs/planner_proof/2026-12-05T0308Z and T0440Z).
 """
 from __future__ import annotations
 
