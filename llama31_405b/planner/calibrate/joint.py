@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import fields, replace
+from statistics import fmean
 from typing import Any
 
 from ..context import Context
 from ..step import breakdown
 from .constants import Fitted
 from .solver import (_close_step, _comm, _compute, _initial, _link, _pp_scale, _same,
-                     config_of, fit_memory)
+                     config_of, fit_memory, solve)
 from .summary import Summary
 
 
@@ -33,16 +34,12 @@ def mean(fits: list[Fitted]) -> Fitted:
         vals = [getattr(x, f.name) for x in fits]
         if isinstance(vals[0], tuple):
             keys = sorted({k for v in vals for k, _ in v})
-            out[f.name] = tuple((k, _avg([dict(v)[k] for v in vals if k in dict(v)]))
+            out[f.name] = tuple((k, fmean([dict(v)[k] for v in vals if k in dict(v)]))
                                 for k in keys)
         else:
             nums = [v for v in vals if v is not None]
-            out[f.name] = _avg(nums) if nums else None
+            out[f.name] = fmean(nums) if nums else None
     return replace(fits[0], **out)
-
-
-def _avg(xs: list[float]) -> float:
-    return sum(xs) / len(xs)
 
 
 def _shared_link(runs: list[tuple[Context, Summary]], fit: Fitted) -> Fitted | None:
@@ -67,14 +64,13 @@ def _with_pp(runs: list[tuple[Context, Summary]], fit: Fitted) -> Fitted:
            for ctx, c in runs if ctx.pp > 1 and dict(c.exposed).get("PP")]
     if not got:
         return fit
-    table = dict(fit.comm_scale) | {"PP": _avg(got)}
+    table = dict(fit.comm_scale) | {"PP": fmean(got)}
     return replace(fit, comm_scale=tuple(sorted(table.items())))
 
 
 def solve_joint(items: Sequence[tuple[Summary, Any]]) -> Fitted:
     """The constants of several measured layouts ((summary, config) each; one: `solver.solve`'s
     exact fit). The layouts must be of one system, model and precision (the caller checks)."""
-    from .solver import solve
     if len(items) == 1:
         return solve(*items[0])
     runs = [(Context.of(config_of(c, cfg)), c) for c, cfg in items]

@@ -116,10 +116,9 @@ def _link(fit: Fitted, tp: tuple[Context, float], dp: tuple[Context, float]) -> 
     modelled time is linear in L and x: two figures, two unknowns. None where no positive
     latency and bandwidth reproduce both."""
     (tctx, t_target), (dctx, d_target) = tp, dp
-    ctx = tctx
     scale = dict(fit.comm_scale) | {"TP": 1.0, "DP": 1.0}
     base = replace(fit, comm_scale=tuple(sorted(scale.items())))
-    lat0 = fit.collective_latency_s or ctx.system.collective_latency_s or 1e-3
+    lat0 = fit.collective_latency_s or tctx.system.collective_latency_s or 1e-3
     x0 = 1 / fit.nvlink_bus_efficiency
 
     def model(lat: float, x: float) -> tuple[float, float]:
