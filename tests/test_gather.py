@@ -124,6 +124,58 @@ def test_a_stray_client_is_ignored():
     assert res == box["ok"] == ["zero", "one"]
 
 
+def _fake_rank0(then) -> tuple[socket.socket, threading.Thread]:
+    """A rank 0 that reads one rank's whole message (so that its close is a FIN, not a RST),
+    then calls `then(conn)` and closes."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def run():
+        conn, _ = server.accept()
+        with conn:
+            head = b""
+            while len(head) < g._HEADER.size:
+                head += conn.recv(g._HEADER.size - len(head))
+            left = g._HEADER.unpack(head)[3]
+            while left:
+                left -= len(conn.recv(left))
+            then(conn)
+    t = threading.Thread(target=run)
+    t.start()
+    return server, t
+
+
+def test_rank_0_closing_before_its_answer_is_said_by_the_rank():
+    """A rank 0 that read the message and then closed (it failed) gives the rank a GatherError
+    that points at rank 0's output, not a truncated unpickle."""
+    server, t = _fake_rank0(lambda conn: conn.sendall(b"\x00\x00"))  # half the length, gone
+    try:
+        with pytest.raises(g.GatherError, match=r"rank 1: rank 0 \(127.0.0.1:\d+\) closed the "
+                                                "connection before answering") as e:
+            g.all_gather("one", rank=1, world_size=2, addr="127.0.0.1",
+                         port=server.getsockname()[1], timeout_s=10)
+        assert e.value.from_rank0 is True
+    finally:
+        t.join(15)
+        server.close()
+
+
+def test_rank_0_silent_past_the_timeout_is_said_by_the_rank():
+    """A rank 0 that holds the connection and never answers (it waits for ranks that never
+    join): the rank stops at its timeout and says rank 0 lists who is missing."""
+    done = threading.Event()
+    server, t = _fake_rank0(lambda conn: done.wait(30))
+    try:
+        with pytest.raises(g.GatherError, match=r"rank 1: no answer from rank 0 \(127.0.0.1:\d+\) "
+                                                "before the timeout") as e:
+            g.all_gather("one", rank=1, world_size=2, addr="127.0.0.1",
+                         port=server.getsockname()[1], timeout_s=1)
+        assert e.value.from_rank0 is True
+    finally:
+        done.set()
+        t.join(15)
+        server.close()
+
+
 def test_rank_0_refuses_a_world_its_file_limit_cannot_hold(monkeypatch):
     monkeypatch.setattr(resource, "getrlimit", lambda what: (1024, 4096))
     with pytest.raises(g.GatherError, match="8192 ranks need 8256 open files, and this process "

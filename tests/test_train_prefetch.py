@@ -76,6 +76,18 @@ def test_close_stops_a_loader_blocked_on_a_full_queue():
     assert started.wait(10)          # step 0 queued, step 1 read and waiting for room
     loader.close(timeout_s=10)
     assert not loader.alive
+    # nothing it prepared stays held (a GPU batch pinned until the process ends): the thread
+    # gave up its put of step 1 instead of putting it into the room the close made
+    assert loader._queue.qsize() == 0
+
+
+def test_a_loader_that_ended_without_the_step_is_named():
+    loader = Prefetcher(lambda k: k, start=0, stop=0)     # nothing to read: the thread ends
+    try:
+        with pytest.raises(RuntimeError, match="the loader thread ended before step 0"):
+            loader.get(0)
+    finally:
+        loader.close()
 
 
 def test_a_read_error_is_raised_at_the_step_that_needs_it():

@@ -83,11 +83,13 @@ class Prefetcher(Generic[T]):
         return self._thread.is_alive()
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Stop the loader thread and drop what it prepared; idempotent."""
+        """Stop the loader thread and drop what it prepared; idempotent. The queue is emptied
+        after the thread is told to stop and has had `timeout_s` to end: emptied first, it would
+        make room for the batch the thread was waiting to put, which then stayed queued."""
         self._stop.set()
+        self._thread.join(timeout=timeout_s)
         while True:
             try:
                 self._queue.get_nowait()
             except queue.Empty:
                 break
-        self._thread.join(timeout=timeout_s)
