@@ -33,11 +33,12 @@ RUNS = ROOT / "docs" / "planner_proof"
 
 def made_up():
     """Synthetic constants (not fitted to anything): FP32 GEMMs at 0.3 of the peak, 3 ms of host
-    per layer pass, a 2 ms transport latency, 8 % of the nominal bandwidth."""
+    per layer pass, a 2 ms transport latency, 8 % of the nominal bandwidth, a core kept busy
+    30 % of the time in communication where 4 ranks share the 2 cores."""
     from llama31_405b.planner import calibrate
     return replace(calibrate.fitted(), gemm_fraction=(("fp32", 0.3),),
                    host_s_per_layer_pass=0.003, collective_latency_s=0.002,
-                   nvlink_bus_efficiency=0.08)
+                   nvlink_bus_efficiency=0.08, comm_core_fraction=0.3)
 
 
 def _edit(folder: Path, step: float = 1.0, rows: dict | None = None) -> None:
@@ -93,10 +94,13 @@ def synthetic_run(tmp_path_factory) -> Path:
 
 def test_the_proof_file_fixes_the_proof():
     p = spec.load()
-    assert (p.date, p.step_tol, p.component_tol, p.negligible) == ("2026-12-05", 0.15, 0.25, 0.05)
+    assert (p.date, p.step_tol, p.component_tol, p.negligible) == ("2026-12-05T0600Z", 0.15, 0.25,
+                                                                    0.05)
     assert "committed_before_measurement = true" in p.text
     four, two = p.sections
-    assert (four.fit, four.unseen) == (("tp2dp2",), ("dp4", "pp2dp2", "pp2dp2vp2", "tp2pp2", "gb200"))
+    # the 4-rank layout with both collective sizes, and its 2-rank replica (core sharing fitted)
+    assert (four.fit, four.unseen) == (("tp2dp2", "tp2"),
+                                       ("dp4", "pp2dp2", "pp2dp2vp2", "tp2pp2", "gb200"))
     assert (sorted(two.fit), two.unseen) == (["dp2", "tp2"], ("pp2",))
     assert {p.layouts[n].ranks for n in two.layouts} == {2}
     assert all(p.layouts[a].ranks == 2 and p.layouts[b].ranks == 4 for a, b in p.core_pairs)
@@ -127,9 +131,16 @@ def test_synthetic_table_rederives_with_its_misses(synthetic_run, tmp_path):
     assert [rows2[n]["role"] for n in ("tp2", "dp2", "pp2")] == ["fit", "fit", "unseen"]
     assert rows2["pp2"]["ratio"]["step"] == pytest.approx(1.0, rel=1e-5)
     assert two["fitted"]["collective_latency_s"] == pytest.approx(0.002, rel=1e-5)
+    # the 4-rank fit (TP2 x DP2 with its 2-rank replica TP2) finds the core-sharing fraction;
+    # the 2-rank fit has no rank waiting for a core and leaves it unset
+    assert four["fitted"]["comm_core_fraction"] == pytest.approx(0.3, rel=1e-5)
+    assert two["fitted"]["comm_core_fraction"] is None
     pairs = t["core_share"]["pairs"]
     assert [(p["two"], p["four"]) for p in pairs] == list(proof.core_pairs)
-    assert pairs[0]["ratio"] == pytest.approx(1.0) and pairs[0]["model_core_share"] > 1
+    assert all(p["ratio"] == pytest.approx(1.0, rel=1e-5) for p in pairs)
+    assert pairs[0]["model_core_share"] > 1
+    assert [p.get("fit", False) for p in pairs] == [False, True, False]   # tp2 -> tp2dp2 fitted
+    assert "| tp2 -> tp2dp2 (fit) |" in (synthetic_run / "table.md").read_text()
     check_run(synthetic_run, tmp_path)
 
 

@@ -65,7 +65,8 @@ def markdown(t: dict) -> str:
         else:
             out += ["| pair | measured | predicted | measured / predicted | model's core share "
                     "at 4 ranks |", "| --- | --- | --- | --- | --- |"]
-            out += [f"| {p['two']} -> {p['four']} | {p['measured']:.2f} | {p['predicted']:.2f} | "
+            out += [f"| {p['two']} -> {p['four']}{' (fit)' if p.get('fit') else ''} | "
+                    f"{p['measured']:.2f} | {p['predicted']:.2f} | "
                     f"{p['ratio']:.2f}{' miss' if p['verdict'] == 'miss' else ''} | "
                     f"{p['model_core_share']:.2f} |" for p in cs["pairs"]]
             out.append("")

@@ -122,18 +122,28 @@ def busiest_rank(ctx: Context, fit: Fitted) -> int:
     return max(range(len(rows)), key=lambda r: (work[r] > max(work) * (1 - 1e-12), -r))
 
 
+def comm_core_fraction(ctx: Context, fit: Fitted) -> float:
+    """The share of its communication time a rank keeps a core busy: fitted, else the system's."""
+    phi = fit.comm_core_fraction
+    return ctx.system.comm_core_fraction if phi is None else phi
+
+
 def core_share(ctx: Context, fit: Fitted) -> float:
     """How much longer compute and host time take where the ranks share `shared_cores` cores
     (systems; a development machine): the CPU time the ranks ask for per unit of step time,
-    over the cores, when above 1; solved with the step it lengthens (bisection)."""
+    over the cores, when above 1; solved with the step it lengthens (bisection). The CPU time
+    of a rank: its compute and host time at a core each, and `comm_core_fraction` of its
+    communication (exposed TP, CP and PP, the DP collectives' whole duration)."""
     cores = ctx.system.shared_cores
     world = ctx.tp * ctx.pp * ctx.cp * ctx.dp
     if not cores or world <= cores:
         return 1.0
+    phi = comm_core_fraction(ctx, fit)
 
     def excess(k: float) -> float:
         b = _breakdown(ctx, replace(fit, core_share=k))
-        demand = world * (b.compute_total_s + b.host_s) / k / b.step_s / cores
+        comm = phi * (b.tp_s + b.cp_s + b.pp_s + b.dp_total_s) if phi else 0.0
+        demand = world * ((b.compute_total_s + b.host_s) / k + comm) / b.step_s / cores
         return k - max(1.0, demand)
     lo, hi = 1.0, world / cores
     if excess(lo) >= 0:

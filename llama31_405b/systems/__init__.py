@@ -85,6 +85,10 @@ class SystemSpec:
     """Cores every rank of a job shares (a development machine running all ranks); 0: each rank
     has its own device. With more ranks computing at once than cores, compute and host time
     stretch by the demand (planner step.breakdown)."""
+    comm_core_fraction: float = 0.0
+    """With `shared_cores`: the share of its communication time a rank keeps a core busy (the
+    prior of planner Fitted.comm_core_fraction, which a 2-rank + 4-rank calibration fits); 0:
+    waiting in a collective costs no core."""
     collective_latency_s: float = 0.0
     """Time of one collective or send beyond its bytes; 0: the planner's assumed NVLink,
     scale-out and send latencies (microseconds on GPUs). On a CPU, gloo's per-call cost with the

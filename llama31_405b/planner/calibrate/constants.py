@@ -119,6 +119,12 @@ class Fitted:
     core_share: float = 1.0
     """How much longer compute and host time take because ranks share cores (systems
     `shared_cores`): resolved per layout by `step.breakdown`, 1 in every calibration."""
+    comm_core_fraction: float | None = None
+    """Where ranks share cores: the share of its communication time (TP, CP and PP exposed, a
+    DP collective's whole duration, overlapped or not) during which a rank keeps a core busy
+    (gloo's polling, copying and reducing over loopback), counted in the demand that stretches
+    compute (`step.core_share`). Fitted from one layout profiled at ranks <= cores and at more
+    ranks (calibrate/joint.py `_core_fraction`); None: the system's `comm_core_fraction`."""
     # The memory model's constants a GPU profile measures (neutral when absent: the memory check
     # then uses the assumed ones).
     activation_scale: float = 1.0

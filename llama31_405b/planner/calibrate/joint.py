@@ -10,6 +10,14 @@ the layouts' values are averaged: the compute constants (each layout's own measu
 kernels), the pipeline sends' scale, the host time per layer pass that closes each step. The
 fit is over-determined, so the fitted layouts no longer reproduce their steps exactly: the
 calibration file's [check] shows each one's simulated step next to its measured step.
+
+Where the ranks share cores (systems `shared_cores`) and the layouts include some whose ranks
+each have a core and some whose ranks do not (one layout profiled at 2 ranks and, with a second
+replica, at 4: the same work per rank), the sharing is measured rather than assumed: the
+compute constants come from the layouts whose ranks each have a core (the kernels without
+waiting), and the share of its communication time a rank keeps a core busy
+(`Fitted.comm_core_fraction`, step.core_share's demand) is solved so that each of the other
+layouts' modelled compute, stretched by the sharing, is its measured compute (`_core_fraction`).
 """
 from __future__ import annotations
 
@@ -68,22 +76,67 @@ def _with_pp(runs: list[tuple[Context, Summary]], fit: Fitted) -> Fitted:
     return replace(fit, comm_scale=tuple(sorted(table.items())))
 
 
+def _core_split(runs: list[tuple[Context, Summary]]) -> tuple[list, list]:
+    """(the layouts whose ranks each have a core, those whose ranks share them) where the fit
+    has both on a system with `shared_cores`; else (every layout, none)."""
+    cores = runs[0][0].system.shared_cores
+    own = [(ctx, c) for ctx, c in runs if ctx.tp * ctx.pp * ctx.cp * ctx.dp <= cores]
+    shared = [(ctx, c) for ctx, c in runs if ctx.tp * ctx.pp * ctx.cp * ctx.dp > cores]
+    return (own, shared) if cores and own and shared else (runs, [])
+
+
+def _core_fraction(ctx: Context, c: Summary, fit: Fitted) -> float:
+    """The share of its communication time a rank keeps a core busy (0 to 1) for which the
+    layout's modelled compute (stretched by the ranks sharing the cores) is its measured
+    compute; the nearer bound where none in between reproduces it (the calibration's [check]
+    shows the layout's miss). Regula falsi (Illinois): the compute grows with the share."""
+    def f(x: float) -> float:
+        return breakdown(ctx, replace(fit, comm_core_fraction=x)).compute_total_s - c.compute_s
+    lo, hi = 0.0, 1.0
+    flo, fhi = f(lo), f(hi)
+    if flo >= 0:
+        return lo
+    if fhi <= 0:
+        return hi
+    side, x = 0, lo
+    for _ in range(100):
+        x = (lo * fhi - hi * flo) / (fhi - flo)
+        fx = f(x)
+        if abs(fx) < 1e-12 * c.compute_s or hi - lo < 1e-13:
+            break
+        if fx < 0:
+            lo, flo = x, fx
+            fhi, side = (fhi / 2, -1) if side == -1 else (fhi, -1)
+        else:
+            hi, fhi = x, fx
+            flo, side = (flo / 2, 1) if side == 1 else (flo, 1)
+    return x
+
+
 def solve_joint(items: Sequence[tuple[Summary, Any]]) -> Fitted:
     """The constants of several measured layouts ((summary, config) each; one: `solver.solve`'s
     exact fit). The layouts must be of one system, model and precision (the caller checks)."""
     if len(items) == 1:
         return solve(*items[0])
     runs = [(Context.of(config_of(c, cfg)), c) for c, cfg in items]
+    own, shared = _core_split(runs)
+    # where the cores are shared by some layouts only, those layouts alone give what the
+    # sharing changes beyond compute: the transport (a peer waiting for a core lengthens every
+    # call) and the host time closing the step
+    rest = shared or runs
     fit = _initial(runs[0][1], runs[0][0])
     for _ in range(60):
-        new = mean([_compute(ctx, c, fit) for ctx, c in runs])
-        link = _shared_link(runs, new)
+        new = mean([_compute(ctx, c, fit) for ctx, c in own])
+        if shared:
+            new = replace(new, comm_core_fraction=fmean(
+                [_core_fraction(ctx, c, new) for ctx, c in shared]))
+        link = _shared_link(rest, new)
         if link is not None:
-            new = _with_pp(runs, link)
+            new = _with_pp(rest, link)
         else:
-            new = mean([_comm(ctx, new, c, breakdown(ctx, new)) for ctx, c in runs
+            new = mean([_comm(ctx, new, c, breakdown(ctx, new)) for ctx, c in rest
                         if c.exposed or c.dp_total_s] or [new])
-        new = mean([_close_step(ctx, new, c) for ctx, c in runs])
+        new = mean([_close_step(ctx, new, c) for ctx, c in rest])
         done = _same(new, fit)
         fit = new
         if done:
