@@ -144,31 +144,23 @@ def _fake_rank0(then) -> tuple[socket.socket, threading.Thread]:
     return server, t
 
 
-def test_rank_0_closing_before_its_answer_is_said_by_the_rank():
-    """A rank 0 that read the message and then closed (it failed) gives the rank a GatherError
-    that points at rank 0's output, not a truncated unpickle."""
-    server, t = _fake_rank0(lambda conn: conn.sendall(b"\x00\x00"))  # half the length, gone
-    try:
-        with pytest.raises(g.GatherError, match=r"rank 1: rank 0 \(127.0.0.1:\d+\) closed the "
-                                                "connection before answering") as e:
-            g.all_gather("one", rank=1, world_size=2, addr="127.0.0.1",
-                         port=server.getsockname()[1], timeout_s=10)
-        assert e.value.from_rank0 is True
-    finally:
-        t.join(15)
-        server.close()
-
-
-def test_rank_0_silent_past_the_timeout_is_said_by_the_rank():
-    """A rank 0 that holds the connection and never answers (it waits for ranks that never
-    join): the rank stops at its timeout and says rank 0 lists who is missing."""
+@pytest.mark.parametrize("then, timeout, says", [
+    # read the message, sent half of the answer's length, closed (rank 0 failed): not a
+    # truncated unpickle, but rank 0's failure pointed at
+    (lambda conn, done: conn.sendall(b"\x00\x00"), 10,
+     r"rank 1: rank 0 \(127.0.0.1:\d+\) closed the connection before answering"),
+    # held the connection and never answered (waiting for ranks that never join): the rank
+    # stops at its timeout and says rank 0 lists who is missing
+    (lambda conn, done: done.wait(30), 1,
+     r"rank 1: no answer from rank 0 \(127.0.0.1:\d+\) before the timeout"),
+], ids=["closed mid-answer", "silent past the timeout"])
+def test_a_rank_0_that_fails_after_reading_is_said_by_the_rank(then, timeout, says):
     done = threading.Event()
-    server, t = _fake_rank0(lambda conn: done.wait(30))
+    server, t = _fake_rank0(lambda conn: then(conn, done))
     try:
-        with pytest.raises(g.GatherError, match=r"rank 1: no answer from rank 0 \(127.0.0.1:\d+\) "
-                                                "before the timeout") as e:
+        with pytest.raises(g.GatherError, match=says) as e:
             g.all_gather("one", rank=1, world_size=2, addr="127.0.0.1",
-                         port=server.getsockname()[1], timeout_s=1)
+                         port=server.getsockname()[1], timeout_s=timeout)
         assert e.value.from_rank0 is True
     finally:
         done.set()

@@ -1,5 +1,6 @@
 """The rank a run lost, named in its MLPerf log (train.siblings): real processes started by
 this one stand for the ranks a launcher starts on one node."""
+import io
 import os
 import signal
 import subprocess
@@ -67,3 +68,20 @@ def test_siblings_name_the_rank_whose_process_ended():
         for k in kids:
             k.kill()
             k.wait()
+
+
+def test_a_rank_still_exiting_is_named_lost(monkeypatch):
+    """A killed rank closes its sockets inside do_exit, before it turns zombie: a peer whose
+    collective fails at that moment reads its state as running. Its PF_EXITING flag is set by
+    then, and names it lost (the reason of run_stop then names the rank, not "lost rank(s)")."""
+    from llama31_405b.train import siblings
+    line = {101: "101 (python3 -m x) R 50 101 7 0 -1 {flags} 5 0 0 0 20 3 0 0 20 0 9 0",
+            102: "102 (python3 -m x) S 50 102 7 0 -1 {flags} 5 0 0 0 20 3 0 0 20 0 9 0"}
+    flags = {101: 0x40404C, 102: 0x404048}                # 101: PF_EXITING (0x4) set
+    monkeypatch.setattr(siblings, "open", lambda path, mode: io.BytesIO(
+        line[int(path.split("/")[2])].format(flags=flags[int(path.split("/")[2])]).encode()),
+        raising=False)
+    sib = siblings.Siblings(parent=50, ranks={1: 101, 2: 102})
+    assert siblings._stat(101) == ("X", 50) and siblings._stat(102) == ("S", 50)
+    assert sib.lost() == [1]
+

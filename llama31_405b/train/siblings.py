@@ -17,15 +17,22 @@ from dataclasses import dataclass, field
 _RANK_VARS = ("RANK", "SLURM_PROCID")
 
 
+PF_EXITING = 0x4
+"""Linux's task flag, set first thing in do_exit, before the process closes its files: a rank
+that sees its connection to a killed peer close finds the flag already set, while the peer's
+state still reads running (it turns zombie only at the end of do_exit)."""
+
+
 def _stat(pid: int) -> tuple[str, int] | None:
-    """(state, parent pid) of a process, None when it is gone."""
+    """(state, parent pid) of a process, None when it is gone; the state "X" (dead) for a
+    process already exiting (PF_EXITING in its flags, the ninth field)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             text = f.read().decode(errors="replace")
     except OSError:
         return None
     fields = text[text.rindex(")") + 2:].split()     # the name may hold spaces and ')'
-    return fields[0], int(fields[1])
+    return ("X" if int(fields[6]) & PF_EXITING else fields[0]), int(fields[1])
 
 
 def _rank_of(pid: int) -> int | None:
