@@ -142,7 +142,7 @@ def core_share(ctx: Context, fit: Fitted) -> float:
 
     def excess(k: float) -> float:
         b = _breakdown(ctx, replace(fit, core_share=k))
-        comm = phi * (b.tp_s + b.cp_s + b.pp_s + b.dp_total_s) if phi else 0.0
+        comm = phi * (b.tp_s + b.cp_s + b.pp_s + b.dp_total_s)
         demand = world * ((b.compute_total_s + b.host_s) / k + comm) / b.step_s / cores
         return k - max(1.0, demand)
     lo, hi = 1.0, world / cores

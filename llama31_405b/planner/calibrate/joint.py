@@ -80,8 +80,9 @@ def _core_split(runs: list[tuple[Context, Summary]]) -> tuple[list, list]:
     """(the layouts whose ranks each have a core, those whose ranks share them) where the fit
     has both on a system with `shared_cores`; else (every layout, none)."""
     cores = runs[0][0].system.shared_cores
-    own = [(ctx, c) for ctx, c in runs if ctx.tp * ctx.pp * ctx.cp * ctx.dp <= cores]
-    shared = [(ctx, c) for ctx, c in runs if ctx.tp * ctx.pp * ctx.cp * ctx.dp > cores]
+    waits = [ctx.tp * ctx.pp * ctx.cp * ctx.dp > cores for ctx, _ in runs]
+    own = [r for r, w in zip(runs, waits) if not w]
+    shared = [r for r, w in zip(runs, waits) if w]
     return (own, shared) if cores and own and shared else (runs, [])
 
 
