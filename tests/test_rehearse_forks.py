@@ -5,6 +5,7 @@ rehearsal then starts plain interpreters)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -66,3 +67,13 @@ def test_a_fork_runs_main_with_the_modules_preloaded(tmp_path):
 
 def test_no_fork_where_another_forkserver_runs(tmp_path):
     assert _drive(tmp_path, "busy") == {"fork": None}
+
+
+def test_the_servers_environment_is_set_for_its_start_and_restored_after(monkeypatch):
+    """A variable the process had gets its value back, one it lacked is removed again."""
+    from llama31_405b.rehearse.forks import _environ
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with _environ({"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}):
+        assert os.environ["OMP_NUM_THREADS"] == "1" and os.environ["CUDA_VISIBLE_DEVICES"] == ""
+    assert os.environ["OMP_NUM_THREADS"] == "7" and "CUDA_VISIBLE_DEVICES" not in os.environ
