@@ -54,10 +54,18 @@ def _edit(folder: Path, step: float = 1.0, rows: dict | None = None) -> None:
 
 def check_run(run: Path, tmp: Path) -> None:
     """The committed table of `run` is the one its summaries give (JSON and markdown), and each
-    committed calibration file holds the constants the re-derivation fits."""
+    committed calibration file holds the constants the re-derivation fits. A table of an earlier
+    model revision (`calibrate.MODEL_REVISION`; 1 where the table names none) re-derives under
+    that revision's code only (its run.json names the commit): here its markdown is its JSON's."""
     from llama31_405b.planner import calibrate
+    committed = json.loads((run / "table.json").read_text())
+    if committed.get("model_revision", 1) != calibrate.MODEL_REVISION:
+        assert committed.get("model_revision", 1) < calibrate.MODEL_REVISION, run
+        assert render.markdown(committed) == (run / "table.md").read_text(), f"{run}/table.md"
+        assert len(json.loads((run / "run.json").read_text())["commit"]) == 40, run
+        return
     table = derive.derive(run, tmp)
-    diffs = derive.differences(table, json.loads((run / "table.json").read_text()))
+    diffs = derive.differences(table, committed)
     assert not diffs, f"{run}: the committed table disagrees with its summaries: {diffs[:5]}"
     assert render.markdown(table) == (run / "table.md").read_text(), f"{run}/table.md"
     for s in table["sections"]:
@@ -94,12 +102,13 @@ def synthetic_run(tmp_path_factory) -> Path:
 
 def test_the_proof_file_fixes_the_proof():
     p = spec.load()
-    assert (p.date, p.step_tol, p.component_tol, p.negligible) == ("2026-12-05T0600Z", 0.15, 0.25,
+    assert (p.date, p.step_tol, p.component_tol, p.negligible) == ("2026-12-05T0905Z", 0.15, 0.25,
                                                                     0.05)
     assert "committed_before_measurement = true" in p.text
     four, two = p.sections
-    # the 4-rank layout with both collective sizes, and its 2-rank replica (core sharing fitted)
-    assert (four.fit, four.unseen) == (("tp2dp2", "tp2"),
+    # the 4-rank layout with both collective sizes, its 2-rank replica (core sharing fitted) and
+    # DP2 (the kernels' time per pass apart from their rate)
+    assert (four.fit, four.unseen) == (("tp2dp2", "tp2", "dp2"),
                                        ("dp4", "pp2dp2", "pp2dp2vp2", "tp2pp2", "gb200"))
     assert (sorted(two.fit), two.unseen) == (["dp2", "tp2"], ("pp2",))
     assert {p.layouts[n].ranks for n in two.layouts} == {2}
@@ -195,12 +204,38 @@ def test_extra_layouts_are_reported_apart(synthetic_run):
 
 
 def test_committed_runs_rederive(tmp_path):
-    """Every committed run folder (docs/planner_proof/<run>/table.json) re-derives, the first
-    run of 2026-12-05 among them."""
+    """Every committed run folder (docs/planner_proof/<run>/table.json) of the current model
+    revision re-derives; the four runs of revision 1 (the first of 2026-12-05 among them) keep
+    the tables their revision derived."""
     tables = sorted(RUNS.glob("*/table.json"))
     assert RUNS / "2026-12-05T0308Z" / "table.json" in tables
+    old = [t.parent.name for t in tables if "model_revision" not in json.loads(t.read_text())]
+    assert old == ["2026-12-05T0308Z", "2026-12-05T0440Z", "2026-12-05T0624Z",
+                   "2026-12-05T0643Z"]
     for table in tables:
         check_run(table.parent, tmp_path / table.parent.name)
+
+
+def test_a_table_of_an_earlier_revision_is_not_rederived_but_must_render(synthetic_run, tmp_path):
+    """A synthetic table marked revision 1 with a label changed by hand (no re-derivation sees
+    it): its markdown still has to be its JSON's, and a revision above the code's is refused."""
+    run = tmp_path / "run"
+    shutil.copytree(synthetic_run, run)
+    (run / "run.json").write_text(json.dumps({"commit": "0" * 40}))
+    t = json.loads((run / "table.json").read_text())
+    t["model_revision"] = 1
+    t["sections"][0]["rows"][1]["label"] = "changed by hand"
+    (run / "table.json").write_text(json.dumps(t))
+    (run / "table.md").write_text(render.markdown(t))
+    check_run(run, tmp_path / "c1")
+    assert "| changed by hand" in render.markdown(t)
+    (run / "table.md").write_text(render.markdown(t).replace("changed by hand", "PP2 x DP2"))
+    with pytest.raises(AssertionError, match="table.md"):
+        check_run(run, tmp_path / "c2")
+    t["model_revision"] = 99
+    (run / "table.json").write_text(json.dumps(t))
+    with pytest.raises(AssertionError):
+        check_run(run, tmp_path / "c3")
 
 
 def test_the_bench_writes_a_folder_that_rederives(tmp_path, capsys):

@@ -167,7 +167,8 @@ def derive(run: Path, cal_dir: Path) -> dict:
     loads = json.loads(lpath.read_text()) if lpath.exists() else {}
     sections = [section(run, proof, s, Path(cal_dir) / f"{s.name}.toml", loads)
                 for s in proof.sections]
-    return {"proof_date": proof.date,
+    from llama31_405b.planner.calibrate import MODEL_REVISION
+    return {"proof_date": proof.date, "model_revision": MODEL_REVISION,
             "tolerance": {"step": proof.step_tol, "component": proof.component_tol,
                           "negligible": proof.negligible, "components": list(proof.components)},
             "rounds": proof.rounds, "steps": proof.steps, "sections": sections,

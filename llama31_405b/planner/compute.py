@@ -23,6 +23,9 @@ from .calibrate.constants import ASSUMED, Fitted
 from .context import Context, Stage
 
 PARTS = ("qkv", "attention", "proj", "ffn_up", "ffn_down", "logits")
+CALL_PARTS = ("qkv", "attention", "proj", "ffn", "logits", "elementwise")
+"""The parts that have a time per layer pass independent of their work (`Fitted.call_s`): the
+FFN's two GEMMs as one (the profile's FFN share), the LM head per microbatch."""
 
 # Bytes per element of a GEMM operand in each compute precision (NVFP4: 4 bits + an E4M3 scale
 # per 16 elements).
@@ -186,20 +189,26 @@ def chunk_parts(ctx: Context, layers: int, embedding: bool, logits: bool,
     """(forward, backward) compute of one microbatch through a model chunk of `layers` layers on
     one GPU, with the embedding and/or the output layer and loss when the chunk holds them. The
     backward holds the data- and weight-gradient GEMMs, 2/3 of the attention and of the
-    elementwise work (the convention's 3 x forward)."""
+    elementwise work (the convention's 3 x forward), and of each part's time per layer pass that
+    does not grow with its work (`Fitted.call_s`)."""
     g = part_passes(ctx, fit)
     att = attention_time(ctx, fit)
     layer_w, loss_w = elementwise_width(ctx, logits)
     emb_w = ctx.model.hidden_size if embedding else 0.0  # lookup and its gradient, unsharded rows
     ew = (fit.elementwise_passes * ctx.tokens * 2.0 * (layers * layer_w + loss_w + emb_w)
           / (ctx.system.hbm_tbs * 1e12))
+    call = dict(fit.call_s)  # forward 1/3 of it, backward 2/3 (one GEMM, then two)
+    ffn = call.get("ffn", 0.0) / 2
     out = []
     for lo, hi, share in ((0, 1, 1 / 3), (1, 3, 2 / 3)):
         t = {k: sum(g[k][lo:hi]) for k in g}
-        out.append(PartTimes(qkv=layers * t["qkv"], attention=layers * att * share,
-                             proj=layers * t["proj"], ffn_up=layers * t["ffn_up"],
-                             ffn_down=layers * t["ffn_down"], logits=t["logits"] if logits else 0.0,
-                             elementwise=ew * share))
+        out.append(PartTimes(qkv=layers * (t["qkv"] + call.get("qkv", 0.0) * share),
+                             attention=layers * (att + call.get("attention", 0.0)) * share,
+                             proj=layers * (t["proj"] + call.get("proj", 0.0) * share),
+                             ffn_up=layers * (t["ffn_up"] + ffn * share),
+                             ffn_down=layers * (t["ffn_down"] + ffn * share),
+                             logits=t["logits"] + call.get("logits", 0.0) * share if logits else 0.0,
+                             elementwise=(ew + layers * call.get("elementwise", 0.0)) * share))
     return out[0], out[1]
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .constants import ASSUMED, INITIAL, Assumed, Fitted
+from .constants import ASSUMED, INITIAL, MODEL_REVISION, Assumed, Fitted
 from .file import Calibration, mismatches, read, write
 from .read_profile import ProfileSummaryError, from_profile, layout_mismatches, manifest
 from .summary import CALIBRATION, KINDS, PUBLISHED, Summary, load_summary, median_summary
@@ -66,7 +66,7 @@ def fitted() -> Fitted:
     return _fitted()
 
 
-__all__ = ["ASSUMED", "CALIBRATION", "INITIAL", "KINDS", "PUBLISHED", "Assumed", "Calibration",
+__all__ = ["ASSUMED", "CALIBRATION", "INITIAL", "KINDS", "MODEL_REVISION", "PUBLISHED", "Assumed", "Calibration",
            "Fitted", "ProfileSummaryError", "Summary", "check", "fitted", "from_profile",
            "layout_mismatches", "load_summary", "manifest", "median_summary", "mismatches",
            "read", "solve", "solve_joint", "write"]

@@ -12,6 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+MODEL_REVISION = 2
+"""The calibrated model's revision: raised whenever the same measurements give other constants
+or predictions. A table derived from measurements (bench/planner_proof: docs/planner_proof/)
+records the revision that derived it and re-derives under that revision's code only.
+1: the proof runs of 2026-12-05 03:08-07:02 UTC (docs/planner_proof/2026-12-05T0308Z to T0643Z,
+absent from their tables). 2: each compute part's time per layer pass that does not grow
+with its work (`Fitted.call_s`), fitted where two layouts whose ranks each have a core separate
+it from the rate (calibrate/joint.py `_call_times`)."""
+
+
 @dataclass(kw_only=True, frozen=True, slots=True)
 class Assumed:
     gemm_tile_m: int = 128
@@ -107,6 +117,13 @@ class Fitted:
     gemm_part_scale: tuple[tuple[str, float], ...] = ()
     """Time of the QKV, output-projection and LM-head GEMMs relative to the FFN GEMMs' rate
     (part -> factor, 1 when absent): their shapes run at another rate than the FFN's."""
+    call_s: tuple[tuple[str, float], ...] = ()
+    """Time of a compute part that does not grow with its work, per layer and microbatch,
+    forward + backward (part -> seconds; `compute.CALL_PARTS`): the dispatch of each operator and
+    the floor of a small kernel. Measured where a fit has two layouts whose ranks each have a core
+    and whose operators differ in size for the same work per rank (TP2 and DP2: the split GEMMs
+    take longer per FLOP; calibrate/joint.py `_call_times`); () where none does: no such time
+    (the published calibration's and a single profile's)."""
     comm_scale: tuple[tuple[str, float], ...] = ()
     """Measured / modelled time of each communication kind (TP, CP, PP, DP), 1 when absent."""
     collective_latency_s: float | None = None

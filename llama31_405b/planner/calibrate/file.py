@@ -6,7 +6,8 @@ check (`config check`, `compliance precheck`, `launch preflight`) use it with `-
                     system, model, GEMM precision and layout, when it was written
     [fitted]        the `constants.Fitted` constants (the four of the published fit, the GEMM
                     efficiency of the profiled precision, the linear parts' rates relative to the
-                    FFN's, the communication scales or the transport's latency, the host time per
+                    FFN's, each part's time per layer pass that does not grow with its work,
+                    the communication scales or the transport's latency, the host time per
                     layer pass, the memory model's activation scale and fragmentation)
     [measured]      the profile summary it was fitted to (`summary.Summary`)
     [check]         the simulated step of the profiled layout with these constants, next to the
@@ -30,7 +31,7 @@ from pathlib import Path
 from .constants import Fitted
 from .summary import Summary, summary_from_dict
 
-TABLES = ("gemm_fraction", "gemm_part_scale", "comm_scale")
+TABLES = ("gemm_fraction", "gemm_part_scale", "call_s", "comm_scale")
 
 
 @dataclass(frozen=True)

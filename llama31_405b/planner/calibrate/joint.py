@@ -26,10 +26,12 @@ from dataclasses import fields, replace
 from statistics import fmean
 from typing import Any
 
+from .. import compute
 from ..context import Context
-from ..step import breakdown
+from ..costs import plan
+from ..step import breakdown, rank_compute
 from .constants import Fitted
-from .solver import (_close_step, _comm, _compute, _initial, _link, _pp_scale, _same,
+from .solver import (LINEAR, _close_step, _comm, _compute, _initial, _link, _pp_scale, _same,
                      config_of, fit_memory, solve)
 from .summary import Summary
 
@@ -74,6 +76,72 @@ def _with_pp(runs: list[tuple[Context, Summary]], fit: Fitted) -> Fitted:
         return fit
     table = dict(fit.comm_scale) | {"PP": fmean(got)}
     return replace(fit, comm_scale=tuple(sorted(table.items())))
+
+
+def _by_call_part(per: dict[str, float]) -> dict[str, float]:
+    out = {p: per[p] for p in compute.CALL_PARTS if p in per}
+    out["ffn"] = per["ffn_up"] + per["ffn_down"]
+    return out
+
+
+def _part_figures(ctx: Context, c: Summary, fit: Fitted) -> tuple[dict, dict, dict]:
+    """Per part of `compute.CALL_PARTS`, on the busiest rank per step: (the measured time, the
+    modelled time without `call_s` at `fit`'s rates, the number of layer passes `call_s`
+    counts). The measured parts as `solver._compute` reads them (less the contention of
+    overlapped DP collectives; the elementwise part less the per-step weight transposes)."""
+    b = breakdown(ctx, fit)
+    clean = c.compute_s - b.dp_slowdown_s
+    k = clean / c.compute_s
+    fk = replace(fit, core_share=b.core_share, call_s=())
+    base = _by_call_part(rank_compute(ctx, fk, b.rank))
+    ones = _by_call_part(rank_compute(ctx, replace(fk, call_s=tuple(
+        (p, 1.0) for p in compute.CALL_PARTS)), b.rank))
+    fixed = sum(ch.first_fwd_s for ch in plan(ctx, fk).chunks[b.rank])
+    calls = {p: ones[p] - base[p] for p in base}
+    base["elementwise"] -= fixed
+    parts = dict(c.parts)
+    measured = {p: parts.get(p, 0.0) * k for p in (*LINEAR, "attention")}
+    measured["ffn"] = c.ffn_share_of_compute * clean
+    measured["elementwise"] = (1 - c.gemm_share_of_compute) * clean - fixed
+    return measured, base, calls
+
+
+def _call_times(own: list[tuple[Context, Summary]], fit: Fitted) -> Fitted | None:
+    """The compute constants with a time per layer pass that does not grow with the work
+    (`Fitted.call_s`), from two or more layouts whose ranks each have a core: per part, the
+    least-squares (time per pass, rate) for which passes x time + work / rate is each layout's
+    measured time. Only layouts whose passes differ in size for their work separate the two
+    (TP2 against DP2: the same work per rank in twice the passes); a part where none do keeps
+    no such time (its rate from all of them), and None where no part has them (the fit is then
+    `solver._compute`'s mean). A time per pass solved below 0 is 0."""
+    figs = [_part_figures(ctx, c, fit) for ctx, c in own]
+    scale: dict[str, float] = {}
+    call: dict[str, float] = {}
+    for p in compute.CALL_PARTS:
+        rows = [(n[p], u[p], m[p]) for m, u, n in figs if u.get(p, 0.0) > 0 and m[p] > 0]
+        if not rows:
+            continue
+        nn, nu, uu = (sum(n * n for n, _, _ in rows), sum(n * u for n, u, _ in rows),
+                      sum(u * u for _, u, _ in rows))
+        nm, um = sum(n * m for n, _, m in rows), sum(u * m for _, u, m in rows)
+        det = nn * uu - nu * nu
+        c = (nm * uu - um * nu) / det if det > 1e-9 * nn * uu else 0.0
+        s = (nn * um - nu * nm) / det if c > 0 else um / uu
+        if s <= 0:
+            c, s = 0.0, um / uu
+        call[p], scale[p] = c, s
+    if not any(call.values()) or "ffn" not in scale:
+        return None
+    prec = compute.gemm_precision(own[0][0])
+    eta = compute.gemm_peak_fraction(prec, fit) / scale["ffn"]
+    parts = dict(fit.gemm_part_scale) | {p: fit.scale("gemm_part_scale", p) * scale[p]
+                                         / scale["ffn"] for p in LINEAR if p in scale}
+    new = replace(fit, call_s=tuple(sorted(call.items())),
+                  gemm_part_scale=tuple(sorted(parts.items())),
+                  attention_bf16_fraction=fit.attention_bf16_fraction / scale.get("attention", 1.0),
+                  elementwise_passes=fit.elementwise_passes * scale.get("elementwise", 1.0))
+    return (replace(new, nvfp4_gemm_peak_fraction=eta) if prec == "nvfp4"
+            else replace(new, gemm_fraction=((prec, eta),)))
 
 
 def _core_split(runs: list[tuple[Context, Summary]]) -> tuple[list, list]:
@@ -127,7 +195,7 @@ def solve_joint(items: Sequence[tuple[Summary, Any]]) -> Fitted:
     rest = shared or runs
     fit = _initial(runs[0][1], runs[0][0])
     for _ in range(60):
-        new = mean([_compute(ctx, c, fit) for ctx, c in own])
+        new = _call_times(own, fit) or mean([_compute(ctx, c, fit) for ctx, c in own])
         if shared:
             new = replace(new, comm_core_fraction=fmean(
                 [_core_fraction(ctx, c, new) for ctx, c in shared]))

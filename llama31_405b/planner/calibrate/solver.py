@@ -217,7 +217,9 @@ def _compute(ctx: Context, c: Summary, fit: Fitted) -> Fitted:
     b = breakdown(ctx, fit)
     clean = c.compute_s - b.dp_slowdown_s
     k = clean / c.compute_s
-    fk = replace(fit, core_share=b.core_share)  # ranks sharing cores: measured in the parts
+    # ranks sharing cores: measured in the parts; no time per layer pass (a joint fit's
+    # `_call_times` fits it, where two layouts separate it from the rates)
+    fk = replace(fit, core_share=b.core_share, call_s=())
     now = rank_compute(ctx, fk, b.rank)  # seconds of each part per step
     fixed = sum(ch.first_fwd_s for ch in plan(ctx, fk).chunks[b.rank])
     eta0 = compute.gemm_peak_fraction(prec, fit)
@@ -239,7 +241,7 @@ def _compute(ctx: Context, c: Summary, fit: Fitted) -> Fitted:
         raise ValueError(f"{c.source}: the GEMM share leaves no time for attention")
     passes = ((1 - c.gemm_share_of_compute) * clean - fixed) / unit["elementwise"]
     new = replace(fit, elementwise_passes=passes, attention_bf16_fraction=unit["attention"] / attn,
-                  gemm_part_scale=tuple(sorted(scales.items())))
+                  gemm_part_scale=tuple(sorted(scales.items())), call_s=())
     return (replace(new, nvfp4_gemm_peak_fraction=eta) if prec == "nvfp4"
             else replace(new, gemm_fraction=((prec, eta),)))
 

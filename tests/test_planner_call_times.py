@@ -1,0 +1,104 @@
+"""A compute part's time per layer pass that does not grow with its work (`Fitted.call_s`;
+issue 46, point 2): on the CPU, TP2's GEMMs, attention and elementwise kernels, half the size of
+DP2's in twice the passes, take 1.3-1.7x DP2's time for the same work per rank (the proof runs
+of 2026-12-05, docs/planner.md), which a rate per FLOP alone cannot describe. Two layouts whose
+ranks each have a core and whose passes differ in size separate the time per pass from the rate
+(calibrate/joint.py `_call_times`). The round trip: synthetic profiles the planner writes of its
+own prediction with known constants (the time per pass among them) give them back and predict a
+layout that was not fitted (PP2) as the known constants do."""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from llama31_405b.cli import main
+from llama31_405b.config.load import load_config
+from llama31_405b.planner import calibrate, compute, predict
+from llama31_405b.planner.context import Context
+from llama31_405b.planner.step import breakdown, busiest_rank, rank_compute
+from llama31_405b.planner.calibrate.synthetic import synthetic_profile
+
+from test_planner_core_share import config
+
+CALLS = (("attention", 0.0007), ("elementwise", 0.0012), ("ffn", 0.0004), ("logits", 0.0009),
+         ("proj", 0.0002), ("qkv", 0.0003))
+KNOWN = dict(attention_bf16_fraction=0.09, elementwise_passes=31.0, host_s_per_layer_pass=0.004,
+             gemm_fraction=(("fp32", 0.3),), collective_latency_s=0.005,
+             nvlink_bus_efficiency=0.2, call_s=CALLS)
+
+
+@pytest.fixture(scope="module")
+def layouts(tmp_path_factory):
+    """TP2, DP2 and PP2 on 2 ranks (the same work per rank), synthetic profiles of the first two
+    with the known constants."""
+    tmp = tmp_path_factory.mktemp("calls")
+    fit = replace(calibrate.fitted(), **KNOWN)
+    paths = {"tp2": config(tmp, "tp2", 2, 2, 1, 4), "dp2": config(tmp, "dp2", 2, 1, 1, 2),
+             "pp2": config(tmp, "pp2", 2, 1, 2, 4)}
+    cfgs = {k: load_config(v) for k, v in paths.items()}
+    folders = {k: synthetic_profile(tmp / f"profile_{k}", cfgs[k], fit) for k in ("tp2", "dp2")}
+    return fit, paths, cfgs, folders
+
+
+def test_the_time_per_pass_counts_once_per_layer_and_microbatch(layouts):
+    """TP2 runs twice DP2's layer passes for the same work: the time per pass adds twice as
+    much to it; the FFN's is split over its two GEMMs, the LM head's counted per microbatch."""
+    fit, _, cfgs, _ = layouts
+    added = {}
+    for name in ("tp2", "dp2"):
+        ctx = Context.of(cfgs[name])
+        rank = busiest_rank(ctx, fit)
+        with_, without = (rank_compute(ctx, f, rank) for f in (fit, replace(fit, call_s=())))
+        added[name] = {k: with_[k] - without[k] for k in with_}
+    layers, mbs = cfgs["dp2"].model.num_layers, cfgs["dp2"].derived.num_microbatches
+    calls = dict(CALLS)
+    assert added["dp2"]["qkv"] == pytest.approx(layers * mbs * calls["qkv"])
+    assert added["dp2"]["ffn_up"] == pytest.approx(layers * mbs * calls["ffn"] / 2)
+    assert added["dp2"]["logits"] == pytest.approx(mbs * calls["logits"])
+    for k in ("qkv", "attention", "proj", "ffn_up", "ffn_down", "logits", "elementwise"):
+        assert added["tp2"][k] == pytest.approx(2 * added["dp2"][k]), k
+    assert {p for p, _ in CALLS} == set(compute.CALL_PARTS)
+
+
+def test_tp2_and_dp2_fit_the_time_per_pass_and_predict_pp2(layouts):
+    fit, _, cfgs, folders = layouts
+    runs = [(calibrate.from_profile(folders[k], cfgs[k]), cfgs[k]) for k in ("tp2", "dp2")]
+    got = calibrate.solve_joint(runs)
+    for part, seconds in CALLS:
+        assert dict(got.call_s)[part] == pytest.approx(seconds, rel=1e-4), part
+    assert dict(got.gemm_fraction)["fp32"] == pytest.approx(0.3, rel=1e-4)
+    for name in ("attention_bf16_fraction", "elementwise_passes", "host_s_per_layer_pass"):
+        assert getattr(got, name) == pytest.approx(getattr(fit, name), rel=1e-4), name
+    for name in ("tp2", "dp2", "pp2"):            # PP2 was not fitted
+        want = breakdown(Context.of(cfgs[name]), fit)
+        have = breakdown(Context.of(cfgs[name]), got)
+        assert have.compute_total_s == pytest.approx(want.compute_total_s, rel=1e-4), name
+        assert predict(cfgs[name], got).step_time_s == pytest.approx(
+            predict(cfgs[name], fit).step_time_s, rel=1e-4), name
+
+
+def test_layouts_of_one_pass_size_keep_no_time_per_pass(layouts):
+    """DP2 and PP2 run their passes at one size (the same per-pass work): nothing separates a
+    time per pass from the rate, so the fit keeps none, as a single profile's does; and the
+    model without it describes DP2 and PP2 with one rate."""
+    fit, _, cfgs, folders = layouts
+    flat = replace(fit, call_s=())
+    tmp = folders["dp2"].parent
+    profiles = {k: synthetic_profile(tmp / f"flat_{k}", cfgs[k], flat) for k in ("dp2", "pp2")}
+    runs = [(calibrate.from_profile(profiles[k], cfgs[k]), cfgs[k]) for k in ("dp2", "pp2")]
+    assert calibrate.solve_joint(runs).call_s == ()
+    alone = calibrate.solve(calibrate.from_profile(folders["tp2"], cfgs["tp2"]), cfgs["tp2"])
+    assert alone.call_s == ()
+
+
+def test_the_calibration_file_keeps_the_times_per_pass(layouts, tmp_path):
+    _, paths, _, folders = layouts
+    out = tmp_path / "cal.toml"
+    assert main(["plan", "--calibrate", str(folders["tp2"]), str(folders["dp2"]),
+                 "--calibration-out", str(out), "--config", str(paths["tp2"]),
+                 "--config", str(paths["dp2"])]) == 0
+    assert "\n[fitted.call_s]\n" in out.read_text()                  # as data
+    got = dict(calibrate.read(out).fit.call_s)
+    assert got == pytest.approx(dict(CALLS), rel=1e-4)
