@@ -116,3 +116,22 @@ def test_links_come_from_the_topology():
     assert [p2p_link(h100, r) for r in range(4)] == [NVLINK, SCALEOUT, NVLINK, SCALEOUT]
     slow = plan(h100, fitted()).p2p
     assert slow[1] > 3 * slow[0]
+
+
+def test_the_optimizers_parameter_gather_is_exposed_dp_as_a_profile_counts_it(tmp_path):
+    """Distributed optimizer without the overlapped parameter gather (the tiny CPU config at
+    DP2): the all-gather after the optimizer is exposed DP time in the breakdown, as a profile
+    counts it (the DP group's collectives), not end-of-step work; the step is unchanged."""
+    from llama31_405b.config.load import load_config
+    from llama31_405b.planner.step import breakdown
+    from test_planner_core_share import config
+    cfg = load_config(config(tmp_path, "dp2", 2, 1, 1, 2))
+    assert cfg.optimizer.distributed and not cfg.performance.overlap_param_gather
+    ctx, fit = Context.of(cfg), fitted()
+    p, b = plan(ctx, fit), breakdown(ctx, fit)
+    gather = sum(c.gather_s for c in p.chunks[0])
+    sim = run(p, ctx.microbatches, {}, rank=0)
+    assert gather > 0
+    assert b.dp_exposed_s == pytest.approx(sim.dp_wait_s + sim.dp_drain_s + gather)
+    assert b.optimizer_s == pytest.approx(sim.finalize_s + sim.optimizer_s - gather)
+    assert b.step_s == pytest.approx(sim.step_s)

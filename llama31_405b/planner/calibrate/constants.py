@@ -19,7 +19,9 @@ records the revision that derived it and re-derives under that revision's code o
 1: the proof runs of 2026-12-05 03:08-07:02 UTC (docs/planner_proof/2026-12-05T0308Z to T0643Z,
 absent from their tables). 2: each compute part's time per layer pass that does not grow
 with its work (`Fitted.call_s`), fitted where two layouts whose ranks each have a core separate
-it from the rate (calibrate/joint.py `_call_times`)."""
+it from the rate (calibrate/joint.py `_call_times`); and the breakdown's exposed DP holds the
+parameter all-gather the optimizer waits for when it is not overlapped (a profile counts it in
+DP), its end-of-step work no longer (`step.Breakdown`; the step is unchanged)."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)

@@ -113,7 +113,8 @@ def _call_times(own: list[tuple[Context, Summary]], fit: Fitted) -> Fitted | Non
     measured time. Only layouts whose passes differ in size for their work separate the two
     (TP2 against DP2: the same work per rank in twice the passes); a part where none do keeps
     no such time (its rate from all of them), and None where no part has them (the fit is then
-    `solver._compute`'s mean). A time per pass solved below 0 is 0."""
+    `solver._compute`'s mean). A time per pass solved below 0 (or below a billionth of the
+    measured part) is 0."""
     figs = [_part_figures(ctx, c, fit) for ctx, c in own]
     scale: dict[str, float] = {}
     call: dict[str, float] = {}
@@ -126,6 +127,8 @@ def _call_times(own: list[tuple[Context, Summary]], fit: Fitted) -> Fitted | Non
         nm, um = sum(n * m for n, _, m in rows), sum(u * m for _, u, m in rows)
         det = nn * uu - nu * nu
         c = (nm * uu - um * nu) / det if det > 1e-9 * nn * uu else 0.0
+        if c * max(n for n, _, _ in rows) < 1e-9 * max(m for _, _, m in rows):
+            c = 0.0  # rounding, not a time: the passes' size leaves the part unchanged
         s = (nn * um - nu * nm) / det if c > 0 else um / uu
         if s <= 0:
             c, s = 0.0, um / uu
