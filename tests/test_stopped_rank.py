@@ -79,6 +79,19 @@ def test_a_rank_resumed_and_ended_after_its_stop_is_still_named(tmp_path, monkey
         "heartbeats: rank 1 (3 s without a heartbeat, then resumed) stopped answering first")
 
 
+def test_resumed_ranks_are_named_longest_stall_first(tmp_path):
+    """make coverage's run of test_a_stopped_rank_is_named_under_slurm (2026-12-05, a loaded
+    machine): rank 0's beat also paused, 6 s against the stopped rank 1's 23 s, and was named
+    first, by rank order; the longest stall now comes first."""
+    folder = heartbeat.heartbeat_dir(tmp_path / "result_0.txt")
+    folder.mkdir()
+    (folder / "rank_0").write_text("world 2 interval 1\nstalled 6.0\ndone\n")
+    (folder / "rank_1").write_text("world 2 interval 1\nstalled 23.0\ndone\n")
+    assert heartbeat.stopped_first(tmp_path / "result_0.txt") == (
+        "heartbeats: rank 1 (23 s without a heartbeat, then resumed), rank 0 (6 s without a "
+        "heartbeat, then resumed) stopped answering first")
+
+
 def test_without_heartbeats_the_reason_still_says_what_happened():
     assert heartbeat.current is None
     reason = lost_rank_reason(RuntimeError(GLOO_TIMEOUT), f"RuntimeError: {GLOO_TIMEOUT}")

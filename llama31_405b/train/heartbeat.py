@@ -166,9 +166,10 @@ def stopped_first(log_file: str | Path) -> str:
             if not done and age - newest > stale_after(interval)]
     parts = [f"rank {r} (its last heartbeat {gap:.0f} s before the other ranks' last)"
              for r, gap in late]
-    # a rank resumed and ended after it stopped (its file fresh again): the stall it recorded
+    # a rank resumed and ended after it stopped (its file fresh again): the stall it recorded,
+    # the longest first (a loaded machine can pause another rank's beat for a few seconds too)
     parts += [f"rank {r} ({stall:.0f} s without a heartbeat, then resumed)"
-              for r, _, _, stall in beats
+              for r, _, _, stall in sorted(beats, key=lambda b: -b[3])
               if stall > stale_after(interval) and r not in {x for x, _ in late}]
     return ("heartbeats: " + ", ".join(parts) + " stopped answering first") if parts else ""
 
