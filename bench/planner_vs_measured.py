@@ -15,12 +15,14 @@ config and each round's summary (bench/planner_proof/summaries.py), then derives
 that folder alone (bench/planner_proof/derive.py: `plan --calibrate` on each section's fit
 layouts, `predict` for every layout of the section) and writes the calibration files,
 table.json and table.md there; the published table holds exactly the proof's layouts.
-tests/test_planner_proof.py re-derives a committed folder's table in `make test`.
+tests/test_planner_proof.py re-derives a committed folder's table of the current model revision
+in `make test`.
 
     PYTHONPATH=$PWD .venv/bin/python bench/planner_vs_measured.py [--proof FILE] [--out RUN]
         [--work DIR] [--reuse]
     ... --derive RUN            re-derive RUN's table from its summaries, print it, and exit 1
-                                where it differs from RUN/table.json (no profiling)
+                                where it differs from RUN/table.json (no profiling); exit 2
+                                for a table of another model revision (its commit named)
     ... --extra FILE --calibration CAL [--out DIR]
                                 profile the [layouts] of FILE (the proof file's format) and
                                 predict them from CAL: reported apart (extra.md, extra.json in
@@ -178,10 +180,18 @@ def proof_run(a) -> None:
 
 
 def rederive(run: Path) -> int:
+    from llama31_405b.planner.calibrate import MODEL_REVISION
+    committed = json.loads((run / "table.json").read_text())
+    rev = committed.get("model_revision", 1)
+    if rev != MODEL_REVISION:
+        commit = json.loads((run / "run.json").read_text()).get("commit", "?")
+        print(f"{run}: derived by model revision {rev}, this code is revision {MODEL_REVISION}: "
+              f"re-derive it at the commit it ran at (git checkout {commit})", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory() as tmp:
         table = derive.derive(run, Path(tmp))
     print(render.markdown(table))
-    diffs = derive.differences(table, json.loads((run / "table.json").read_text()))
+    diffs = derive.differences(table, committed)
     md = (run / "table.md").read_text() != render.markdown(table)
     for d in diffs:
         print(f"differs from {run}/table.json: {d}")
