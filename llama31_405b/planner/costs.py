@@ -81,6 +81,9 @@ class Plan:
     """Most work of one microbatch (all chunks, forward and backward) on any rank."""
     fwd_mb_s: float
     """Most forward work of one microbatch on any rank."""
+    param_gather_s: float = 0.0
+    """The parameter all-gather in `optimizer_s` (distributed optimizer, not overlapped): DP
+    time as a profile counts it (`step.Breakdown.dp_exposed_s`)."""
 
     def inflation(self, parts: PartTimes, work: float) -> float:
         """Extra time per unit of work while a DP collective runs: compute-bound parts lose
@@ -196,8 +199,10 @@ def _plan(ctx: Context, fit: Fitted) -> Plan:
     most = max(sum(c.params for c in row) for row in chunks)
     shard = most / (ctx.dp * ctx.cp) if dist else most
     opt = 2 * latency(world_link, ctx) + stream_s(ctx, shard * ASSUMED.optimizer_bytes_per_param)
+    gather = 0.0
     if dist and not perf.overlap_param_gather:
-        opt += max(sum(c.gather_s for c in row) for row in chunks)
+        gather = max(sum(c.gather_s for c in row) for row in chunks)
+    opt += gather
     return Plan(pp=pp, vp=vp, chunks=chunks, p2p=tuple(comm.p2p_s(ctx, r, fit) for r in range(pp)),
                 sm_share=comm.dp_sm_share(ctx), hbm_share=comm.dp_hbm_share(ctx),
                 nvlink_share=comm.dp_nvlink_share(ctx, fit),
@@ -206,4 +211,5 @@ def _plan(ctx: Context, fit: Fitted) -> Plan:
                 finalize_s=tuple(finalize), optimizer_s=opt, zero_s=stream_s(ctx, most * grad_b),
                 host_s=ASSUMED.host_step_overhead_s,
                 busy_mb_s=max(sum(c.work_fwd + c.work_bwd for c in row) for row in chunks),
-                fwd_mb_s=max(sum(c.work_fwd for c in row) for row in chunks))
+                fwd_mb_s=max(sum(c.work_fwd for c in row) for row in chunks),
+                param_gather_s=gather)

@@ -173,10 +173,7 @@ def _breakdown(ctx: Context, fit: Fitted) -> Breakdown:
     rank = busiest_rank(ctx, fit)
     p = plan(ctx, fit)
     s = simulate.run(p, m, _SIMS[key], rank=rank)
-    # the parameter all-gather the optimizer runs when it is not overlapped: in the plan's
-    # end-of-step work, exposed DP time as a profile sees it
-    gather = (max(sum(c.gather_s for c in row) for row in p.chunks)
-              if p.distributed and not p.overlap_param else 0.0)
+    gather = p.param_gather_s  # in the plan's end-of-step work; exposed DP for a profile
     parts = rank_compute(ctx, fit, rank)
     scale = 1 + s.slowdown_s / s.compute_s if s.compute_s else 1.0
     recompute = 0.0
