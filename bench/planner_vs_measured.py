@@ -26,7 +26,8 @@ in `make test`.
     ... --extra FILE --calibration CAL [--out DIR]
                                 profile the [layouts] of FILE (the proof file's format) and
                                 predict them from CAL: reported apart (extra.md, extra.json in
-                                DIR), never in the published table
+                                DIR, with what re-derives them), never in the published table;
+                                `--derive DIR` re-derives such a folder as it does a run's table
 
 The first run writes the tiny data and both initial checkpoints into --work (a few minutes);
 --reuse summarises the profile folders a previous run left in --work instead of profiling again.
@@ -181,6 +182,8 @@ def proof_run(a) -> None:
 
 def rederive(run: Path) -> int:
     from llama31_405b.planner.calibrate import MODEL_REVISION
+    if (run / "extra.json").is_file():
+        return rederive_extra(run)
     committed = json.loads((run / "table.json").read_text())
     rev = committed.get("model_revision", 1)
     if rev != MODEL_REVISION:
@@ -200,8 +203,36 @@ def rederive(run: Path) -> int:
     return 1 if diffs or md else 0
 
 
+def rederive_extra(folder: Path) -> int:
+    """`--derive` on a `--extra` folder: its extra.json re-derived (derive.derive_extra),
+    printed; exit 1 where it differs from the committed one or its extra.md, 2 for a folder of
+    another model revision (the folders of 2026-12-05T1200Z record none: revision 2 wrote
+    them)."""
+    from llama31_405b.planner.calibrate import MODEL_REVISION
+    committed = json.loads((folder / "extra.json").read_text())
+    rev = committed.get("model_revision", 2)
+    if rev != MODEL_REVISION:
+        print(f"{folder}: derived by model revision {rev}, this code is revision "
+              f"{MODEL_REVISION}: re-derive it at the commit it ran at", file=sys.stderr)
+        return 2
+    t = derive.derive_extra(folder, committed["layouts_file"], committed["calibration"])
+    if "model_revision" not in committed:
+        del t["model_revision"]
+    print(render.extra_markdown(t))
+    diffs = derive.differences(t, committed, "extra")
+    for d in diffs:
+        print(f"differs from {folder}/extra.json: {d}")
+    md = (folder / "extra.md").read_text() != render.extra_markdown(t)
+    if md:
+        print(f"{folder}/extra.md differs from the re-derived table")
+    return 1 if diffs or md else 0
+
+
 def extra(a) -> None:
-    """Layouts outside the proof, profiled and predicted from a given calibration, apart."""
+    """Layouts outside the proof, profiled and predicted from a given calibration, apart. The
+    folder keeps what re-derives extra.json without profiling (`--derive FOLDER`): the layouts
+    file and the proof file it ran under, the given calibration, the summaries, the loads, and
+    run.json (the commit, the CPU, the load before and after)."""
     from llama31_405b.planner import calibrate
     if not a.calibration:
         sys.exit("--extra needs --calibration FILE (the calibration to predict them from)")
@@ -216,15 +247,17 @@ def extra(a) -> None:
         cal, load_config(spec.committed_config(layouts[n], out / "layouts" / n)))]
     if bad:
         sys.exit("\n".join(bad))
-    loads = profile_all(work, layouts, names, [], proof.rounds, proof.steps, a.reuse)
-    summarise(work, out, layouts, names, proof.rounds, loads)
+    info = {"started": _now(), "cpus": os.cpu_count(), "load_before": os.getloadavg()[0],
+            "work": str(work), **_cpu(), **_commit()}
+    (out / "proof.toml").write_text(proof.text)
+    shutil.copyfile(a.extra, out / "layouts.toml")
     (out / "calibration").mkdir()
     shutil.copyfile(a.calibration, out / "calibration" / "given.toml")
-    rows = [derive.layout_row(out, proof, layouts[n], "extra", cal.fit, loads) for n in names]
-    t = {"layouts_file": str(a.extra), "calibration": str(a.calibration), "rounds": proof.rounds,
-         "tolerance": {"step": proof.step_tol, "component": proof.component_tol,
-                       "negligible": proof.negligible, "components": list(proof.components)},
-         "rows": rows, "verdict": derive.judge(rows)}
+    loads = profile_all(work, layouts, names, [], proof.rounds, proof.steps, a.reuse)
+    summarise(work, out, layouts, names, proof.rounds, loads)
+    info.update(finished=_now(), load_after=os.getloadavg()[0])
+    (out / "run.json").write_text(json.dumps(info, indent=1) + "\n")
+    t = derive.derive_extra(out, str(a.extra), str(a.calibration))
     (out / "extra.json").write_text(json.dumps(t, indent=1) + "\n")
     (out / "extra.md").write_text(render.extra_markdown(t))
     print(render.extra_markdown(t) + f"\nWritten: {out}")
@@ -236,7 +269,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="the new summaries folder (never overwritten)")
     ap.add_argument("--work", type=Path, help="work folder (default: a new temporary one)")
     ap.add_argument("--reuse", action="store_true", help="summarise the profiles in --work")
-    ap.add_argument("--derive", type=Path, metavar="RUN", help="re-derive RUN's table")
+    ap.add_argument("--derive", type=Path, metavar="RUN", help="re-derive RUN's table (or an --extra folder's)")
     ap.add_argument("--extra", type=Path, metavar="FILE", help="layouts outside the proof")
     ap.add_argument("--calibration", type=Path, help="with --extra: the calibration to use")
     a = ap.parse_args()

@@ -244,13 +244,9 @@ def test_the_bench_writes_a_folder_that_rederives(tmp_path, capsys):
     reduced rounds, the calibration and a table that re-derives; a second run into the same
     folder is refused, naming it."""
     import argparse
-    import importlib.util
     from llama31_405b.config.load import load_config
     from llama31_405b.planner.calibrate.synthetic import synthetic_profile
-    s = importlib.util.spec_from_file_location("pvm", ROOT / "bench" / "planner_vs_measured.py")
-    assert s and s.loader
-    bench = importlib.util.module_from_spec(s)
-    s.loader.exec_module(bench)
+    bench = _bench()
     proof, work = spec.load(), tmp_path / "work"
     for n in proof.profiled:
         cfg = load_config(spec.committed_config(proof.layouts[n], tmp_path / "cfg" / n))
@@ -268,3 +264,61 @@ def test_the_bench_writes_a_folder_that_rederives(tmp_path, capsys):
     assert "4 ranks on 2 cores" in capsys.readouterr().out
     with pytest.raises(FileExistsError, match="run exists"):
         bench.proof_run(args)
+
+
+def _bench():
+    """bench/planner_vs_measured.py as a module (it is a script, not a package member)."""
+    import importlib.util
+    s = importlib.util.spec_from_file_location("pvm", ROOT / "bench" / "planner_vs_measured.py")
+    assert s and s.loader
+    bench = importlib.util.module_from_spec(s)
+    s.loader.exec_module(bench)
+    return bench
+
+
+def test_committed_extra_folders_rederive(capsys):
+    """Every committed `--extra` folder (docs/planner_proof/<folder>/extra.json: layouts chosen
+    by someone else, predicted from a committed calibration) re-derives from its summaries, as
+    `--derive FOLDER` does it, JSON and markdown."""
+    folders = sorted(p.parent for p in RUNS.glob("*/extra.json"))
+    assert RUNS / "extra_2026-12-05T1200Z_two_rank" in folders
+    bench = _bench()
+    for folder in folders:
+        assert bench.rederive_extra(folder) == 0, capsys.readouterr().out[-2000:]
+
+
+def test_the_bench_writes_an_extra_folder_that_rederives(synthetic_run, tmp_path, capsys):
+    """--extra --reuse on synthetic profiles of a layout outside the proof, predicted from the
+    synthetic run's 2-rank calibration: the folder keeps the layouts file, the proof file, the
+    given calibration and run.json, and re-derives; an edited extra.json is found, a folder of
+    another model revision is not re-derived."""
+    import argparse
+    from llama31_405b.config.load import load_config
+    from llama31_405b.planner.calibrate import MODEL_REVISION
+    from llama31_405b.planner.calibrate.synthetic import synthetic_profile
+    bench = _bench()
+    lfile = tmp_path / "extra.toml"
+    lfile.write_text('[layouts.pp2m8]\nlabel = "PP2, 8 microbatches"\nbase = "tiny"\nranks = 2\n'
+                     "tp = 1\npp = 2\nvp = 1\nminibs = 8\nmbs = 1\n")
+    layout = spec.load_layouts(lfile)["pp2m8"]
+    cfg = load_config(spec.committed_config(layout, tmp_path / "cfg"))
+    work = tmp_path / "work"
+    for r in range(1, 4):
+        synthetic_profile(work / f"profile_pp2m8_r{r}", cfg, made_up())
+    out = tmp_path / "extra"
+    bench.extra(argparse.Namespace(proof=spec.PROOF, extra=lfile, out=out, work=work, reuse=True,
+                                   calibration=synthetic_run / "calibration" / "two_rank.toml"))
+    assert (out / "layouts.toml").read_text() == lfile.read_text()
+    assert (out / "proof.toml").read_text() == spec.PROOF.read_text()
+    assert {"commit", "cpu_model", "load_before", "load_after"} <= set(
+        json.loads((out / "run.json").read_text()))
+    t = json.loads((out / "extra.json").read_text())
+    assert t["model_revision"] == MODEL_REVISION and t["rows"][0]["layout"] == "pp2m8"
+    assert bench.rederive_extra(out) == 0
+    t["rows"][0]["measured"]["step"] *= 1.01
+    (out / "extra.json").write_text(json.dumps(t))
+    assert bench.rederive_extra(out) == 1
+    assert "differs from" in capsys.readouterr().out
+    t["model_revision"] = MODEL_REVISION + 1
+    (out / "extra.json").write_text(json.dumps(t))
+    assert bench.rederive_extra(out) == 2

@@ -192,3 +192,27 @@ def differences(a, b, where: str = "table", rel: float = 1e-9) -> list[str]:
     if isinstance(a, float) and isinstance(b, (int, float)) and not isinstance(b, bool):
         return [] if math.isclose(a, b, rel_tol=rel, abs_tol=1e-15) else [f"{where}: {a!r} against {b!r}"]
     return [] if a == b else [f"{where}: {a!r} against {b!r}"]
+
+
+def derive_extra(folder: Path, layouts_file: str, calibration: str) -> dict:
+    """The extra.json of a `--extra` folder from it alone: its layouts' summaries predicted from
+    its copy of the given calibration (calibration/given.toml), judged with the proof file's
+    tolerances and rounds. The layouts and the proof file are the folder's copies (layouts.toml,
+    proof.toml); a folder written before the bench kept them (the two of 2026-12-05T1200Z) reads
+    `layouts_file` and the repository's proof file, whose tolerances and rounds were theirs."""
+    from llama31_405b.planner import calibrate as cal
+    from llama31_405b.planner.calibrate import MODEL_REVISION
+    from .spec import PROOF, ROOT, load_layouts
+    folder = Path(folder)
+    lfile = folder / "layouts.toml"
+    layouts = load_layouts(lfile if lfile.is_file() else ROOT / layouts_file)
+    proof = load(folder / "proof.toml" if (folder / "proof.toml").is_file() else PROOF)
+    lpath = folder / "loads.json"
+    loads = json.loads(lpath.read_text()) if lpath.exists() else {}
+    fit = cal.read(folder / "calibration" / "given.toml").fit
+    rows = [layout_row(folder, proof, lay, "extra", fit, loads) for lay in layouts.values()]
+    return {"layouts_file": layouts_file, "calibration": calibration,
+            "model_revision": MODEL_REVISION, "rounds": proof.rounds,
+            "tolerance": {"step": proof.step_tol, "component": proof.component_tol,
+                          "negligible": proof.negligible, "components": list(proof.components)},
+            "rows": rows, "verdict": judge(rows)}
