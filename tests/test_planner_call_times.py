@@ -102,3 +102,40 @@ def test_the_calibration_file_keeps_the_times_per_pass(layouts, tmp_path):
     assert "\n[fitted.call_s]\n" in out.read_text()                  # as data
     got = dict(calibrate.read(out).fit.call_s)
     assert got == pytest.approx(dict(CALLS), rel=1e-4)
+
+
+def _mbs_config(tmp: Path, name: str, minibs: int, mbs: int) -> Path:
+    path = tmp / f"{name}.toml"
+    path.write_text(f'base = "{Path(__file__).resolve().parents[1] / "configs" / "tiny_cpu.toml"}"'
+                    f'\n\n[parallel]\ntp = 2\npp = 1\nvp = 1\n\n[batch]\nminibs = {minibs}\n'
+                    f'micro_batch_size = {mbs}\n\n[system]\ngpus_per_rack = 2\nracks = 1\n')
+    return path
+
+
+def test_the_gemms_time_per_pass_grows_with_the_microbatch_the_elementwise_does_not(tmp_path):
+    """Model revision 3: a GEMM's or the attention's time that TP does not split is per sequence
+    of the microbatch (a BLAS packs the token-side operand whatever the width), so TP2 with two
+    microbatches of 4 adds twice what four microbatches of 1 do (twice the sequences); the
+    elementwise work's is per pass (the operators' dispatch), half as much in half the passes.
+    The extra layouts of 2026-12-05T1200Z measured TP2's GEMMs and attention at mbs 4 twice
+    their time at mbs 1 for twice the sequences (docs/planner.md)."""
+    fit = replace(calibrate.fitted(), **KNOWN)
+    added = {}
+    for name, minibs, mbs in (("m1", 4, 1), ("m4", 8, 4)):
+        ctx = Context.of(load_config(_mbs_config(tmp_path, name, minibs, mbs)))
+        with_, without = (rank_compute(ctx, f, 0) for f in (fit, replace(fit, call_s=())))
+        added[name] = {k: with_[k] - without[k] for k in with_}
+    for k in ("qkv", "attention", "proj", "ffn_up", "ffn_down", "logits"):
+        assert added["m4"][k] == pytest.approx(2 * added["m1"][k]), k
+    assert added["m4"]["elementwise"] == pytest.approx(added["m1"]["elementwise"] / 2)
+
+
+def test_the_norms_are_split_over_tp_only_with_sequence_parallelism(tmp_path):
+    """Without sequence parallelism (the CPU path) every TP rank runs the two norms and the
+    residual stream on the whole hidden state: 4h elements per token unsplit; with it, 4h / TP."""
+    cfg = load_config(_mbs_config(tmp_path, "tp2", 4, 1))
+    assert not cfg.parallel.sequence_parallel
+    sp = replace(cfg, parallel=replace(cfg.parallel, sequence_parallel=True))
+    off, _ = compute.elementwise_width(Context.of(cfg), False)
+    on, _ = compute.elementwise_width(Context.of(sp), False)
+    assert off - on == pytest.approx(4 * cfg.model.hidden_size * (1 - 1 / 2))

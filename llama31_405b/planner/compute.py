@@ -24,8 +24,9 @@ from .context import Context, Stage
 
 PARTS = ("qkv", "attention", "proj", "ffn_up", "ffn_down", "logits")
 CALL_PARTS = ("qkv", "attention", "proj", "ffn", "logits", "elementwise")
-"""The parts that have a time per layer pass independent of their work (`Fitted.call_s`): the
-FFN's two GEMMs as one (the profile's FFN share), the LM head per microbatch."""
+"""The parts with a time that TP does not split (`Fitted.call_s`): per layer and sequence for the
+GEMMs and the attention, per layer pass for the elementwise work; the FFN's two GEMMs as one (the
+profile's FFN share), the LM head per sequence of each microbatch."""
 
 # Bytes per element of a GEMM operand in each compute precision (NVFP4: 4 bits + an E4M3 scale
 # per 16 elements).
@@ -164,10 +165,15 @@ def attention_time(ctx: Context, fit: Fitted) -> float:
 def elementwise_width(ctx: Context, logits: bool) -> tuple[float, float]:
     """Activation elements per token of one layer on one GPU touched by non-GEMM kernels:
     two norm inputs and the residual stream (4h), the QKV output (RoPE), the FFN's 2f input and f
-    output of SwiGLU; the loss adds 2 x V (FP32 logits) on the last rank."""
+    output of SwiGLU; the loss adds 2 x V (FP32 logits) on the last rank. The norms and the
+    residual stream are split over TP only with sequence parallelism; without it (the CPU path:
+    megatron-core's local norms) every TP rank runs them on the whole hidden state
+    (megatron-core 0.19.2 `TransformerLayer`: its layernorms and bias-dropout-add take the
+    full [s, b, h] input unless `sequence_parallel` shards s)."""
     m = ctx.model
     qkv = (m.num_attention_heads + 2 * m.num_query_groups) * m.kv_channels
-    width = (4 * m.hidden_size + qkv + 3 * m.ffn_hidden_size) / ctx.tp
+    norms = 4 * m.hidden_size / (ctx.tp if ctx.cfg.parallel.sequence_parallel else 1)
+    width = norms + (qkv + 3 * m.ffn_hidden_size) / ctx.tp
     if ctx.system.attention_kernel == "unfused":  # the scores: masked, soft-maxed, in memory
         width += m.num_attention_heads * m.seq_length / (ctx.cp * ctx.tp)
     return width, (2.0 * ctx.vocab / ctx.tp if logits else 0.0)
@@ -189,15 +195,18 @@ def chunk_parts(ctx: Context, layers: int, embedding: bool, logits: bool,
     """(forward, backward) compute of one microbatch through a model chunk of `layers` layers on
     one GPU, with the embedding and/or the output layer and loss when the chunk holds them. The
     backward holds the data- and weight-gradient GEMMs, 2/3 of the attention and of the
-    elementwise work (the convention's 3 x forward), and of each part's time per layer pass that
-    does not grow with its work (`Fitted.call_s`)."""
+    elementwise work (the convention's 3 x forward), and of each part's time that TP does not
+    split (`Fitted.call_s`: per sequence for the GEMMs and the attention, per pass for the
+    elementwise work)."""
     g = part_passes(ctx, fit)
     att = attention_time(ctx, fit)
     layer_w, loss_w = elementwise_width(ctx, logits)
     emb_w = ctx.model.hidden_size if embedding else 0.0  # lookup and its gradient, unsharded rows
     ew = (fit.elementwise_passes * ctx.tokens * 2.0 * (layers * layer_w + loss_w + emb_w)
           / (ctx.system.hbm_tbs * 1e12))
-    call = dict(fit.call_s)  # forward 1/3 of it, backward 2/3 (one GEMM, then two)
+    # forward 1/3 of it, backward 2/3 (one GEMM, then two); per sequence of the microbatch for
+    # the GEMMs and the attention, per pass for the elementwise work (`Fitted.call_s`)
+    call = {k: v * (1 if k == "elementwise" else ctx.mbs) for k, v in fit.call_s}
     ffn = call.get("ffn", 0.0) / 2
     out = []
     for lo, hi, share in ((0, 1, 1 / 3), (1, 3, 2 / 3)):

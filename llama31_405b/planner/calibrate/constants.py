@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-MODEL_REVISION = 2
+MODEL_REVISION = 3
 """The calibrated model's revision: raised whenever the same measurements give other constants
 or predictions. A table derived from measurements (bench/planner_proof: docs/planner_proof/)
 records the revision that derived it and re-derives under that revision's code only.
@@ -21,7 +21,12 @@ absent from their tables). 2: each compute part's time per layer pass that does 
 with its work (`Fitted.call_s`), fitted where two layouts whose ranks each have a core separate
 it from the rate (calibrate/joint.py `_call_times`); and the breakdown's exposed DP holds the
 parameter all-gather the optimizer waits for when it is not overlapped (a profile counts it in
-DP), its end-of-step work no longer (`step.Breakdown`; the step is unchanged)."""
+DP), its end-of-step work no longer (`step.Breakdown`; the step is unchanged). 3: the GEMMs'
+and the attention's time that TP does not split counted per sequence of the microbatch, not per
+pass (the layouts chosen by someone else, docs/planner_proof/extra_2026-12-05T1200Z_*: TP2 at
+mbs 4 took twice mbs 1's GEMM time for twice the sequences, where a time per pass predicted
+1.3x); and the norms and residual stream split over TP only with sequence parallelism
+(`compute.elementwise_width`; the CPU path runs TP without it)."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -120,9 +125,10 @@ class Fitted:
     """Time of the QKV, output-projection and LM-head GEMMs relative to the FFN GEMMs' rate
     (part -> factor, 1 when absent): their shapes run at another rate than the FFN's."""
     call_s: tuple[tuple[str, float], ...] = ()
-    """Time of a compute part that does not grow with its work, per layer and microbatch,
-    forward + backward (part -> seconds; `compute.CALL_PARTS`): the dispatch of each operator and
-    the floor of a small kernel. Measured where a fit has two layouts whose ranks each have a core
+    """Time of a compute part that TP does not split, forward + backward (part -> seconds;
+    `compute.CALL_PARTS`): for the GEMMs and the attention per layer and sequence of the
+    microbatch (a BLAS packs the token-side operand whatever the split width, model revision
+    3), for the elementwise work per layer and microbatch (the dispatch of each operator). Measured where a fit has two layouts whose ranks each have a core
     and whose operators differ in size for the same work per rank (TP2 and DP2: the split GEMMs
     take longer per FLOP; calibrate/joint.py `_call_times`); () where none does: no such time
     (the published calibration's and a single profile's)."""
