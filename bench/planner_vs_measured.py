@@ -269,7 +269,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="the new summaries folder (never overwritten)")
     ap.add_argument("--work", type=Path, help="work folder (default: a new temporary one)")
     ap.add_argument("--reuse", action="store_true", help="summarise the profiles in --work")
-    ap.add_argument("--derive", type=Path, metavar="RUN", help="re-derive RUN's table (or an --extra folder's)")
+    ap.add_argument("--derive", type=Path, metavar="RUN",
+                    help="re-derive RUN's table (or an --extra folder's)")
     ap.add_argument("--extra", type=Path, metavar="FILE", help="layouts outside the proof")
     ap.add_argument("--calibration", type=Path, help="with --extra: the calibration to use")
     a = ap.parse_args()

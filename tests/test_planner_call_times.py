@@ -114,7 +114,7 @@ def _mbs_config(tmp: Path, name: str, minibs: int, mbs: int) -> Path:
 
 def test_the_gemms_time_per_pass_grows_with_the_microbatch_the_elementwise_does_not(tmp_path):
     """Model revision 3: a GEMM's or the attention's time that TP does not split is per sequence
-    of the microbatch (a BLAS packs the token-side operand whatever the width), so TP2 with two
+    of the microbatch (it grows with the tokens, not with the split width), so TP2 with two
     microbatches of 4 adds twice what four microbatches of 1 do (twice the sequences); the
     elementwise work's is per pass (the operators' dispatch), half as much in half the passes.
     The extra layouts of 2026-12-05T1200Z measured TP2's GEMMs and attention at mbs 4 twice
