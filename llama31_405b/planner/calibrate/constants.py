@@ -127,12 +127,11 @@ class Fitted:
     call_s: tuple[tuple[str, float], ...] = ()
     """Time of a compute part that TP does not split, forward + backward (part -> seconds;
     `compute.CALL_PARTS`): for the GEMMs and the attention per layer and sequence of the
-    microbatch (it grows with the sequences, not with the split width: model revision 3), for
-    the elementwise work per layer and microbatch (the dispatch of each operator). Measured where
-    a fit has two layouts whose ranks each have a core and whose operators differ in size for
-    the same work per rank (TP2 and DP2: the split GEMMs take longer per FLOP; calibrate/joint.py
-    `_call_times`); () where none does: no such time (the published calibration's and a single
-    profile's)."""
+    microbatch (it grows with the sequences, not the split width: model revision 3), for the
+    elementwise work per layer pass (operator dispatch). Measured where a fit has two layouts whose
+    ranks each have a core and whose operators differ in size for the same work per rank (TP2 and
+    DP2: split GEMMs take longer per FLOP; calibrate/joint.py `_call_times`); () where none does
+    (the published calibration's and a single profile's)."""
     comm_scale: tuple[tuple[str, float], ...] = ()
     """Measured / modelled time of each communication kind (TP, CP, PP, DP), 1 when absent."""
     collective_latency_s: float | None = None
