@@ -4,13 +4,16 @@
 torch.distributed alone, no model: RANKS gloo ranks under torchrun (the product's settings: one
 gloo worker thread per group, llama31_405b.gloo_workers; one intra-op thread). Each rank times,
 with its process CPU clock (every thread of the process, gloo's included) against the wall clock,
-four kinds of communication of the tiny CPU layouts' sizes:
+four kinds of communication of the tiny CPU layouts' sizes, each within pairs of ranks (0, 1),
+(2, 3), ... as TP2 and PP2 groups are, so that 2 and 4 ranks run the same operations, the second
+pair only sharing the cores:
 
-* wait: an all-reduce of 64 KB that rank 1 enters 50 ms late (rank 0's time is almost all
-  waiting for its peer);
-* TP: all-reduces of 64 KB (tiny_cpu's TP all-reduce: sequence 256 x hidden 128 x FP32 x mbs 1);
-* DP: reduce-scatters of 4 MB (the order of the tiny model's gradient buckets);
-* PP: sends and receives of 128 KB between rank pairs (one microbatch's activations at mbs 1).
+* wait: an all-reduce of 128 KB that the pair's second rank enters 50 ms late (the first rank's
+  time is almost all waiting for its peer);
+* TP: all-reduces of 128 KB (tiny_cpu's TP all-reduce: sequence 256 x hidden 128 x FP32 x mbs 1);
+* DP: reduce-scatters of an 8 MB bucket into 4 MB shards (the tiny model's gradients are about
+  7 MB of FP32);
+* PP: a send and a receive of 128 KB each way (one microbatch's activations at mbs 1).
 
 Prints one line per rank and kind: wall time per operation and CPU time / wall time. A share
 near 0 means the time is waiting (a core is free for another rank); near 1, that the operation
@@ -31,9 +34,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TP_ELEMENTS = 256 * 128          # 64 KB of FP32
-DP_ELEMENTS = 1 << 20            # 4 MB of FP32
-PP_ELEMENTS = 2 * 256 * 128      # 128 KB of FP32
+TP_ELEMENTS = 256 * 128          # 128 KB of FP32
+DP_ELEMENTS = 1 << 21            # an 8 MB bucket of FP32, reduce-scattered over a pair
+PP_ELEMENTS = 256 * 128          # 128 KB of FP32
 WAIT_S = 0.05
 
 
@@ -53,15 +56,16 @@ def worker(ops: int) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    tp, dp, pp = (torch.ones(TP_ELEMENTS), torch.ones(DP_ELEMENTS * world),
-                  torch.ones(PP_ELEMENTS))
-    shard = torch.empty(DP_ELEMENTS)
+    pairs = [dist.new_group([p, p + 1]) for p in range(0, world, 2)]   # every rank creates each
+    pair = pairs[rank // 2]
+    tp, dp, pp = torch.ones(TP_ELEMENTS), torch.ones(DP_ELEMENTS), torch.ones(PP_ELEMENTS)
+    shard = torch.empty(DP_ELEMENTS // 2)
     peer = rank ^ 1
 
     def wait() -> None:
-        if rank == 1:
+        if rank % 2 == 1:
             time.sleep(WAIT_S)
-        dist.all_reduce(tp)
+        dist.all_reduce(tp, group=pair)
 
     def send_recv() -> None:
         if rank % 2 == 0:
@@ -71,11 +75,12 @@ def worker(ops: int) -> None:
             dist.recv(pp, peer)
             dist.send(pp, peer)
 
-    kinds = (("wait", wait, max(4, ops // 20)), ("TP", lambda: dist.all_reduce(tp), ops),
-             ("DP", lambda: dist.reduce_scatter_tensor(shard, dp), max(4, ops // 10)),
+    kinds = (("wait", wait, max(4, ops // 20)),
+             ("TP", lambda: dist.all_reduce(tp, group=pair), ops),
+             ("DP", lambda: dist.reduce_scatter_tensor(shard, dp, group=pair), max(4, ops // 10)),
              ("PP", send_recv, ops))
     for name, fn, n in kinds:
-        fn()                                  # the first operation sets up the connections
+        fn()                                  # one untimed operation first (allocations, caches)
         dist.barrier()
         wall, cpu = _time(fn, n)
         print(f"ranks {world} rank {rank} {name:4s}: {wall / n * 1e3:7.3f} ms per operation, "

@@ -212,8 +212,12 @@ def rederive_extra(folder: Path) -> int:
     committed = json.loads((folder / "extra.json").read_text())
     rev = committed.get("model_revision", 2)
     if rev != MODEL_REVISION:
+        rj = folder / "run.json"
+        commit = json.loads(rj.read_text()).get("commit", "?") if rj.is_file() else "8ade08c"
         print(f"{folder}: derived by model revision {rev}, this code is revision "
-              f"{MODEL_REVISION}: re-derive it at the commit it ran at", file=sys.stderr)
+              f"{MODEL_REVISION}: re-derive it under revision {rev}'s code (git checkout "
+              f"{commit}: the commit it ran at, or for the folders that record none, the first "
+              "that re-derives an --extra folder)", file=sys.stderr)
         return 2
     t = derive.derive_extra(folder, committed["layouts_file"], committed["calibration"])
     if "model_revision" not in committed:
@@ -237,6 +241,12 @@ def extra(a) -> None:
     if not a.calibration:
         sys.exit("--extra needs --calibration FILE (the calibration to predict them from)")
     proof, cal = spec.load(a.proof), calibrate.read(a.calibration)
+    table = Path(a.calibration).resolve().parent.parent / "table.json"
+    rev = json.loads(table.read_text()).get("model_revision", 1) if table.is_file() else None
+    if rev is not None and rev != calibrate.MODEL_REVISION:
+        sys.exit(f"{a.calibration} was fitted by model revision {rev} (its run's table.json); "
+                 f"this code is revision {calibrate.MODEL_REVISION}, which reads its constants "
+                 "otherwise: use a calibration of a run of this revision")
     layouts = spec.load_layouts(a.extra)
     out = summaries.new_folder(a.out or Path(tempfile.mkdtemp(prefix="planner_extra_")) / "extra")
     work = a.work or Path(tempfile.mkdtemp(prefix="planner_vs_measured_"))

@@ -330,3 +330,24 @@ def test_the_bench_writes_an_extra_folder_that_rederives(synthetic_run, tmp_path
     t["model_revision"] = MODEL_REVISION + 1
     (out / "extra.json").write_text(json.dumps(t))
     assert bench.rederive_extra(out) == 2
+
+
+def test_extra_refuses_a_calibration_of_another_model_revision(synthetic_run, tmp_path):
+    """A calibration from a run folder whose table another model revision derived reads its
+    constants otherwise (revision 3 counts the time per pass per sequence): --extra refuses it,
+    naming the revision, before anything is profiled or written."""
+    import argparse
+    from llama31_405b.planner.calibrate import MODEL_REVISION
+    run = tmp_path / "old_run"
+    (run / "calibration").mkdir(parents=True)
+    shutil.copyfile(synthetic_run / "calibration" / "two_rank.toml",
+                    run / "calibration" / "two_rank.toml")
+    t = json.loads((synthetic_run / "table.json").read_text())
+    (run / "table.json").write_text(json.dumps(t | {"model_revision": MODEL_REVISION - 1}))
+    out = tmp_path / "extra"
+    args = argparse.Namespace(proof=spec.PROOF, extra=ROOT / "bench" / "planner_extra" /
+                              "2026-12-05T1215_two_rank.toml", out=out, work=tmp_path / "w",
+                              reuse=True, calibration=run / "calibration" / "two_rank.toml")
+    with pytest.raises(SystemExit, match=f"fitted by model revision {MODEL_REVISION - 1}"):
+        _bench().extra(args)
+    assert not out.exists()
