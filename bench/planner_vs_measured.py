@@ -193,13 +193,19 @@ def rederive(run: Path) -> int:
         return 2
     with tempfile.TemporaryDirectory() as tmp:
         table = derive.derive(run, Path(tmp))
-    print(render.markdown(table))
-    diffs = derive.differences(table, committed)
-    md = (run / "table.md").read_text() != render.markdown(table)
+    return _compare(run, "table", table, committed, render.markdown(table))
+
+
+def _compare(folder: Path, name: str, derived: dict, committed: dict, markdown: str) -> int:
+    """Print the re-derived `markdown` and where `derived` differs from the committed
+    `folder`/<name>.json and .md; 1 where either does, else 0."""
+    print(markdown)
+    diffs = derive.differences(derived, committed, name)
     for d in diffs:
-        print(f"differs from {run}/table.json: {d}")
+        print(f"differs from {folder}/{name}.json: {d}")
+    md = (folder / f"{name}.md").read_text() != markdown
     if md:
-        print(f"{run}/table.md differs from the re-derived table")
+        print(f"{folder}/{name}.md differs from the re-derived table")
     return 1 if diffs or md else 0
 
 
@@ -222,14 +228,7 @@ def rederive_extra(folder: Path) -> int:
     t = derive.derive_extra(folder, committed["layouts_file"], committed["calibration"])
     if "model_revision" not in committed:
         del t["model_revision"]
-    print(render.extra_markdown(t))
-    diffs = derive.differences(t, committed, "extra")
-    for d in diffs:
-        print(f"differs from {folder}/extra.json: {d}")
-    md = (folder / "extra.md").read_text() != render.extra_markdown(t)
-    if md:
-        print(f"{folder}/extra.md differs from the re-derived table")
-    return 1 if diffs or md else 0
+    return _compare(folder, "extra", t, committed, render.extra_markdown(t))
 
 
 def extra(a) -> None:

@@ -22,7 +22,7 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .spec import Layout, Proof, Section, load
+from .spec import PROOF, ROOT, Layout, Proof, Section, load, load_layouts
 from .summaries import round_folder
 
 if TYPE_CHECKING:
@@ -158,6 +158,12 @@ def core_share(run: Path, proof: Proof, sections: list[dict], cal_dir: Path) -> 
     return out
 
 
+def tolerance(proof: Proof) -> dict:
+    """The proof's tolerances as a table records them."""
+    return {"step": proof.step_tol, "component": proof.component_tol,
+            "negligible": proof.negligible, "components": list(proof.components)}
+
+
 def derive(run: Path, cal_dir: Path) -> dict:
     """The table of the summaries folder `run`, from its proof.toml; each section's calibration
     is written to `cal_dir`/<section>.toml (a folder that must not hold them yet)."""
@@ -169,8 +175,7 @@ def derive(run: Path, cal_dir: Path) -> dict:
                 for s in proof.sections]
     from llama31_405b.planner.calibrate import MODEL_REVISION
     return {"proof_date": proof.date, "model_revision": MODEL_REVISION,
-            "tolerance": {"step": proof.step_tol, "component": proof.component_tol,
-                          "negligible": proof.negligible, "components": list(proof.components)},
+            "tolerance": tolerance(proof),
             "rounds": proof.rounds, "steps": proof.steps, "sections": sections,
             "core_share": core_share(run, proof, sections, Path(cal_dir))}
 
@@ -202,7 +207,6 @@ def derive_extra(folder: Path, layouts_file: str, calibration: str) -> dict:
     `layouts_file` and the repository's proof file, whose tolerances and rounds were theirs."""
     from llama31_405b.planner import calibrate as cal
     from llama31_405b.planner.calibrate import MODEL_REVISION
-    from .spec import PROOF, ROOT, load_layouts
     folder = Path(folder)
     lfile = folder / "layouts.toml"
     layouts = load_layouts(lfile if lfile.is_file() else ROOT / layouts_file)
@@ -213,6 +217,5 @@ def derive_extra(folder: Path, layouts_file: str, calibration: str) -> dict:
     rows = [layout_row(folder, proof, lay, "extra", fit, loads) for lay in layouts.values()]
     return {"layouts_file": layouts_file, "calibration": calibration,
             "model_revision": MODEL_REVISION, "rounds": proof.rounds,
-            "tolerance": {"step": proof.step_tol, "component": proof.component_tol,
-                          "negligible": proof.negligible, "components": list(proof.components)},
+            "tolerance": tolerance(proof),
             "rows": rows, "verdict": judge(rows)}
