@@ -226,3 +226,28 @@ def test_several_profiles_of_the_fit_layout_calibrate_to_their_median(tmp_path, 
     rc, _, err = run(capsys, "--calibrate", str(folders[0]), str(other), "--calibration-out",
                      str(tmp_path / "mixed.toml"), "--config", str(cfg_path))
     assert rc == 2 and f"{other}: tp: the profile has 1, the config 2" in err
+
+
+def test_a_calibration_of_another_model_revision_is_refused(tmp_path, capsys):
+    """A calibration records the model revision it was fitted under; `plan --calibration` (and
+    the memory checks, through the same `mismatches`) refuse a file of another revision, or one
+    that records none, naming the file, both revisions and what to do."""
+    f = calibrate.fitted()
+    path = calibrate.write(tmp_path / "now.toml", CALIBRATION, f, "nvfp4", {})
+    assert calibrate.read(path).model_revision == calibrate.MODEL_REVISION
+    rc, _, err = run(capsys, "--config", str(GB200_128), "--calibration", str(path), "--json")
+    assert rc == 0, err
+    text = path.read_text()
+    line = f"model_revision = {calibrate.MODEL_REVISION}\n"
+    assert line in text
+    for name, edited, said in (
+            ("old.toml", text.replace(line, f"model_revision = {calibrate.MODEL_REVISION - 1}\n"),
+             f"was fitted under model revision {calibrate.MODEL_REVISION - 1}"),
+            ("none.toml", text.replace(line, ""), "records no model revision")):
+        (tmp_path / name).write_text(edited)
+        rc, _, err = run(capsys, "--config", str(GB200_128), "--calibration", str(tmp_path / name))
+        assert rc == 2 and said in err and f"at revision {calibrate.MODEL_REVISION}" in err, err
+        assert str(tmp_path / name) in err and "plan --calibrate" in err
+    (tmp_path / "bad.toml").write_text(text.replace(line, 'model_revision = "four"\n'))
+    with pytest.raises(ValueError, match="model_revision = 'four': not a whole number"):
+        calibrate.read(tmp_path / "bad.toml")

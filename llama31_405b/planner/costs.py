@@ -84,6 +84,12 @@ class Plan:
     param_gather_s: float = 0.0
     """The parameter all-gather in `optimizer_s` (distributed optimizer, not overlapped): DP
     time as a profile counts it (`step.Breakdown.dp_exposed_s`)."""
+    blocking_p2p: bool = False
+    """The pipeline's sends and receives block the rank between passes (megatron-core's
+    schedules without overlap_p2p_comm: the builder's choice everywhere but interleaving on
+    GPUs), each send until its receiver has posted the receive (gloo and NCCL send by
+    rendezvous): simulate.py runs pipeline.rank_program's exchanges. False: sends in the
+    background, a pass waits only for its own input."""
 
     def inflation(self, parts: PartTimes, work: float) -> float:
         """Extra time per unit of work while a DP collective runs: compute-bound parts lose
@@ -212,4 +218,6 @@ def _plan(ctx: Context, fit: Fitted) -> Plan:
                 host_s=ASSUMED.host_step_overhead_s,
                 busy_mb_s=max(sum(c.work_fwd + c.work_bwd for c in row) for row in chunks),
                 fwd_mb_s=max(sum(c.work_fwd for c in row) for row in chunks),
-                param_gather_s=gather)
+                param_gather_s=gather,
+                # model/builder.transformer_config: overlap_p2p_comm=gpu and vp > 1
+                blocking_p2p=pp > 1 and not (ctx.system.is_gpu and vp > 1))

@@ -6,6 +6,7 @@ rank (megatron-core 0.19.2, `pipeline_parallel.schedules`: `get_schedule_table`,
 from __future__ import annotations
 
 from functools import cache
+from typing import NamedTuple
 
 from .context import Context
 
@@ -49,6 +50,99 @@ def rank_order(pp: int, vp: int, m: int, rank: int, group: int | None = None) ->
         order += [fwd[k + w], bwd[k]]
     order += bwd[len(table) - w:]
     return tuple(order)
+
+
+class Exchange(NamedTuple):
+    """One call of megatron-core's P2PCommunicator between passes (`send_forward_recv_forward`,
+    `send_forward_backward_recv_forward_backward`, ...): the sends and receives it makes, all
+    awaited before the rank goes on. `next`/`prev`: the pipeline neighbours (the last rank's next
+    is rank 0: interleaving's wrap-around)."""
+    send_next: bool = False
+    """Activations to the next rank."""
+    send_prev: bool = False
+    """Gradients to the previous rank."""
+    recv_prev: bool = False
+    """Activations from the previous rank."""
+    recv_next: bool = False
+    """Gradients from the next rank."""
+
+
+@cache
+def rank_program(pp: int, vp: int, m: int, rank: int,
+                 group: int | None = None) -> tuple[Op | Exchange, ...]:
+    """The passes of `rank_order` with the blocking exchanges Megatron makes between them when
+    the pipeline's communication is not overlapped (overlap_p2p_comm off, as on gloo; plain 1F1B
+    always): megatron-core 0.19.2's `forward_backward_pipelining_with_interleaving` (its
+    "No p2p overlap" branches, `recv_tensor_from_previous_stage`) and
+    `forward_backward_pipelining_without_interleaving`. Empty exchanges are left out."""
+    first, last = rank == 0, rank == pp - 1
+    out: list[Op | Exchange] = []
+
+    def x(**kw: bool) -> None:
+        if any(kw.values()):
+            out.append(Exchange(**kw))
+
+    if pp == 1:
+        return rank_order(pp, vp, m, rank, group)
+    order = rank_order(pp, vp, m, rank, group)
+    if vp == 1:
+        w = min(m, pp - rank - 1)
+        for i in range(w):
+            x(recv_prev=not first)
+            out.append(order[i])
+            x(send_next=not last)
+        if w < m:
+            x(recv_prev=not first)
+        for i in range(m - w):
+            out.append(order[w + 2 * i])
+            x(send_next=not last, recv_next=not last)
+            out.append(order[w + 2 * i + 1])
+            x(send_prev=not first, recv_prev=not first and i < m - w - 1)
+        for i in range(w):
+            x(recv_next=not last)
+            out.append(order[2 * m - w + i])
+            x(send_prev=not first)
+        return tuple(out)
+    group = group or pp
+    table, total = schedule_table(m, vp, group), m * vp
+    w = warmup_count(pp, vp, m, rank, group)
+    all_warm = (pp - rank - 1) * 2 + (vp - 1) * group >= total
+
+    def chunk(k: int, fwd: bool) -> int:
+        c = table[k % total][1]
+        return c if fwd else vp - 1 - c
+
+    def recv(k: int, fwd: bool) -> bool:
+        # recv_tensor_from_previous_stage: the leading stage (first rank forward, last rank
+        # backward) is PP-1 virtual microbatches ahead of the one that feeds it
+        if not (first if fwd else last):
+            return True
+        aligned = chunk(k + 1, fwd) if k < pp - 1 else chunk(k - (pp - 1), fwd)
+        return k >= pp - 1 and aligned != (vp - 1 if fwd else 0)
+
+    def sends(k: int, fwd: bool) -> bool:
+        return not (last and chunk(k, True) == vp - 1) if fwd else not (first and chunk(k, False) == 0)
+
+    fwds = [op for op in order if op[0]]
+    bwds = [op for op in order if not op[0]]
+    x(recv_prev=not first)
+    for k in range(w):
+        out.append(fwds[k])
+        rp = recv(k, True) and k != total - 1
+        if k == w - 1 and not all_warm:
+            x(send_next=sends(k, True), recv_prev=rp, recv_next=not last)
+        else:
+            x(send_next=sends(k, True), recv_prev=rp)
+    for k in range(total - w):
+        out += [fwds[k + w], bwds[k]]
+        x(send_next=sends(k + w, True), send_prev=sends(k, False),
+          recv_prev=recv(k + w, True) and k != total - w - 1, recv_next=recv(k, False))
+    if all_warm:
+        x(recv_next=not last)
+    for k in range(total - w, total):
+        out.append(bwds[k])
+        x(send_prev=sends(k, False), recv_next=recv(k, False) and k != total - 1)
+    return tuple(out)
 
 
 def bubble_fraction(ctx: Context) -> float:

@@ -2,9 +2,16 @@
 
 One pipeline (its PP ranks) is simulated; TP, CP and DP peers do the same work at the same time,
 so a DP collective finishes for all of its members when it finishes for one. Each rank runs its
-passes in Megatron's order (pipeline.rank_order) on one compute stream; a pass starts when the
-rank is free and its input has arrived (the previous rank's pass plus the send, which is
-asynchronous: overlap_p2p_comm), and lasts its compute plus its TP and CP communication (costs.py).
+passes in Megatron's order (pipeline.rank_order) on one compute stream; a pass lasts its compute
+plus its TP and CP communication (costs.py). How it waits for its input depends on the schedule:
+* interleaved with overlap_p2p_comm (GPUs): a pass starts when the rank is free and its input
+  has arrived (the previous rank's pass plus the send, which runs in the background);
+* otherwise (Plan.blocking_p2p: plain 1F1B, and interleaving on gloo) the rank makes Megatron's
+  exchanges between its passes (pipeline.rank_program) and waits in each until all of its sends
+  and receives are done; a message is done one transfer after both its ends have posted it (a
+  rendezvous: the sender waits for the receiver too). Interleaved, each steady-state iteration's
+  exchange receives the next forward's input and the next backward's gradient together, after
+  both passes: the ranks go in lockstep.
 
 DP runs on a second stream per rank, one collective at a time in launch order:
 * gradient reduce-scatter of a chunk when Megatron's grad_sync_func fires (the backward whose
@@ -33,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from .costs import ChunkCost, Plan
-from .pipeline import rank_order, schedule_table
+from .pipeline import Exchange, rank_order, rank_program, schedule_table
 
 
 def first_gather_s(chunk: ChunkCost, aligned: bool) -> float:
@@ -57,7 +64,7 @@ class Sim:
     tp_s: float
     cp_s: float
     pp_s: float
-    """Waits for input covered by the send of that input."""
+    """Waits for input covered by the send of that input (blocking: the exchange's transfer)."""
     bubble_s: float
     """Other waits for input: pipeline fill and drain, unequal ranks."""
     dp_wait_s: float
@@ -81,6 +88,41 @@ class Sim:
             a, b = getattr(self, f.name), getattr(other, f.name)
             vals[f.name] = a if f.name == "critical_rank" else a + k * (a - b)
         return Sim(**vals)
+
+
+def _operations(plan: Plan, r: int, x: Exchange, sent: dict[str, int],
+                got: dict[str, int]) -> tuple[tuple[tuple, bool, float], ...]:
+    """The messages of exchange `x` of pipeline rank `r`: ((channel, message number), send?,
+    transfer seconds). Channel ("f", s) carries activations from rank s to the next, ("b", s)
+    gradients from rank s to the previous; each is first in, first out (megatron-core posts them
+    in the same order on both ends). `sent`/`got`: the rank's counts so far, updated."""
+    pp = plan.pp
+    nxt, prv = (r + 1) % pp, (r - 1) % pp
+    ops = []
+    for kind, on, src, send in (("f", x.send_next, r, True), ("b", x.send_prev, r, True),
+                                ("f", x.recv_prev, prv, False), ("b", x.recv_next, nxt, False)):
+        if on:
+            count = sent if send else got
+            hop = plan.p2p[src] if kind == "f" else plan.p2p[(src - 1) % pp]
+            ops.append(((kind, src, count[kind]), send, hop))
+            count[kind] += 1
+    return tuple(ops)
+
+
+def _exchange(ops: tuple[tuple[tuple, bool, float], ...], at: float,
+              posts: dict[tuple, float]) -> float | None:
+    """When a blocking exchange posted at `at` ends: each message when both its ends have posted
+    plus its transfer (a rendezvous), the exchange when all have; None while a peer has not
+    posted yet (posting is recorded once)."""
+    end = at
+    for key, send, hop in ops:
+        posts.setdefault((key, send), at)
+    for key, send, hop in ops:
+        other = posts.get((key, not send))
+        if other is None:
+            return None
+        end = max(end, max(at, other) + hop)
+    return end
 
 
 def _finish(start: float, work: float, infl: float, busy: list[tuple[float, float]], lo: int) -> float:
@@ -143,7 +185,8 @@ def _ranks(plan: Plan, m: int) -> tuple[Sim, ...]:  # noqa: C901 (one event loop
     total = m * vp
     inter = vp > 1
     table = schedule_table(m, vp, pp) if inter else None
-    orders = [rank_order(pp, vp, m, r) for r in range(pp)]
+    blocking = plan.blocking_p2p and pp > 1
+    orders = [(rank_program if blocking else rank_order)(pp, vp, m, r) for r in range(pp)]
     ch = plan.chunks
     infl = [[(plan.inflation(c.fwd, c.work_fwd), plan.inflation(c.bwd, c.work_bwd))
              for c in row] for row in ch]
@@ -184,12 +227,20 @@ def _ranks(plan: Plan, m: int) -> tuple[Sim, ...]:  # noqa: C901 (one event loop
                 gather(r, c, 0.0)
 
     # per rank, per pass: (own slot, input slot or -1, send seconds, work, contention factor,
-    # gather to launch before it, chunk whose first forward waits for its gather, reduce after)
+    # gather to launch before it, chunk whose first forward waits for its gather, reduce after,
+    # pipeline rank 0's early reduce, None); per blocking exchange: (..., its operations)
     recs = []
     for r in range(pp):
-        rec = []
+        rec: list[tuple] = []
         kf = kb = 0
-        for fwd, mb, c in orders[r]:
+        sent = {"f": 0, "b": 0}
+        got = {"f": 0, "b": 0}
+        for item in orders[r]:
+            if isinstance(item, Exchange):
+                rec.append((-1, -1, 0.0, 0.0, 0.0, -1, -1, -1, False,
+                            _operations(plan, r, item, sent, got)))
+                continue
+            fwd, mb, c = item
             cc = ch[r][c]
             own = (r * vp + c) * m + mb
             if fwd:
@@ -207,7 +258,9 @@ def _ranks(plan: Plan, m: int) -> tuple[Sim, ...]:  # noqa: C901 (one event loop
                 kf += 1
                 wait = c if plan.overlap_param and mb == 0 and cc.gather_s > 0 else -1
                 work = cc.work_fwd + (cc.first_fwd_s if mb == 0 else 0.0)
-                rec.append((own, dep, hop, work, infl[r][c][0], g, wait, -1, False))
+                if blocking:   # the input came with an earlier exchange
+                    dep, hop = -1, 0.0
+                rec.append((own, dep, hop, work, infl[r][c][0], g, wait, -1, False, None))
             else:
                 if r < pp - 1:
                     dep, hop = n + ((r + 1) * vp + c) * m + mb, plan.p2p[r]
@@ -222,9 +275,12 @@ def _ranks(plan: Plan, m: int) -> tuple[Sim, ...]:  # noqa: C901 (one event loop
                         red = vp - 1 - table[j][1]
                 kb += 1
                 early = not inter and plan.overlap_grad and mb == m - 1 and r == 0
-                rec.append((n + own, dep, hop, cc.work_bwd, infl[r][c][1], -1, -1, red, early))
+                if blocking:
+                    dep, hop = -1, 0.0
+                rec.append((n + own, dep, hop, cc.work_bwd, infl[r][c][1], -1, -1, red, early, None))
         recs.append(rec)
     ends = [-1.0] * (2 * n)
+    posts: dict[tuple, float] = {}   # (channel, message, send?) -> when its rank posted it
     lo = [0] * pp
     progress = True
     while progress:
@@ -233,7 +289,18 @@ def _ranks(plan: Plan, m: int) -> tuple[Sim, ...]:  # noqa: C901 (one event loop
             rec, p = recs[r], ptr[r]
             tr, br = t[r], busy[r]
             while p < len(rec):
-                own, dep, hop, work, inf, g, wait, red, early = rec[p]
+                own, dep, hop, work, inf, g, wait, red, early, ops = rec[p]
+                if ops is not None:
+                    done = _exchange(ops, tr, posts)
+                    if done is None:
+                        break
+                    w, most = done - tr, max(op[2] for op in ops)
+                    wait_pp[r] += min(most, w)
+                    wait_bub[r] += w - min(most, w)
+                    tr = done
+                    p += 1
+                    progress = True
+                    continue
                 if dep >= 0:
                     d = ends[dep]
                     if d < 0:
@@ -274,7 +341,7 @@ def _ranks(plan: Plan, m: int) -> tuple[Sim, ...]:  # noqa: C901 (one event loop
                 p += 1
                 progress = True
             ptr[r], t[r] = p, tr
-    if any(p < len(o) for p, o in zip(ptr, orders)):
+    if any(p < len(o) for p, o in zip(ptr, recs)):
         raise RuntimeError(f"step simulation deadlocked (PP {pp}, VP {vp}, m {m})")
     fin = []
     for r in range(pp):

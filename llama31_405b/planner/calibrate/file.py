@@ -3,7 +3,8 @@ naming the profile they came from; `plan`, `plan --write-configs`, `profile` and
 check (`config check`, `compliance precheck`, `launch preflight`) use it with `--calibration FILE`.
 
     [calibration]   where it came from: the profile folder (or the publication), its config,
-                    system, model, GEMM precision and layout, when it was written
+                    system, model, GEMM precision and layout, when it was written, and the
+                    planner's model revision it was fitted under (`MODEL_REVISION`)
     [fitted]        the `constants.Fitted` constants (the four of the published fit, the GEMM
                     efficiency of the profiled precision, the linear parts' rates relative to the
                     FFN's, each part's time per layer pass that does not grow with its work,
@@ -17,7 +18,9 @@ check (`config check`, `compliance precheck`, `launch preflight`) use it with `-
                     layout ([run] and [measured] are the first's; [calibration] `also` names the
                     others); an over-determined fit, so no layout's check need agree exactly
 
-A calibration describes one system, model and GEMM precision; a config of another is refused
+A calibration describes one system, model and GEMM precision, fitted under one revision of the
+planner's model; a config of another, or a file of another revision (constants fitted to other
+equations; a file written before revisions were recorded counts as another), is refused
 (`mismatches`), naming the field and both values. A file is never overwritten.
 """
 from __future__ import annotations
@@ -28,7 +31,7 @@ import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from .constants import Fitted
+from .constants import MODEL_REVISION, Fitted
 from .summary import Summary, summary_from_dict
 
 TABLES = ("gemm_fraction", "gemm_part_scale", "call_s", "comm_scale")
@@ -43,6 +46,9 @@ class Calibration:
     """The precision the profiled GEMMs executed in (emulated NVFP4: FP32)."""
     partial: bool = False
     """Fitted from first contact's layer phase (compute rates of one layer), not a profile."""
+    model_revision: int | None = None
+    """The planner's model revision the constants were fitted under; None: not recorded (a
+    file written before revision 4)."""
 
 
 def _value(v) -> str:
@@ -78,7 +84,8 @@ def render(summary: Summary, fit: Fitted, gemm_precision: str, check: dict,
     head = {"source": summary.source, "config": summary.config, "system": summary.system,
             "model": summary.model, "precision": summary.precision,
             "gemm_precision": gemm_precision, "partial": partial, "layout": summary.layout,
-            "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "model_revision": MODEL_REVISION}
     if also:
         head["also"] = [f"{s.layout} (measured step {s.step_s!r} s, {s.source})" for s, _ in also]
         check = dict(check) | {f"also_{i}": ch for i, (_, ch) in enumerate(also, 1)}
@@ -142,8 +149,11 @@ def read(path: str | Path) -> Calibration:
         raise ValueError(f"{path}: [fitted]: {e}") from None
     summary = summary_from_dict(d, str(path))
     prec = d["calibration"].get("gemm_precision", summary.precision)
+    rev = d["calibration"].get("model_revision")
+    if rev is not None and (isinstance(rev, bool) or not isinstance(rev, int)):
+        raise ValueError(f"{path}: [calibration] model_revision = {rev!r}: not a whole number")
     return Calibration(path=str(path), fit=fit, summary=summary, gemm_precision=prec,
-                       partial=bool(d["calibration"].get("partial", False)))
+                       partial=bool(d["calibration"].get("partial", False)), model_revision=rev)
 
 
 def mismatches(cal: Calibration, cfg) -> list[str]:
@@ -158,6 +168,14 @@ def mismatches(cal: Calibration, cfg) -> list[str]:
         checks.append(("precision.compute (as executed on this system)",
                        executed_precision(cfg.precision.compute, load_system(cfg.system.id)),
                        cal.gemm_precision))
-    return [f"{cal.path}: calibrated for {field} = {theirs!r}, the config has {mine!r}; "
-            "calibrate from a profile of this system, model and precision or drop --calibration"
-            for field, mine, theirs in checks if mine != theirs]
+    bad = [f"{cal.path}: calibrated for {field} = {theirs!r}, the config has {mine!r}; "
+           "calibrate from a profile of this system, model and precision or drop --calibration"
+           for field, mine, theirs in checks if mine != theirs]
+    if cal.model_revision != MODEL_REVISION:
+        was = ("records no model revision (written before revision 4)" if cal.model_revision is None
+               else f"was fitted under model revision {cal.model_revision}")
+        bad.append(f"{cal.path}: {was}; the planner's model is at revision {MODEL_REVISION} "
+                   "(docs/planner.md, \"Model revisions\"): its constants belong to other "
+                   "equations; fit again from the same profile folders with `plan --calibrate "
+                   "FOLDER... --calibration-out NEW_FILE` or drop --calibration")
+    return bad
