@@ -26,7 +26,11 @@ and the attention's time that TP does not split counted per sequence of the micr
 pass (the layouts chosen by someone else, docs/planner_proof/extra_2026-12-05T1200Z_*: TP2 at
 mbs 4 took twice mbs 1's GEMM time for twice the sequences, where a time per pass predicted
 1.3x); and the norms and residual stream split over TP only with sequence parallelism
-(`compute.elementwise_width`; the CPU path runs TP without it)."""
+(`compute.elementwise_width`; the CPU path runs TP without it). 4: the pipeline's sends and
+receives block where megatron-core's schedule makes them blocking (everywhere but interleaving
+on GPUs: simulate.py runs pipeline.rank_program's exchanges, each message a rendezvous), where
+every send had run in the background; a calibration file records its revision and one of
+another is refused (calibrate/file.py `mismatches`)."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)

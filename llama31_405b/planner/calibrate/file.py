@@ -7,7 +7,8 @@ check (`config check`, `compliance precheck`, `launch preflight`) use it with `-
                     planner's model revision it was fitted under (`MODEL_REVISION`)
     [fitted]        the `constants.Fitted` constants (the four of the published fit, the GEMM
                     efficiency of the profiled precision, the linear parts' rates relative to the
-                    FFN's, each part's time per layer pass that does not grow with its work,
+                    FFN's, each part's time per layer sequence or pass that does not grow
+                    with its work,
                     the communication scales or the transport's latency, the host time per
                     layer pass, the memory model's activation scale and fragmentation)
     [measured]      the profile summary it was fitted to (`summary.Summary`)
