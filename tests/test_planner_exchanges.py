@@ -167,3 +167,18 @@ def test_blocking_costs_nothing_when_sends_are_free_and_never_less(pp, vp, m):
     assert b >= a - 1e-9
     if vp > 1:
         assert b > a + 0.1
+
+
+def test_two_messages_between_the_same_ranks_go_one_after_the_other():
+    """At PP 2 interleaved a rank sends its activations and its gradients to the same peer in
+    one exchange: one connection, so the second leaves when the first has gone (2 transfers);
+    messages to and from a peer pass each other (1 transfer)."""
+    from llama31_405b.planner.simulate import _exchange
+    h = 0.5
+    both = ((("f", 0, 0), True, h, (0, 1)), (("b", 0, 0), True, h, (0, 1)))
+    posts = {(("f", 0, 0), False): 1.0, (("b", 0, 0), False): 1.0}
+    assert _exchange(both, 0.0, posts) == pytest.approx(1.0 + 2 * h)
+    ways = ((("f", 0, 0), True, h, (0, 1)), (("b", 1, 0), False, h, (1, 0)))
+    posts = {(("f", 0, 0), False): 1.0, (("b", 1, 0), True): 1.0}
+    assert _exchange(ways, 0.0, posts) == pytest.approx(1.0 + h)
+    assert _exchange(ways, 0.0, {(("f", 0, 0), False): 1.0}) is None   # the peer not there yet

@@ -87,9 +87,12 @@ class Plan:
     blocking_p2p: bool = False
     """The pipeline's sends and receives block the rank between passes (megatron-core's
     schedules without overlap_p2p_comm: the builder's choice everywhere but interleaving on
-    GPUs), each send until its receiver has posted the receive (gloo and NCCL send by
-    rendezvous): simulate.py runs pipeline.rank_program's exchanges. False: sends in the
-    background, a pass waits only for its own input."""
+    GPUs), each send until its receiver has posted the receive (gloo's sends do:
+    bench/gloo_rendezvous.py; NCCL's plain 1F1B waits on every request and synchronises, its
+    rendezvous for small messages unverified): simulate.py runs pipeline.rank_program's
+    exchanges. False: sends in the background, a pass waits only for its own input (interleaved
+    on GPUs, whose warm-up and cool-down exchanges block in megatron-core 0.19.2 all the same:
+    not modelled)."""
 
     def inflation(self, parts: PartTimes, work: float) -> float:
         """Extra time per unit of work while a DP collective runs: compute-bound parts lose

@@ -9,9 +9,13 @@ plus its TP and CP communication (costs.py). How it waits for its input depends 
 * otherwise (Plan.blocking_p2p: plain 1F1B, and interleaving on gloo) the rank makes Megatron's
   exchanges between its passes (pipeline.rank_program) and waits in each until all of its sends
   and receives are done; a message is done one transfer after both its ends have posted it (a
-  rendezvous: the sender waits for the receiver too). Interleaved, each steady-state iteration's
-  exchange receives the next forward's input and the next backward's gradient together, after
-  both passes: the ranks go in lockstep.
+  rendezvous: the sender waits for the receiver too) and after the exchange's earlier message
+  between the same two ranks (one connection per pair). Interleaved, each steady-state
+  iteration's exchange receives the next forward's input and the next backward's gradient
+  together, after both passes: the ranks go in lockstep.
+Not modelled: interleaved on GPUs, megatron-core 0.19.2 still blocks in the warm-up's and the
+cool-down's exchanges (the builder leaves overlap_p2p_comm_warmup_flush off); the simulation
+sends those in the background too.
 
 DP runs on a second stream per rank, one collective at a time in launch order:
 * gradient reduce-scatter of a chunk when Megatron's grad_sync_func fires (the backward whose
@@ -91,11 +95,12 @@ class Sim:
 
 
 def _operations(plan: Plan, r: int, x: Exchange, sent: dict[str, int],
-                got: dict[str, int]) -> tuple[tuple[tuple, bool, float], ...]:
+                got: dict[str, int]) -> tuple[tuple[tuple, bool, float, tuple[int, int]], ...]:
     """The messages of exchange `x` of pipeline rank `r`: ((channel, message number), send?,
-    transfer seconds). Channel ("f", s) carries activations from rank s to the next, ("b", s)
-    gradients from rank s to the previous; each is first in, first out (megatron-core posts them
-    in the same order on both ends). `sent`/`got`: the rank's counts so far, updated."""
+    transfer seconds, (sender, receiver)). Channel ("f", s) carries activations from rank s to
+    the next, ("b", s) gradients from rank s to the previous; each is first in, first out
+    (megatron-core posts them in the same order on both ends). `sent`/`got`: the rank's counts
+    so far, updated."""
     pp = plan.pp
     nxt, prv = (r + 1) % pp, (r - 1) % pp
     ops = []
@@ -104,24 +109,29 @@ def _operations(plan: Plan, r: int, x: Exchange, sent: dict[str, int],
         if on:
             count = sent if send else got
             hop = plan.p2p[src] if kind == "f" else plan.p2p[(src - 1) % pp]
-            ops.append(((kind, src, count[kind]), send, hop))
+            dst = (src + 1) % pp if kind == "f" else (src - 1) % pp
+            ops.append(((kind, src, count[kind]), send, hop, (src, dst)))
             count[kind] += 1
     return tuple(ops)
 
 
-def _exchange(ops: tuple[tuple[tuple, bool, float], ...], at: float,
+def _exchange(ops: tuple[tuple[tuple, bool, float, tuple[int, int]], ...], at: float,
               posts: dict[tuple, float]) -> float | None:
-    """When a blocking exchange posted at `at` ends: each message when both its ends have posted
-    plus its transfer (a rendezvous), the exchange when all have; None while a peer has not
-    posted yet (posting is recorded once)."""
+    """When a blocking exchange posted at `at` ends: each message one transfer after both its
+    ends have posted it (a rendezvous) and the exchange's earlier message between the same two
+    ranks has gone (one connection per pair: at PP 2 interleaved, a rank's activations and
+    gradients both go to the other rank, one after the other), the exchange when all have; None
+    while a peer has not posted yet (posting is recorded once)."""
     end = at
-    for key, send, hop in ops:
+    for key, send, hop, pair in ops:
         posts.setdefault((key, send), at)
-    for key, send, hop in ops:
+    gone: dict[tuple[int, int], float] = {}
+    for key, send, hop, pair in ops:
         other = posts.get((key, not send))
         if other is None:
             return None
-        end = max(end, max(at, other) + hop)
+        gone[pair] = max(gone.get(pair, at), at, other) + hop
+        end = max(end, gone[pair])
     return end
 
 

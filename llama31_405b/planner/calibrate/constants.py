@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-MODEL_REVISION = 4
+MODEL_REVISION = 5
 """The calibrated model's revision: raised whenever the same measurements give other constants
 or predictions. A table derived from measurements (bench/planner_proof: docs/planner_proof/)
 records the revision that derived it and re-derives under that revision's code only.
@@ -30,7 +30,9 @@ mbs 4 took twice mbs 1's GEMM time for twice the sequences, where a time per pas
 receives block where megatron-core's schedule makes them blocking (everywhere but interleaving
 on GPUs: simulate.py runs pipeline.rank_program's exchanges, each message a rendezvous), where
 every send had run in the background; a calibration file records its revision and one of
-another is refused (calibrate/file.py `mismatches`)."""
+another is refused (calibrate/file.py `mismatches`). 5: within one exchange, two messages
+between the same two ranks go one after the other (one connection per pair: PP 2 interleaved
+sends a rank's activations and gradients to the same peer), found by a review of revision 4."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
