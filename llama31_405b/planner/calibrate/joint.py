@@ -87,8 +87,9 @@ def _by_call_part(per: dict[str, float]) -> dict[str, float]:
 def _part_figures(ctx: Context, c: Summary, fit: Fitted) -> tuple[dict, dict, dict]:
     """Per part of `compute.CALL_PARTS`, on the busiest rank per step: (the measured time, the
     modelled time without `call_s` at `fit`'s rates, the count `call_s` multiplies: layer
-    sequences for the GEMMs and the attention, layer passes for the elementwise work). The measured parts as `solver._compute` reads them (less the contention of
-    overlapped DP collectives; the elementwise part less the per-step weight transposes)."""
+    sequences for the GEMMs and the attention, layer passes for the elementwise work). The
+    measured parts as `solver._compute` reads them (less the contention of overlapped DP
+    collectives; the elementwise part less the per-step weight transposes)."""
     b = breakdown(ctx, fit)
     clean = c.compute_s - b.dp_slowdown_s
     k = clean / c.compute_s
@@ -110,7 +111,8 @@ def _call_times(own: list[tuple[Context, Summary]], fit: Fitted) -> Fitted | Non
     """The compute constants with a time that does not grow with the work (`Fitted.call_s`:
     per layer sequence for the GEMMs and the attention, per layer pass for the elementwise
     work), from two or more layouts whose ranks each have a core: per part, the least-squares
-    (time per count, rate) for which count x time + work / rate is each layout's measured time. Only layouts whose passes differ in size for their work separate the two
+    (time per count, rate) for which count x time + work / rate is each layout's measured
+    time. Only layouts whose passes differ in size for their work separate the two
     (TP2 against DP2: the same work per rank in twice the passes); a part where none do keeps
     no such time (its rate from all of them), and None where no part has them (the fit is then
     `solver._compute`'s mean). A time per pass solved below 0 (or below a billionth of the
