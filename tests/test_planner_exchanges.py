@@ -29,7 +29,7 @@ class _Config:
 
 class _Recorder:
     """A P2PCommunicator that records each call as an Exchange (the real one's rules for what
-    it sends and receives) and hands back placeholder tensors."""
+    it sends and receives) and hands back zero tensors for what it receives."""
 
     def __init__(self, pp: int, rank: int, vp: int, config: _Config, log: list):
         self.pp_group = SimpleNamespace(size=lambda: pp, rank=lambda: rank)
@@ -182,3 +182,7 @@ def test_two_messages_between_the_same_ranks_go_one_after_the_other():
     posts = {(("f", 0, 0), False): 1.0, (("b", 1, 0), True): 1.0}
     assert _exchange(ways, 0.0, posts) == pytest.approx(1.0 + h)
     assert _exchange(ways, 0.0, {(("f", 0, 0), False): 1.0}) is None   # the peer not there yet
+
+
+def test_one_pipeline_rank_makes_no_exchange():
+    assert rank_program(1, 1, 3, 0) == rank_order(1, 1, 3, 0)

@@ -82,9 +82,7 @@ def rank_program(pp: int, vp: int, m: int, rank: int,
         if any(kw.values()):
             out.append(Exchange(**kw))
 
-    if pp == 1:
-        return rank_order(pp, vp, m, rank, group)
-    order = rank_order(pp, vp, m, rank, group)
+    order = rank_order(pp, vp, m, rank, group)   # PP 1: the passes alone (no exchange)
     if vp == 1:
         w = min(m, pp - rank - 1)
         for i in range(w):
