@@ -9,7 +9,7 @@ the calibration's own reader (`calibrate.from_profile`) reads it unchanged:
   component and measured seconds), the profiler's overhead ratio, and per compared rank its
   process groups' role and total time (the DP collectives' total);
 * ranks/rank<R>.json: what `from_profile` reads of a rank record (CUDA graphs, the replayed and
-  eager timings, the allocator's peaks and when they were read);
+  eager timings, the allocator's peaks and when they were read, rank 0's precision probe);
 * profile.json: the profile's manifest as written (its `config` the path it ran with).
 
 The run folder (docs/planner_proof/<run>/):
@@ -30,7 +30,8 @@ import json
 from pathlib import Path
 
 ANALYSIS_KEYS = ("kind", "measured_step_s", "compared_ranks", "overhead_ratio")
-RECORD_KEYS = ("rank", "cuda_graphs", "baseline_step_s", "eager_step_s", "memory", "memory_at")
+RECORD_KEYS = ("rank", "cuda_graphs", "baseline_step_s", "eager_step_s", "memory", "memory_at",
+               "precision_probe")
 
 
 def new_folder(path: Path) -> Path:

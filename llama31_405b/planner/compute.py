@@ -79,6 +79,22 @@ def gemm_precision(ctx: Context) -> str:
     return executed_precision(ctx.precision, ctx.system)
 
 
+LOW_PRECISION = ("fp8", "nvfp4")
+"""Compute precisions applied by Transformer Engine's recipes (or the project's emulation of
+NVFP4) to the transformer layers' linears only."""
+
+
+def part_precision(ctx: Context, part: str) -> str:
+    """The precision linear part `part` (compute.PARTS but the attention) runs in, as executed
+    on the system. The LM head stays in the parameters' precision under FP8 and NVFP4:
+    megatron-core 0.19.2 `GPTModel.__init__` builds the output layer as
+    `tensor_parallel.ColumnParallelLinear` (no recipe applies) unless MXFP8's
+    `fp8_output_proj` asks for `TELMHeadColumnParallelLinear`, which no config of ours does."""
+    if part == "logits" and ctx.precision in LOW_PRECISION:
+        return executed_precision(ctx.cfg.precision.params, ctx.system)
+    return gemm_precision(ctx)
+
+
 def gemm_peak_fraction(precision: str, fit: Fitted) -> float:
     """Achievable fraction of `precision`'s peak: fitted for native NVFP4 and for a profiled
     precision (`Fitted.gemm_fraction`), else the assumed one."""
@@ -90,12 +106,15 @@ def gemm_peak_fraction(precision: str, fit: Fitted) -> float:
     return dict(ASSUMED.gemm_peak_fraction)[precision]
 
 
-def gemm_passes(ctx: Context, M: int, N: int, K: int, fit: Fitted) -> tuple[float, float, float]:
+def gemm_passes(ctx: Context, M: int, N: int, K: int, fit: Fitted,
+                part: str = "ffn_up") -> tuple[float, float, float]:
     """Seconds of the forward, data-gradient and weight-gradient GEMMs of a (M, N, K) linear
-    layer: compute at the achievable peak and wave efficiency, or the HBM time of the operands if
-    longer."""
-    sysm, prec = ctx.system, ctx.precision
-    return _gemm_passes(sysm.peak_tflops(prec) * 1e12 * gemm_peak_fraction(gemm_precision(ctx), fit),
+    layer of `part` (its precision: `part_precision`): compute at the achievable peak and wave
+    efficiency, or the HBM time of the operands if longer."""
+    sysm, executed = ctx.system, part_precision(ctx, part)
+    # the recipe's name where the part runs in it (emulated NVFP4: FP32 peak, NVFP4 operands)
+    prec = executed if part == "logits" and ctx.precision in LOW_PRECISION else ctx.precision
+    return _gemm_passes(sysm.peak_tflops(prec) * 1e12 * gemm_peak_fraction(executed, fit),
                         OPERAND_BYTES[prec], sysm.hbm_tbs * 1e12, sysm.sm_count,
                         (sysm.gemm_tile_m, sysm.gemm_tile_n), M, N, K)
 
@@ -117,7 +136,7 @@ def part_passes(ctx: Context, fit: Fitted) -> dict[str, tuple[float, float, floa
     out = {}
     for k, shape in gemm_shapes(ctx).items():
         f = fit.scale("gemm_part_scale", k)
-        fwd, dgrad, wgrad = gemm_passes(ctx, *shape, fit)
+        fwd, dgrad, wgrad = gemm_passes(ctx, *shape, fit, k)
         out[k] = (fwd * f, dgrad * f, wgrad * f)
     return out
 
@@ -158,8 +177,9 @@ def attention_flops(ctx: Context) -> float:
 def attention_time(ctx: Context, fit: Fitted) -> float:
     """Attention core of one layer and microbatch on one GPU (forward + backward)."""
     executed = attention_flops(ctx)
-    peak = ctx.system.peak_tflops(ctx.cfg.precision.attention) * 1e12
-    return executed / (peak * fit.attention_bf16_fraction)
+    prec = ctx.cfg.precision.attention
+    peak = ctx.system.peak_tflops(prec) * 1e12
+    return executed / (peak * dict(fit.attention_fraction).get(prec, fit.attention_bf16_fraction))
 
 
 def elementwise_width(ctx: Context, logits: bool) -> tuple[float, float]:

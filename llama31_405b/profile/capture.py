@@ -190,6 +190,8 @@ class ProfileHook(Hook):
         self.profiled = False
         self.replayed_memory: dict | None = None
         """Full-iteration graphs: the allocator's peaks after the replayed steps (`_to_eager`)."""
+        self.probe: dict | None = None
+        """Rank 0 of a CPU run: the precision probe (profile/probe.py)."""
 
     def _say(self, msg):
         if self.rank == 0:
@@ -202,6 +204,9 @@ class ProfileHook(Hook):
                          info.dp_rank == 0 or (info.tp_rank == 0 and info.pp_rank == 0
                                                and info.cp_rank == 0))
         self.parallel_groups = _parallel_groups()
+        if self.rank == 0 and not run.device.gpu:  # the others wait in their first collective
+            from .probe import run_probe
+            self.probe = run_probe(run.cfg)
         self._say(f"warm-up done; {p.skip} step(s) skipped, {p.baseline} timed without the "
                   f"profiler, {p.steps} profiled")
         if p.skip == 0 and p.baseline == 0:
@@ -304,6 +309,7 @@ class ProfileHook(Hook):
                    memory=self.replayed_memory if self.graphs else _memory(run),
                    memory_at=MEMORY_AT if self.graphs else "after the profiled steps",
                    memory_eager=_memory(run) if self.graphs else None,
+                   precision_probe=self.probe,
                    trace=str(trace_path.relative_to(out)) if self.prof is not None else None,
                    trace_bytes=trace_path.stat().st_size if self.prof is not None else None)
         _write_json(out / "ranks" / f"rank{rank:05d}.json", rec)

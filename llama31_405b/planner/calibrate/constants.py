@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-MODEL_REVISION = 5
+MODEL_REVISION = 6
 """The calibrated model's revision: raised whenever the same measurements give other constants
 or predictions. A table derived from measurements (bench/planner_proof: docs/planner_proof/)
 records the revision that derived it and re-derives under that revision's code only.
@@ -32,7 +32,11 @@ on GPUs: simulate.py runs pipeline.rank_program's exchanges, each message a rend
 every send had run in the background; a calibration file records its revision and one of
 another is refused (calibrate/file.py `mismatches`). 5: within one exchange, two messages
 between the same two ranks go one after the other (one connection per pair: PP 2 interleaved
-sends a rank's activations and gradients to the same peer), found by a review of revision 4."""
+sends a rank's activations and gradients to the same peer), found by a review of revision 4.
+6: the LM head runs in the parameters' precision under FP8 and NVFP4 (megatron-core's output
+layer is outside the recipes: `compute.part_precision`), where it had run in the recipe's; and
+a CPU profile's precision probe prices BF16 GEMMs and attention on a CPU without BF16 units
+(`calibrate/precisions.py`; tiny_cpu_gb200's LM head took 22x the FP32 fit's time per FLOP)."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -127,6 +131,10 @@ class Fitted:
     gemm_fraction: tuple[tuple[str, float], ...] = ()
     """GEMM efficiency of the profiled precision when it is not native NVFP4 (precision ->
     fraction of its peak; `ASSUMED.gemm_peak_fraction` for the others)."""
+    attention_fraction: tuple[tuple[str, float], ...] = ()
+    """Attention efficiency in a precision other than the profiled attention's (precision ->
+    fraction of its peak), from the profile's precision probe (calibrate/precisions.py);
+    `attention_bf16_fraction` for the others."""
     gemm_part_scale: tuple[tuple[str, float], ...] = ()
     """Time of the QKV, output-projection and LM-head GEMMs relative to the FFN GEMMs' rate
     (part -> factor, 1 when absent): their shapes run at another rate than the FFN's."""

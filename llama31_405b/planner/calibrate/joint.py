@@ -31,6 +31,7 @@ from ..context import Context
 from ..costs import plan
 from ..step import breakdown, rank_compute
 from .constants import Fitted
+from .precisions import with_probe
 from .solver import (LINEAR, _close_step, _comm, _compute, _initial, _link, _pp_scale, _same,
                      config_of, fit_memory, solve)
 from .summary import Summary
@@ -139,14 +140,17 @@ def _call_times(own: list[tuple[Context, Summary]], fit: Fitted) -> Fitted | Non
         return None
     prec = compute.gemm_precision(own[0][0])
     eta = compute.gemm_peak_fraction(prec, fit) / scale["ffn"]
+    # the GEMM fraction moves the parts in the fitted precision only (compute.part_precision)
+    ffn = {p: scale["ffn"] if compute.part_precision(own[0][0], p) == prec else 1.0 for p in LINEAR}
     parts = dict(fit.gemm_part_scale) | {p: fit.scale("gemm_part_scale", p) * scale[p]
-                                         / scale["ffn"] for p in LINEAR if p in scale}
+                                         / ffn[p] for p in LINEAR if p in scale}
     new = replace(fit, call_s=tuple(sorted(call.items())),
                   gemm_part_scale=tuple(sorted(parts.items())),
                   attention_bf16_fraction=fit.attention_bf16_fraction / scale.get("attention", 1.0),
                   elementwise_passes=fit.elementwise_passes * scale.get("elementwise", 1.0))
     return (replace(new, nvfp4_gemm_peak_fraction=eta) if prec == "nvfp4"
-            else replace(new, gemm_fraction=((prec, eta),)))
+            else replace(new, gemm_fraction=tuple(sorted((dict(fit.gemm_fraction)
+                                                          | {prec: eta}).items()))))
 
 
 def _core_split(runs: list[tuple[Context, Summary]]) -> tuple[list, list]:
@@ -198,7 +202,7 @@ def solve_joint(items: Sequence[tuple[Summary, Any]]) -> Fitted:
     # sharing changes beyond compute: the transport (a peer waiting for a core lengthens every
     # call) and the host time closing the step
     rest = shared or runs
-    fit = _initial(runs[0][1], runs[0][0])
+    fit = with_probe(_initial(runs[0][1], runs[0][0]), runs)
     for _ in range(60):
         new = _call_times(own, fit) or mean([_compute(ctx, c, fit) for ctx, c in own])
         if shared:
@@ -210,7 +214,7 @@ def solve_joint(items: Sequence[tuple[Summary, Any]]) -> Fitted:
         else:
             new = mean([_comm(ctx, new, c, breakdown(ctx, new)) for ctx, c in rest
                         if c.exposed or c.dp_total_s] or [new])
-        new = mean([_close_step(ctx, new, c) for ctx, c in rest])
+        new = with_probe(mean([_close_step(ctx, new, c) for ctx, c in rest]), runs)
         done = _same(new, fit)
         fit = new
         if done:

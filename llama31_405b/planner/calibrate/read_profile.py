@@ -9,7 +9,8 @@ its own in the model: it counts as host time, which closes the step. A profile o
 full-iteration CUDA graphs traced eager steps: its figures become the replayed step's
 (`graphed.as_replayed`, with the replayed / eager ratio its ranks timed). On a GPU each rank's
 record (ranks/rank<R>.json, profile/capture.py) holds its allocator's peaks; the fullest rank's
-are the memory the calibration fits to (a CPU profile has none).
+are the memory the calibration fits to (a CPU profile has none); rank 0's record of a CPU
+profile holds the precision probe (profile/probe.py), the rates of the precisions it did not run.
 """
 from __future__ import annotations
 
@@ -77,7 +78,7 @@ def from_profile(folder: str | Path, cfg) -> Summary:
         exposed=tuple(sorted((k, float(rows[v])) for k, v in EXPOSED_ROWS.items())),
         dp_total_s=sum(dp_total) / len(dp_total) if dp_total else 0.0,
         host_s=sum(float(rows.get(r, 0.0)) for r in HOST_ROWS),
-        memory_allocated_gb=alloc, memory_reserved_gb=reserved)
+        memory_allocated_gb=alloc, memory_reserved_gb=reserved, probe_s=probe_seconds(records))
     compared = [r for r in records if str(r.get("rank")) in ranks] or records
     try:
         ratio = graphed.replay_ratio(compared, str(folder))
@@ -90,6 +91,17 @@ def rank_records(folder: Path) -> list[dict]:
     """Every rank's record of the profile (ranks/rank<R>.json: step timings, allocator peaks)."""
     return [_read(path, "a rank record of `profile`")
             for path in sorted((folder / "ranks").glob("rank*.json"))]
+
+
+def probe_seconds(records: list[dict]) -> tuple[tuple[str, float], ...]:
+    """The precision probe's seconds ("<operation>_<precision>" -> s) of the record that has one
+    (rank 0 of a CPU profile: profile/probe.py); () where none has (a GPU profile, or one
+    written before the probe)."""
+    for rec in records:
+        probe = rec.get("precision_probe")
+        if probe:
+            return tuple(sorted((str(k), float(v)) for k, v in probe["seconds"].items()))
+    return ()
 
 
 def peak_memory(records: list[dict]) -> tuple[float | None, float | None]:

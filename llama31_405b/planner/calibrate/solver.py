@@ -40,6 +40,7 @@ from ..memory import memory
 from ..spec import make_config
 from ..step import Breakdown, breakdown, rank_compute
 from .constants import ASSUMED, INITIAL, Fitted
+from .precisions import with_probe
 from .summary import CALIBRATION, KINDS, Summary
 
 LINEAR = ("qkv", "proj", "logits")
@@ -208,6 +209,15 @@ def _initial(c: Summary, ctx: Context) -> Fitted:
     return start
 
 
+def compared_rank(ctx: Context, c: Summary, fit: Fitted, busiest: int) -> int:
+    """The pipeline rank whose compute the summary's figures describe (`Summary.compute_of`)."""
+    if c.compute_of == "busiest" or ctx.pp < 3:
+        return busiest
+    if c.compute_of == "inner":
+        return max(range(1, ctx.pp - 1), key=lambda r: sum(rank_compute(ctx, fit, r).values()))
+    raise ValueError(f"{c.source}: compute_of = {c.compute_of!r}: give 'busiest' or 'inner'")
+
+
 def _compute(ctx: Context, c: Summary, fit: Fitted) -> Fitted:
     """One round of the compute constants (GEMM efficiency of the run's precision, the linear
     parts' and the attention's rates, the elementwise passes) for which the modelled compute of
@@ -220,8 +230,9 @@ def _compute(ctx: Context, c: Summary, fit: Fitted) -> Fitted:
     # ranks sharing cores: measured in the parts; no time per layer pass (a joint fit's
     # `_call_times` fits it, where two layouts separate it from the rates)
     fk = replace(fit, core_share=b.core_share, call_s=())
-    now = rank_compute(ctx, fk, b.rank)  # seconds of each part per step
-    fixed = sum(ch.first_fwd_s for ch in plan(ctx, fk).chunks[b.rank])
+    rank = compared_rank(ctx, c, fk, b.rank)
+    now = rank_compute(ctx, fk, rank)  # seconds of each part per step
+    fixed = sum(ch.first_fwd_s for ch in plan(ctx, fk).chunks[rank])
     eta0 = compute.gemm_peak_fraction(prec, fit)
     unit = {p: now[p] * eta0 for p in (*LINEAR, "ffn_up", "ffn_down")}
     unit["attention"] = now["attention"] * fit.attention_bf16_fraction
@@ -229,13 +240,17 @@ def _compute(ctx: Context, c: Summary, fit: Fitted) -> Fitted:
     ffn = c.ffn_share_of_compute * clean
     eta = (unit["ffn_up"] + unit["ffn_down"]) / ffn
     scales = dict(fit.gemm_part_scale)
+    # a part in another precision than the fitted one (the LM head under NVFP4:
+    # compute.part_precision) keeps its time as modelled at its own precision's rate
+    at = {p: now[p] / scales.get(p, 1.0) if compute.part_precision(ctx, p) != prec
+          else unit[p] / scales.get(p, 1.0) / eta for p in LINEAR}
     if parts:  # a profile: each linear part's rate and the attention measured apart
         for p in LINEAR:
             if parts.get(p, 0.0) > 0 and unit[p] > 0:
-                scales[p] = parts[p] * k / (unit[p] / scales.get(p, 1.0) / eta)
+                scales[p] = parts[p] * k / at[p]
         attn = parts.get("attention", 0.0) * k
     else:
-        other = (unit["qkv"] + unit["proj"] + unit["logits"]) / eta
+        other = sum(at[p] * scales.get(p, 1.0) for p in LINEAR)
         attn = c.gemm_share_of_compute * clean - ffn - other
     if attn <= 0:
         raise ValueError(f"{c.source}: the GEMM share leaves no time for attention")
@@ -243,17 +258,18 @@ def _compute(ctx: Context, c: Summary, fit: Fitted) -> Fitted:
     new = replace(fit, elementwise_passes=passes, attention_bf16_fraction=unit["attention"] / attn,
                   gemm_part_scale=tuple(sorted(scales.items())), call_s=())
     return (replace(new, nvfp4_gemm_peak_fraction=eta) if prec == "nvfp4"
-            else replace(new, gemm_fraction=((prec, eta),)))
+            else replace(new, gemm_fraction=tuple(sorted((dict(fit.gemm_fraction)
+                                                          | {prec: eta}).items()))))
 
 
 def solve(c: Summary = CALIBRATION, cfg=None) -> Fitted:
     ctx = Context.of(config_of(c, cfg))
-    fit = _initial(c, ctx)
+    fit = with_probe(_initial(c, ctx), [(ctx, c)])
     for _ in range(30):
         new = _compute(ctx, c, fit)
         if c.exposed or c.dp_total_s:
             new = _comm(ctx, new, c, breakdown(ctx, new))
-        new = _close_step(ctx, new, c)
+        new = with_probe(_close_step(ctx, new, c), [(ctx, c)])
         done = _same(new, fit)
         fit = new
         if done:

@@ -71,6 +71,14 @@ class Summary:
     """A profile of a run with full-iteration CUDA graphs: the eager step its trace measured. The
     figures above are then those of the replayed step (`graphed.as_replayed`); None: the run
     was not graphed."""
+    compute_of: str = "busiest"
+    """Which pipeline rank's compute the figures describe: "busiest" (a profile's compared
+    stage, the busiest rank of the planner's breakdown) or "inner" (the busiest of the ranks
+    holding neither the embedding nor the LM head: a write-up's figures of a typical GPU)."""
+    probe_s: tuple[tuple[str, float], ...] = ()
+    """Seconds of the precision probe a CPU profile's rank 0 ran (profile/probe.py), keyed
+    "<operation>_<precision>" (gemm, attention; fp32, bf16): the machine's rate of each precision
+    relative to another, where no datasheet gives it; () where none ran (a GPU profile)."""
     dp_exposed_s: float | None = None
     """Published only: exposed cross-rack DP (a check, never fitted)."""
     nvlink_critical_s: float | None = None
@@ -92,7 +100,7 @@ def summary_from_dict(d: dict, source: str) -> Summary:
     missing or unknown key is an error naming it and `source`."""
     flat = dict(d.get("run", {}))
     meas = dict(d.get("measured", {}))
-    for k in ("parts", "exposed"):
+    for k in ("parts", "exposed", "probe_s"):
         if k in meas:
             meas[k] = tuple(sorted((str(a), float(b)) for a, b in meas[k].items()))
     flat.update(meas)
@@ -125,7 +133,7 @@ def median_summary(summaries: list[Summary]) -> Summary:
     out: dict[str, Any] = {}  # Summary's fields, each of its own type
     for f in fields(Summary):
         vals = [getattr(s, f.name) for s in summaries]
-        if f.name in ("parts", "exposed"):
+        if f.name in ("parts", "exposed", "probe_s"):
             keys = sorted({k for v in vals for k, _ in v})
             out[f.name] = tuple((k, statistics.median(dict(v).get(k, 0.0) for v in vals))
                                 for k in keys)

@@ -1,0 +1,112 @@
+"""Parts in another precision than the fitted one (model revision 6): the LM head runs in the
+parameters' precision under FP8 and NVFP4 (megatron-core's output layer is outside the recipes),
+and a CPU profile's precision probe prices the precisions it did not run
+(planner/calibrate/precisions.py, profile/probe.py)."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from llama31_405b.config.load import load_config
+from llama31_405b.planner import calibrate, compute
+from llama31_405b.planner.calibrate.file import read as read_calibration
+from llama31_405b.planner.calibrate.precisions import ratios, with_probe
+from llama31_405b.planner.calibrate.read_profile import probe_seconds
+from llama31_405b.planner.calibrate.synthetic import synthetic_profile
+from llama31_405b.planner.context import Context
+from llama31_405b.profile.probe import run_probe, shapes
+
+REPO = Path(__file__).resolve().parents[1]
+GB200_CPU = REPO / "configs" / "tiny_cpu_gb200.toml"
+GB200_128 = REPO / "configs" / "config_GB200_2048x4x8xtp4pp8cp2.toml"
+PROBE = {"gemm_fp32": 0.01, "gemm_bf16": 0.2, "attention_fp32": 0.003, "attention_bf16": 0.027}
+"""A CPU without BF16 units: BF16 GEMMs 20x and the attention 9x slower than FP32."""
+
+
+def tiny(tmp: Path) -> Path:
+    path = tmp / "tp2dp2.toml"
+    path.write_text(f'base = "{REPO / "configs" / "tiny_cpu.toml"}"\n\n[parallel]\ntp = 2\n'
+                    'pp = 1\nvp = 1\n\n[batch]\nminibs = 4\nmicro_batch_size = 1\n\n'
+                    '[system]\ngpus_per_rack = 4\nracks = 1\n')
+    return path
+
+
+def test_lm_head_runs_in_the_parameters_precision_under_low_precision_recipes():
+    gb = Context.of(load_config(GB200_128))
+    assert (gb.precision, gb.cfg.precision.params) == ("nvfp4", "bf16")
+    assert compute.part_precision(gb, "logits") == "bf16"
+    assert {compute.part_precision(gb, p) for p in ("qkv", "proj", "ffn_up", "ffn_down")} == {"nvfp4"}
+    cpu = Context.of(load_config(GB200_CPU))  # emulated NVFP4: its linears execute in FP32
+    assert compute.part_precision(cpu, "logits") == "bf16"
+    assert compute.part_precision(cpu, "qkv") == "fp32"
+    fp32 = Context.of(load_config(REPO / "configs" / "tiny_cpu.toml"))
+    assert {compute.part_precision(fp32, p) for p in ("qkv", "logits")} == {"fp32"}
+    # the GB200 LM head at BF16's peak and fraction, not NVFP4's
+    fit = calibrate.fitted()
+    M, N, K = compute.gemm_shapes(gb)["logits"]
+    bf16 = compute.gemm_passes(gb, M, N, K, fit, "logits")
+    fp4 = compute.gemm_passes(gb, M, N, K, fit, "ffn_up")
+    assert bf16[0] / fp4[0] == pytest.approx(
+        gb.system.peak_tflops("nvfp4") * fit.nvfp4_gemm_peak_fraction
+        / (gb.system.peak_tflops("bf16") * compute.gemm_peak_fraction("bf16", fit)), rel=0.05)
+
+
+def test_probe_times_both_precisions_on_the_runs_shapes():
+    cfg = load_config(GB200_CPU)
+    assert shapes(cfg) == {"gemm": [256, 128, 4096], "attention": [4, 256, 32]}
+    p = run_probe(cfg, repeats=1)
+    assert set(p["seconds"]) == {"gemm_fp32", "gemm_bf16", "attention_fp32", "attention_bf16"}
+    assert all(s > 0 for s in p["seconds"].values()) and p["threads"] >= 1
+    assert probe_seconds([{"rank": 1}, {"rank": 0, "precision_probe": p}]) == tuple(
+        sorted(p["seconds"].items()))
+    assert probe_seconds([{"rank": 0, "precision_probe": None}]) == ()
+
+
+def test_probe_prices_the_precisions_the_fit_did_not_run():
+    cfg = load_config(GB200_CPU)
+    ctx = Context.of(cfg)
+    c = replace(calibrate.CALIBRATION, probe_s=tuple(sorted(PROBE.items())))
+    assert ratios([(ctx, c)], "gemm", "fp32") == {"bf16": pytest.approx(0.05)}
+    fit = replace(calibrate.fitted(), gemm_fraction=(("fp32", 0.3),), attention_bf16_fraction=0.1)
+    assert cfg.precision.attention == "bf16"  # a BF16 attention fit prices FP32's 9x faster
+    got = with_probe(fit, [(ctx, c)])
+    assert dict(got.attention_fraction) == pytest.approx({"fp32": 0.9})
+    assert dict(got.gemm_fraction) == pytest.approx({"fp32": 0.3, "bf16": 0.3 * 0.05})
+    # an FP32 fit prices the gb200 layout's BF16 LM head 20x and its BF16 attention 9x
+    fp32 = Context.of(load_config(REPO / "configs" / "tiny_cpu.toml"))
+    priced = with_probe(fit, [(fp32, c)])
+    assert dict(priced.attention_fraction) == pytest.approx({"bf16": 0.1 / 9})
+    same = replace(priced, gemm_fraction=(("bf16", 0.3), ("fp32", 0.3)), attention_fraction=())
+    M, N, K = compute.gemm_shapes(ctx)["logits"]
+    assert (compute.gemm_passes(ctx, M, N, K, priced, "logits")[0]
+            / compute.gemm_passes(ctx, M, N, K, same, "logits")[0]) == pytest.approx(20)
+    assert (compute.attention_time(ctx, priced) / compute.attention_time(ctx, same)
+            == pytest.approx(9))
+    # without a probe (a GPU profile, an older one) the fit is unchanged
+    assert with_probe(fit, [(ctx, calibrate.CALIBRATION)]) == fit
+
+
+def test_a_profiles_probe_reaches_the_calibration_file(tmp_path):
+    """The round trip: a synthetic FP32 profile with a probe in rank 0's record calibrates to
+    BF16 fractions priced by it, written to the file and read back."""
+    cfg = load_config(tiny(tmp_path))
+    fit = replace(calibrate.fitted(), gemm_fraction=(("fp32", 0.3),), attention_bf16_fraction=0.09,
+                  host_s_per_layer_pass=0.004, collective_latency_s=0.005,
+                  nvlink_bus_efficiency=0.2)
+    folder = synthetic_profile(tmp_path / "synthetic", cfg, fit)
+    (folder / "ranks").mkdir(exist_ok=True)
+    (folder / "ranks" / "rank00000.json").write_text(json.dumps(
+        {"rank": 0, "cuda_graphs": False, "precision_probe": {"seconds": PROBE}}))
+    summary = calibrate.from_profile(folder, cfg)
+    assert dict(summary.probe_s) == PROBE
+    got = calibrate.solve(summary, cfg)
+    g = dict(got.gemm_fraction)
+    assert g["bf16"] == pytest.approx(g["fp32"] * 0.05, rel=1e-9)
+    assert g["fp32"] == pytest.approx(0.3, rel=1e-6)
+    assert dict(got.attention_fraction)["bf16"] == pytest.approx(got.attention_bf16_fraction / 9)
+    path = calibrate.write(tmp_path / "cal.toml", summary, got, "fp32", {})
+    back = read_calibration(path)
+    assert back.fit == got and dict(back.summary.probe_s) == PROBE
