@@ -110,3 +110,14 @@ def test_a_profiles_probe_reaches_the_calibration_file(tmp_path):
     path = calibrate.write(tmp_path / "cal.toml", summary, got, "fp32", {})
     back = read_calibration(path)
     assert back.fit == got and dict(back.summary.probe_s) == PROBE
+
+
+def test_a_summary_names_the_rank_its_compute_describes(tmp_path):
+    """The published figures are read on an inner pipeline rank (compute_of = "inner"), a
+    profile's on its busiest; any other value is refused at load, naming the file and the key."""
+    assert calibrate.CALIBRATION.compute_of == "inner"
+    text = calibrate.PUBLISHED.read_text().replace('compute_of = "inner"', 'compute_of = "middle"')
+    bad = tmp_path / "published.toml"
+    bad.write_text(text)
+    with pytest.raises(ValueError, match=r"published.toml: compute_of = 'middle'.*busiest.*inner"):
+        calibrate.load_summary(bad)

@@ -210,12 +210,12 @@ def _initial(c: Summary, ctx: Context) -> Fitted:
 
 
 def compared_rank(ctx: Context, c: Summary, fit: Fitted, busiest: int) -> int:
-    """The pipeline rank whose compute the summary's figures describe (`Summary.compute_of`)."""
-    if c.compute_of == "busiest" or ctx.pp < 3:
-        return busiest
-    if c.compute_of == "inner":
+    """The pipeline rank whose compute the summary's figures describe (`Summary.compute_of`):
+    the busiest, or for "inner" the busiest of those holding neither the embedding nor the LM
+    head (the busiest where the pipeline has no such rank)."""
+    if c.compute_of == "inner" and ctx.pp >= 3:
         return max(range(1, ctx.pp - 1), key=lambda r: sum(rank_compute(ctx, fit, r).values()))
-    raise ValueError(f"{c.source}: compute_of = {c.compute_of!r}: give 'busiest' or 'inner'")
+    return busiest
 
 
 def _compute(ctx: Context, c: Summary, fit: Fitted) -> Fitted:

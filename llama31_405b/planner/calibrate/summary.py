@@ -22,6 +22,9 @@ from typing import Any
 PUBLISHED = Path(__file__).resolve().parents[1] / "published_128racks.toml"
 """The published calibration point, as a profile summary (data; `Summary`)."""
 
+COMPUTE_OF = ("busiest", "inner")
+"""Which pipeline rank's compute a summary describes (`Summary.compute_of`)."""
+
 KINDS = ("TP", "CP", "PP", "DP")
 """Communication kinds a summary may measure (the profile's parallel dimensions)."""
 
@@ -111,6 +114,9 @@ def summary_from_dict(d: dict, source: str) -> Summary:
     if unknown or missing:
         raise ValueError(f"{source}: not a profile summary: unknown keys {unknown}, missing keys "
                          f"{missing} (sections [run] and [measured])")
+    if flat.get("compute_of", "busiest") not in COMPUTE_OF:
+        raise ValueError(f"{source}: compute_of = {flat['compute_of']!r}: give one of "
+                         f"{', '.join(COMPUTE_OF)} (the rank whose compute the figures describe)")
     flat.setdefault("source", source)
     return Summary(**flat)
 
