@@ -154,7 +154,7 @@ def test_breakdown_and_calibration_describe_a_gpu_with_a_full_share_of_layers():
     finishes last. With BF16 gradients the first pipeline rank (15 layers + embedding) once
     finished last; calibrating on it made every layer 16/15 slower and the MFU at DP 8 7% low.
     With the LM head in BF16 the last rank (15 layers + LM head) finishes last; calibrating on
-    it left the attention 12 ms of the 74 % GEMM share (a fraction 40 of its peak)."""
+    it left the attention 1 ms of the 74 % GEMM share (a fraction 40 of its peak)."""
     c = calibrate.CALIBRATION
     cfg = make_config(GB200, c.racks, tp=c.tp, pp=c.pp, vp=c.vp, cp=c.cp, minibs=c.minibs)
     ctx = Context.of(cfg)

@@ -56,7 +56,7 @@ def test_lm_head_runs_in_the_parameters_precision_under_low_precision_recipes():
 
 def test_probe_times_both_precisions_on_the_runs_shapes():
     cfg = load_config(GB200_CPU)
-    assert shapes(cfg) == {"gemm": [256, 128, 4096], "attention": [4, 256, 32]}
+    assert shapes(cfg) == {"gemm": [256, 128, 4096], "attention": [1, 4, 2, 256, 32]}
     p = run_probe(cfg, repeats=1)
     assert set(p["seconds"]) == {"gemm_fp32", "gemm_bf16", "attention_fp32", "attention_bf16"}
     assert all(s > 0 for s in p["seconds"].values()) and p["threads"] >= 1

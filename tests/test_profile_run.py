@@ -124,6 +124,13 @@ def test_report_and_folder(profiled):
     assert "run_start" not in output and ":::MLLOG" not in output
     assert res["mlperf_run"] is False and res["predicted_step_s"] > 0
     assert res["overhead_ratio"] > 0 and res["trace_bytes_per_rank_per_step"] > 0
+    # rank 0 alone ran the precision probe before the steps (profile/probe.py), what prices
+    # BF16 on a CPU in `plan --calibrate`
+    probes = {int(r.name[4:9]): json.loads(r.read_text())["precision_probe"]
+              for r in (out / "ranks").glob("rank*.json")}
+    assert sorted(probes) == [0, 1, 2, 3] and all(probes[r] is None for r in (1, 2, 3))
+    assert set(probes[0]["seconds"]) == {"gemm_fp32", "gemm_bf16", "attention_fp32",
+                                         "attention_bf16"}
     text = (out / "analysis.txt").read_text()
     for needle in ("GEMM FFN up/gate", "PIPELINE_MODEL_PARALLEL_GROUP", "profiler overhead",
                    "checks the plumbing"):

@@ -204,9 +204,12 @@ class ProfileHook(Hook):
                          info.dp_rank == 0 or (info.tp_rank == 0 and info.pp_rank == 0
                                                and info.cp_rank == 0))
         self.parallel_groups = _parallel_groups()
-        if self.rank == 0 and not run.device.gpu:  # the others wait in their first collective
+        if self.rank == 0 and not run.device.gpu:  # the others wait at the barrier below
             from .probe import run_probe
             self.probe = run_probe(run.cfg)
+        # every rank leaves here together: no rank's first timed step holds rank 0's probe
+        import torch.distributed as dist
+        dist.barrier()
         self._say(f"warm-up done; {p.skip} step(s) skipped, {p.baseline} timed without the "
                   f"profiler, {p.steps} profiled")
         if p.skip == 0 and p.baseline == 0:

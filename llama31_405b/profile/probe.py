@@ -5,7 +5,7 @@ A CPU's BF16 rate depends on its units and on PyTorch's kernels for them: on a C
 units (AVX2) a BF16 matrix product runs some 20x slower than FP32, where one with AVX512-BF16 or
 AMX runs it faster. The planner's CPU system file cannot know which; a profile of an FP32 layout
 cannot either. So `profile` on CPU runs this probe on rank 0 before its steps (the other ranks
-wait in their first collective) and records it in rank 0's record (`precision_probe`), and the
+wait at a barrier) and records it in rank 0's record (`precision_probe`), and the
 calibration prices each precision the profile did not run by the probe's ratio to one it did
 (planner/calibrate/precisions.py).
 
@@ -14,9 +14,16 @@ Two operations, each in both precisions, on the run's own shapes, the faster of 
 
 * gemm: the LM head of one microbatch ((tokens x hidden) @ (hidden x vocab / TP), with its
   data- and weight-gradient products);
-* attention: megatron-core 0.19.2's unfused attention core (`DotProductAttention.forward`:
-  `torch.baddbmm` of the scores, the causal mask, softmax, `torch.bmm` with the values) for one
-  microbatch and the heads of one TP rank.
+* attention: megatron-core 0.19.2's unfused attention core for one microbatch and the heads of
+  one TP rank, its operations in its layouts (`DotProductAttention.forward`: the keys and values
+  repeated over the query groups, `torch.baddbmm` of the scores from transposed views, then
+  `FusedScaleMaskSoftmax.forward_torch_softmax` with `attention_softmax_in_fp32`, megatron's
+  default: the scores in FP32, the causal mask filled in place, softmax, back to the input's
+  precision; `torch.bmm` with the values; the context made contiguous in [s, b, h] order).
+
+The first version (model revision 6 as first committed, 2cbbc97: the proof runs T1815Z and
+T1846Z and the fourth set of layouts ran it) timed the attention without the query groups'
+repeat, with softmax in the input's precision and on contiguous operands.
 """
 from __future__ import annotations
 
@@ -45,26 +52,34 @@ def _gemm(torch, dtype, tokens: int, hidden: int, vocab: int):
     return run
 
 
-def _attention(torch, dtype, heads: int, seq: int, kv: int):
-    q, k, v = (torch.randn(heads, seq, kv, dtype=dtype, requires_grad=True) for _ in range(3))
+def _attention(torch, dtype, mbs: int, heads: int, groups: int, seq: int, kv: int):
+    q = torch.randn(seq, mbs, heads, kv, dtype=dtype, requires_grad=True)
+    k, v = (torch.randn(seq, mbs, groups, kv, dtype=dtype, requires_grad=True) for _ in range(2))
     mask = torch.ones(seq, seq, dtype=torch.bool).triu(1)
-    empty = torch.empty(heads, seq, seq, dtype=dtype)
+    empty = torch.empty(mbs * heads, seq, seq, dtype=dtype)
+    n = mbs * heads
 
     def run():
-        s = torch.baddbmm(empty, q, k.transpose(1, 2), beta=0.0, alpha=kv ** -0.5)
-        p = torch.softmax(s.masked_fill(mask, -10000.0), dim=-1)
-        torch.bmm(p, v).sum().backward()
+        kk = k.repeat_interleave(heads // groups, dim=2).view(seq, n, kv)
+        vv = v.repeat_interleave(heads // groups, dim=2).view(seq, n, kv)
+        s = torch.baddbmm(empty, q.reshape(seq, n, kv).transpose(0, 1),
+                          kk.transpose(0, 1).transpose(1, 2), beta=0.0, alpha=kv ** -0.5)
+        s = s.view(mbs, heads, seq, seq).float()            # attention_softmax_in_fp32
+        p = torch.softmax(s.masked_fill_(mask, -10000.0), dim=-1).to(dtype)
+        c = torch.bmm(p.view(n, seq, seq), vv.transpose(0, 1))
+        c.view(mbs, heads, seq, kv).permute(2, 0, 1, 3).contiguous().sum().backward()
     return run
 
 
 def shapes(cfg) -> dict[str, list[int]]:
     """The probe's shapes for config `cfg`: the LM head's (tokens, hidden, vocab / TP) and the
-    attention's (heads per TP rank x microbatch, sequence, head size)."""
+    attention's (microbatch, heads and query groups per TP rank, sequence, head size)."""
     m, p = cfg.model, cfg.parallel
     mbs = cfg.batch.micro_batch_size
     vocab = cfg.derived.padded_vocab_size
     return {"gemm": [mbs * m.seq_length, m.hidden_size, vocab // p.tp],
-            "attention": [mbs * m.num_attention_heads // p.tp, m.seq_length, m.kv_channels]}
+            "attention": [mbs, m.num_attention_heads // p.tp, m.num_query_groups // p.tp,
+                          m.seq_length, m.kv_channels]}
 
 
 def run_probe(cfg, repeats: int = REPEATS) -> dict:

@@ -212,7 +212,9 @@ def _initial(c: Summary, ctx: Context) -> Fitted:
 def compared_rank(ctx: Context, c: Summary, fit: Fitted, busiest: int) -> int:
     """The pipeline rank whose compute the summary's figures describe (`Summary.compute_of`):
     the busiest, or for "inner" the busiest of those holding neither the embedding nor the LM
-    head (the busiest where the pipeline has no such rank)."""
+    head (the busiest where the pipeline has no such rank: PP < 3). The fit subtracts the
+    busiest rank's slowdown by the overlapped DP collectives from it (at 128 GB200 racks the
+    inner rank's own differs by 0.6 ms); `check` reports the busiest rank's compute."""
     if c.compute_of == "inner" and ctx.pp >= 3:
         return max(range(1, ctx.pp - 1), key=lambda r: sum(rank_compute(ctx, fit, r).values()))
     return busiest
@@ -241,7 +243,8 @@ def _compute(ctx: Context, c: Summary, fit: Fitted) -> Fitted:
     eta = (unit["ffn_up"] + unit["ffn_down"]) / ffn
     scales = dict(fit.gemm_part_scale)
     # a part in another precision than the fitted one (the LM head under NVFP4:
-    # compute.part_precision) keeps its time as modelled at its own precision's rate
+    # compute.part_precision) keeps its time as modelled at its own precision's rate this round
+    # (a probe's price of it follows the fitted one between rounds: precisions.with_probe)
     at = {p: now[p] / scales.get(p, 1.0) if compute.part_precision(ctx, p) != prec
           else unit[p] / scales.get(p, 1.0) / eta for p in LINEAR}
     if parts:  # a profile: each linear part's rate and the attention measured apart
