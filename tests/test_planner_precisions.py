@@ -18,20 +18,13 @@ from llama31_405b.planner.calibrate.read_profile import probe_seconds
 from llama31_405b.planner.calibrate.synthetic import synthetic_profile
 from llama31_405b.planner.context import Context
 from llama31_405b.profile.probe import run_probe, shapes
+from test_planner_calibrate import tiny  # a tiny CPU config of a layout
 
 REPO = Path(__file__).resolve().parents[1]
 GB200_CPU = REPO / "configs" / "tiny_cpu_gb200.toml"
 GB200_128 = REPO / "configs" / "config_GB200_2048x4x8xtp4pp8cp2.toml"
 PROBE = {"gemm_fp32": 0.01, "gemm_bf16": 0.2, "attention_fp32": 0.003, "attention_bf16": 0.027}
 """A CPU without BF16 units: BF16 GEMMs 20x and the attention 9x slower than FP32."""
-
-
-def tiny(tmp: Path) -> Path:
-    path = tmp / "tp2dp2.toml"
-    path.write_text(f'base = "{REPO / "configs" / "tiny_cpu.toml"}"\n\n[parallel]\ntp = 2\n'
-                    'pp = 1\nvp = 1\n\n[batch]\nminibs = 4\nmicro_batch_size = 1\n\n'
-                    '[system]\ngpus_per_rack = 4\nracks = 1\n')
-    return path
 
 
 def test_lm_head_runs_in_the_parameters_precision_under_low_precision_recipes():
@@ -92,7 +85,7 @@ def test_probe_prices_the_precisions_the_fit_did_not_run():
 def test_a_profiles_probe_reaches_the_calibration_file(tmp_path):
     """The round trip: a synthetic FP32 profile with a probe in rank 0's record calibrates to
     BF16 fractions priced by it, written to the file and read back."""
-    cfg = load_config(tiny(tmp_path))
+    cfg = load_config(tiny(tmp_path, "tp2dp4", tp=2, pp=1, minibs=2))
     fit = replace(calibrate.fitted(), gemm_fraction=(("fp32", 0.3),), attention_bf16_fraction=0.09,
                   host_s_per_layer_pass=0.004, collective_latency_s=0.005,
                   nvlink_bus_efficiency=0.2)
