@@ -49,9 +49,14 @@ def test_lm_head_runs_in_the_parameters_precision_under_low_precision_recipes():
 
 def test_probe_times_both_precisions_on_the_runs_shapes():
     cfg = load_config(GB200_CPU)
-    assert shapes(cfg) == {"gemm": [256, 128, 4096], "attention": [1, 4, 2, 256, 32]}
+    assert shapes(cfg) == {"gemm": [256, 128, 4096], "attention": [1, 4, 2, 256, 32],
+                           "attention-b2": [2, 2, 256, 32], "attention-b4": [4, 2, 256, 32],
+                           "attention-b8": [8, 2, 256, 32], "attention-b16": [16, 2, 256, 32],
+                           "elementwise": [256, 128, 352]}
     p = run_probe(cfg, repeats=1)
-    assert set(p["seconds"]) == {"gemm_fp32", "gemm_bf16", "attention_fp32", "attention_bf16"}
+    ops = ("gemm", "attention", "attention-b2", "attention-b4", "attention-b8", "attention-b16",
+           "elementwise")
+    assert set(p["seconds"]) == {f"{o}_{q}" for o in ops for q in ("fp32", "bf16")}
     assert all(s > 0 for s in p["seconds"].values()) and p["threads"] >= 1
     assert probe_seconds([{"rank": 1}, {"rank": 0, "precision_probe": p}]) == tuple(
         sorted(p["seconds"].items()))
@@ -80,6 +85,38 @@ def test_probe_prices_the_precisions_the_fit_did_not_run():
             == pytest.approx(9))
     # without a probe (a GPU profile, an older one) the fit is unchanged
     assert with_probe(fit, [(ctx, calibrate.CALIBRATION)]) == fit
+
+
+def test_the_ladder_prices_each_layouts_attention_batch_and_bf16_activations():
+    """Model revision 7: the probe's ladder prices a layout's attention at its own bmm batch
+    (microbatch x heads per TP rank; the nearest rung in log2), and elementwise work on BF16
+    activations at the probe's elementwise ratio; an FP32 layout keeps the fitted rates."""
+    probe = dict(PROBE, **{"attention-b2_fp32": 0.002, "attention-b2_bf16": 0.01,
+                           "attention-b4_fp32": 0.004, "attention-b4_bf16": 0.04,
+                           "attention-b8_fp32": 0.008, "attention-b8_bf16": 0.12,
+                           "elementwise_fp32": 0.001, "elementwise_bf16": 0.002})
+    fp32 = Context.of(load_config(REPO / "configs" / "tiny_cpu.toml"))
+    c = replace(calibrate.CALIBRATION, probe_s=tuple(sorted(probe.items())))
+    fit = replace(calibrate.fitted(), gemm_fraction=(("fp32", 0.3),), attention_bf16_fraction=0.1)
+    priced = with_probe(fit, [(fp32, c)])
+    assert dict(priced.attention_fraction) == pytest.approx(
+        {"bf16": 0.1 / 9, "bf16-b2": 0.1 / 5, "bf16-b4": 0.1 / 10, "bf16-b8": 0.1 / 15})
+    assert dict(priced.elementwise_scale) == pytest.approx({"bf16": 2.0})
+    plain = replace(priced, attention_fraction=(("bf16", 0.1),), elementwise_scale=())
+    # tiny_cpu_gb200: 4 heads, BF16 attention and parameters; its batch at TP 1 is mbs x 4
+    for mbs, tp, slower in ((1, 1, 10), (2, 1, 15), (4, 1, 15), (1, 2, 5), (2, 2, 10)):
+        ctx = Context.of(load_config(GB200_CPU, validate=False, overrides={
+            "batch": {"micro_batch_size": mbs, "minibs": 8}, "parallel": {"tp": tp}}))
+        got = compute.attention_time(ctx, priced) / compute.attention_time(ctx, plain)
+        assert got == pytest.approx(slower), (mbs, tp)
+    gb = Context.of(load_config(GB200_CPU))
+    f, _ = compute.chunk_parts(gb, 2, False, False, priced)
+    f0, _ = compute.chunk_parts(gb, 2, False, False, plain)
+    assert f.elementwise == pytest.approx(2 * f0.elementwise) and f.elementwise > 0
+    # an FP32 layout: neither the ladder nor the elementwise scale applies
+    assert compute.attention_time(fp32, priced) == compute.attention_time(fp32, plain)
+    assert compute.chunk_parts(fp32, 2, False, False, priced) == compute.chunk_parts(
+        fp32, 2, False, False, plain)
 
 
 def test_a_profiles_probe_reaches_the_calibration_file(tmp_path):

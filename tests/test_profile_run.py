@@ -132,8 +132,9 @@ def test_report_and_folder(profiled):
     probes = {int(r.name[4:9]): json.loads(r.read_text())["precision_probe"]
               for r in (out / "ranks").glob("rank*.json")}
     assert sorted(probes) == [0, 1, 2, 3] and all(probes[r] is None for r in (1, 2, 3))
-    assert set(probes[0]["seconds"]) == {"gemm_fp32", "gemm_bf16", "attention_fp32",
-                                         "attention_bf16"}
+    from llama31_405b.profile.probe import LADDER
+    ops = ("gemm", "attention", "elementwise", *(f"attention-b{2 * k}" for k in LADDER))
+    assert set(probes[0]["seconds"]) == {f"{o}_{q}" for o in ops for q in ("fp32", "bf16")}
     text = (out / "analysis.txt").read_text()
     for needle in ("GEMM FFN up/gate", "PIPELINE_MODEL_PARALLEL_GROUP", "profiler overhead",
                    "checks the plumbing"):

@@ -179,7 +179,13 @@ def attention_time(ctx: Context, fit: Fitted) -> float:
     executed = attention_flops(ctx)
     prec = ctx.cfg.precision.attention
     peak = ctx.system.peak_tflops(prec) * 1e12
-    return executed / (peak * dict(fit.attention_fraction).get(prec, fit.attention_bf16_fraction))
+    fractions = dict(fit.attention_fraction)
+    # the probe's ladder of bmm batches (calibrate/precisions.py): the rung nearest this layout's
+    batch = ctx.mbs * ctx.model.num_attention_heads / ctx.tp
+    rungs = {int(k.rpartition("-b")[2]): v for k, v in fractions.items() if k.startswith(prec + "-b")}
+    nearest = min(rungs, key=lambda b: (abs(math.log2(b / batch)), b), default=0)
+    fraction = rungs.get(nearest) or fractions.get(prec, fit.attention_bf16_fraction)
+    return executed / (peak * fraction)
 
 
 def elementwise_width(ctx: Context, logits: bool) -> tuple[float, float]:
@@ -204,7 +210,8 @@ def stage_parts(ctx: Context, st: Stage, fit: Fitted) -> PartTimes:
     n = st.layers
     g = {k: sum(t) for k, t in part_passes(ctx, fit).items()}
     layer_w, loss_w = elementwise_width(ctx, st.logits)
-    ew = fit.elementwise_passes * ctx.tokens * 2.0 * (n * layer_w + loss_w) / (ctx.system.hbm_tbs * 1e12)
+    ew = (fit.elementwise_passes * ctx.tokens * 2.0 * (n * layer_w + loss_w) / (ctx.system.hbm_tbs * 1e12)
+          * fit.scale("elementwise_scale", ctx.cfg.precision.params))
     return PartTimes(qkv=n * g["qkv"], attention=n * attention_time(ctx, fit), proj=n * g["proj"],
                      ffn_up=n * g["ffn_up"], ffn_down=n * g["ffn_down"],
                      logits=g["logits"] if st.logits else 0.0, elementwise=ew)
@@ -222,8 +229,10 @@ def chunk_parts(ctx: Context, layers: int, embedding: bool, logits: bool,
     att = attention_time(ctx, fit)
     layer_w, loss_w = elementwise_width(ctx, logits)
     emb_w = ctx.model.hidden_size if embedding else 0.0  # lookup and its gradient, unsharded rows
+    # activations in another precision than the fit's (a CPU probe's rate: Fitted.elementwise_scale)
+    act = fit.scale("elementwise_scale", ctx.cfg.precision.params)
     ew = (fit.elementwise_passes * ctx.tokens * 2.0 * (layers * layer_w + loss_w + emb_w)
-          / (ctx.system.hbm_tbs * 1e12))
+          / (ctx.system.hbm_tbs * 1e12)) * act
     # forward 1/3 of it, backward 2/3 (one GEMM, then two); per sequence of the microbatch for
     # the GEMMs and the attention, per pass for the elementwise work (`Fitted.call_s`)
     call = {k: v * (1 if k == "elementwise" else ctx.mbs) for k, v in fit.call_s}
@@ -237,7 +246,7 @@ def chunk_parts(ctx: Context, layers: int, embedding: bool, logits: bool,
                              ffn_up=layers * (t["ffn_up"] + ffn * share),
                              ffn_down=layers * (t["ffn_down"] + ffn * share),
                              logits=t["logits"] + call.get("logits", 0.0) * share if logits else 0.0,
-                             elementwise=(ew + layers * call.get("elementwise", 0.0)) * share))
+                             elementwise=(ew + layers * call.get("elementwise", 0.0) * act) * share))
     return out[0], out[1]
 
 

@@ -21,6 +21,18 @@ Two operations, each in both precisions, on the run's own shapes, the faster of 
   default: the scores in FP32, the causal mask filled in place, softmax, back to the input's
   precision; `torch.bmm` with the values; the context made contiguous in [s, b, h] order).
 
+Model revision 7 adds, each in both precisions:
+
+* attention-b<B>: the same attention core at bmm batches B = (the query heads' repeat over one
+  query group) x 1, 2, 4 and 8 (`LADDER`), one query group: BF16's slowdown on a CPU grows with
+  the batch of its matrix products (some 4-6x at a batch of 2, 10-12x from 8 on this project's
+  2-core machine), so the ladder prices a layout whose microbatch or TP split differs from the
+  fit's (`compute.attention_time` takes the rung of its own batch, mbs x heads / TP);
+* elementwise: one layer's non-GEMM work on the run's activations (megatron's RMSNorm,
+  torch.nn.functional.rms_norm, the residual add and SwiGLU, forward and backward): the rate of
+  elementwise passes over activations held in another precision (BF16 parameters keep BF16
+  activations).
+
 The first version (model revision 6 as first committed, 2cbbc97: the proof runs T1815Z and
 T1846Z and the fourth set of layouts ran it) timed the attention without the query groups'
 repeat, with softmax in the input's precision and on contiguous operands.
@@ -29,7 +41,9 @@ from __future__ import annotations
 
 import time
 
-OPERATIONS = ("gemm", "attention")
+OPERATIONS = ("gemm", "attention", "elementwise")
+LADDER = (1, 2, 4, 8)
+"""Multiples of the query heads' repeat over a group: the attention rungs' bmm batches."""
 PRECISIONS = ("fp32", "bf16")
 REPEATS = 5
 
@@ -71,15 +85,35 @@ def _attention(torch, dtype, mbs: int, heads: int, groups: int, seq: int, kv: in
     return run
 
 
+def _elementwise(torch, dtype, tokens: int, hidden: int, ffn: int):
+    x = torch.randn(tokens, hidden, dtype=dtype, requires_grad=True)
+    w = torch.ones(hidden, dtype=dtype, requires_grad=True)
+    a = torch.randn(tokens, 2 * ffn, dtype=dtype, requires_grad=True)
+    f = torch.nn.functional
+
+    def run():
+        n = f.rms_norm(x, (hidden,), w, 1e-5)          # the layer's norm
+        u, g = a.chunk(2, dim=-1)
+        y = f.silu(u) * g                               # SwiGLU
+        ((n + x).sum() + y.sum()).backward()            # the residual add; both backward
+    return run
+
+
 def shapes(cfg) -> dict[str, list[int]]:
-    """The probe's shapes for config `cfg`: the LM head's (tokens, hidden, vocab / TP) and the
-    attention's (microbatch, heads and query groups per TP rank, sequence, head size)."""
+    """The probe's shapes for config `cfg`: the LM head's (tokens, hidden, vocab / TP), the
+    attention's (microbatch, heads and query groups per TP rank, sequence, head size), the
+    attention rungs' (bmm batch, the heads' repeat over a group, sequence, head size), the
+    elementwise work's (tokens, hidden, FFN width per TP rank)."""
     m, p = cfg.model, cfg.parallel
     mbs = cfg.batch.micro_batch_size
     vocab = cfg.derived.padded_vocab_size
+    rep = m.num_attention_heads // m.num_query_groups
     return {"gemm": [mbs * m.seq_length, m.hidden_size, vocab // p.tp],
             "attention": [mbs, m.num_attention_heads // p.tp, m.num_query_groups // p.tp,
-                          m.seq_length, m.kv_channels]}
+                          m.seq_length, m.kv_channels],
+            **{f"attention-b{rep * k}": [rep * k, rep, m.seq_length, m.kv_channels]
+               for k in LADDER},
+            "elementwise": [mbs * m.seq_length, m.hidden_size, m.ffn_hidden_size // p.tp]}
 
 
 def run_probe(cfg, repeats: int = REPEATS) -> dict:
@@ -92,6 +126,10 @@ def run_probe(cfg, repeats: int = REPEATS) -> dict:
     for prec in PRECISIONS:
         fns[f"gemm_{prec}"] = _gemm(torch, dtypes[prec], *sh["gemm"])
         fns[f"attention_{prec}"] = _attention(torch, dtypes[prec], *sh["attention"])
+        fns[f"elementwise_{prec}"] = _elementwise(torch, dtypes[prec], *sh["elementwise"])
+        for op in (k for k in sh if k.startswith("attention-b")):
+            b, rep, seq, kv = sh[op]
+            fns[f"{op}_{prec}"] = _attention(torch, dtypes[prec], b // rep, rep, 1, seq, kv)
     best = {k: float("inf") for k in fns}
     for _ in range(repeats):
         for k, fn in fns.items():

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-MODEL_REVISION = 6
+MODEL_REVISION = 7
 """The calibrated model's revision: raised whenever the same measurements give other constants
 or predictions. A table derived from measurements (bench/planner_proof: docs/planner_proof/)
 records the revision that derived it and re-derives under that revision's code only.
@@ -36,7 +36,12 @@ sends a rank's activations and gradients to the same peer), found by a review of
 6: the LM head runs in the parameters' precision under FP8 and NVFP4 (megatron-core's output
 layer is outside the recipes: `compute.part_precision`), where it had run in the recipe's; and
 a CPU profile's precision probe prices BF16 GEMMs and attention on a CPU without BF16 units
-(`calibrate/precisions.py`; tiny_cpu_gb200's LM head took 22x the FP32 fit's time per FLOP)."""
+(`calibrate/precisions.py`; tiny_cpu_gb200's LM head took 22x the FP32 fit's time per FLOP).
+7: the probe's attention ratio at the layout's own bmm batch (a ladder: BF16's slowdown on the
+CPU grows with the batch, 4-6x at 2 to 10-12x from 8), and elementwise work on BF16 activations
+at the probe's BF16/FP32 ratio (`Fitted.elementwise_scale`), where both had been priced at the
+fit layouts' batch and at FP32's rate (tiny_cpu_gb200's attention 1.7-2.3x and elementwise
+1.5-2.4x their predictions under revision 6)."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -134,7 +139,12 @@ class Fitted:
     attention_fraction: tuple[tuple[str, float], ...] = ()
     """Attention efficiency in a precision other than the profiled attention's (precision ->
     fraction of its peak), from the profile's precision probe (calibrate/precisions.py);
-    `attention_bf16_fraction` for the others."""
+    `attention_bf16_fraction` for the others. Keys "<precision>-b<B>": at bmm batch B
+    (microbatch x heads per TP rank), the probe's ladder; `compute.attention_time` takes the
+    rung nearest a layout's batch (in log2), the plain key where the probe had no ladder."""
+    elementwise_scale: tuple[tuple[str, float], ...] = ()
+    """Time of the elementwise work with activations in another precision than the fit's
+    parameters' (precision -> factor, 1 when absent), from the probe (model revision 7)."""
     gemm_part_scale: tuple[tuple[str, float], ...] = ()
     """Time of the QKV, output-projection and LM-head GEMMs relative to the FFN GEMMs' rate
     (part -> factor, 1 when absent): their shapes run at another rate than the FFN's."""

@@ -14,6 +14,11 @@ precision q from the measured one p by the probe's time ratio:
 so that a part of q takes t_probe(q) / t_probe(p) times its time in p. Several layouts: the
 median ratio over those with a probe. A profile without one (a GPU's, or one written before
 the probe) leaves the fit as it was.
+
+Model revision 7: the attention's ratio at each rung of the probe's ladder of bmm batches
+(`attention_fraction` keys "<precision>-b<B>", read by `compute.attention_time` for a layout of
+that batch), and the elementwise work's time in each other precision of the activations (the
+parameters' precision) relative to the fit's, `Fitted.elementwise_scale`.
 """
 from __future__ import annotations
 
@@ -54,7 +59,15 @@ def with_probe(fit: Fitted, runs: list[tuple[Context, Summary]]) -> Fitted:
     for prec, r in ratios(runs, "gemm", gemm).items():
         g[prec] = base * r * peak(gemm) / peak(prec)
     a = dict(fit.attention_fraction)
-    for prec, r in ratios(runs, "attention", attention).items():
-        a[prec] = fit.attention_bf16_fraction * r * peak(attention) / peak(prec)
+    rungs = sorted({k.partition("_")[0] for _, c in runs for k, _ in c.probe_s
+                    if k.startswith("attention-b")})
+    for op in ("attention", *rungs):
+        suffix = op.removeprefix("attention")
+        for prec, r in ratios(runs, op, attention).items():
+            a[prec + suffix] = fit.attention_bf16_fraction * r * peak(attention) / peak(prec)
+    e = dict(fit.elementwise_scale)
+    for prec, r in ratios(runs, "elementwise", ctx.cfg.precision.params).items():
+        e[prec] = 1 / r
     return replace(fit, gemm_fraction=tuple(sorted(g.items())),
-                   attention_fraction=tuple(sorted(a.items())))
+                   attention_fraction=tuple(sorted(a.items())),
+                   elementwise_scale=tuple(sorted(e.items())))
