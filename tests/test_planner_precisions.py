@@ -1,6 +1,8 @@
-"""Parts in another precision than the fitted one (model revision 6): the LM head runs in the
+"""Parts in another precision than the fitted one (model revisions 6-8): the LM head runs in the
 parameters' precision under FP8 and NVFP4 (megatron-core's output layer is outside the recipes),
-and a CPU profile's precision probe prices the precisions it did not run
+and a CPU profile's precision probe prices the precisions it did not run, the whole part (rate
+and time per call), the attention at the layout's bmm batch, elementwise work on BF16
+activations and the emulated NVFP4 linears' quantisation
 (planner/calibrate/precisions.py, profile/probe.py)."""
 from __future__ import annotations
 
@@ -52,11 +54,11 @@ def test_probe_times_both_precisions_on_the_runs_shapes():
     assert shapes(cfg) == {"gemm": [256, 128, 4096], "attention": [1, 4, 2, 256, 32],
                            "attention-b2": [2, 2, 256, 32], "attention-b4": [4, 2, 256, 32],
                            "attention-b8": [8, 2, 256, 32], "attention-b16": [16, 2, 256, 32],
-                           "elementwise": [256, 128, 352]}
+                           "elementwise": [256, 128, 352], "ffn": [256, 128, 704]}
     p = run_probe(cfg, repeats=1)
     ops = ("gemm", "attention", "attention-b2", "attention-b4", "attention-b8", "attention-b16",
-           "elementwise")
-    assert set(p["seconds"]) == {f"{o}_{q}" for o in ops for q in ("fp32", "bf16")}
+           "elementwise", "ffn")
+    assert set(p["seconds"]) == {f"{o}_{q}" for o in ops for q in ("fp32", "bf16")} | {"ffn_nvfp4"}
     assert all(s > 0 for s in p["seconds"].values()) and p["threads"] >= 1
     assert probe_seconds([{"rank": 1}, {"rank": 0, "precision_probe": p}]) == tuple(
         sorted(p["seconds"].items()))
@@ -68,21 +70,27 @@ def test_probe_prices_the_precisions_the_fit_did_not_run():
     ctx = Context.of(cfg)
     c = replace(calibrate.CALIBRATION, probe_s=tuple(sorted(PROBE.items())))
     assert ratios([(ctx, c)], "gemm", "fp32") == {"bf16": pytest.approx(0.05)}
-    fit = replace(calibrate.fitted(), gemm_fraction=(("fp32", 0.3),), attention_bf16_fraction=0.1)
+    fit = replace(calibrate.fitted(), gemm_fraction=(("fp32", 0.3),), attention_bf16_fraction=0.1,
+                  call_s=(("attention", 0.001), ("logits", 0.002)))
     assert cfg.precision.attention == "bf16"  # a BF16 attention fit prices FP32's 9x faster
     got = with_probe(fit, [(ctx, c)])
-    assert dict(got.attention_fraction) == pytest.approx({"fp32": 0.9})
-    assert dict(got.gemm_fraction) == pytest.approx({"fp32": 0.3, "bf16": 0.3 * 0.05})
-    # an FP32 fit prices the gb200 layout's BF16 LM head 20x and its BF16 attention 9x
+    assert dict(got.attention_fraction) == pytest.approx({"fp32": 0.1})
+    assert dict(got.probe_scale) == pytest.approx({"attention_fp32": 1 / 9, "gemm_bf16": 20})
+    # an FP32 fit prices the gb200 layout's BF16 LM head 20x and its BF16 attention 9x: the
+    # whole part, its time per call (Fitted.call_s) with its rate (model revision 8)
     fp32 = Context.of(load_config(REPO / "configs" / "tiny_cpu.toml"))
     priced = with_probe(fit, [(fp32, c)])
-    assert dict(priced.attention_fraction) == pytest.approx({"bf16": 0.1 / 9})
-    same = replace(priced, gemm_fraction=(("bf16", 0.3), ("fp32", 0.3)), attention_fraction=())
-    M, N, K = compute.gemm_shapes(ctx)["logits"]
-    assert (compute.gemm_passes(ctx, M, N, K, priced, "logits")[0]
-            / compute.gemm_passes(ctx, M, N, K, same, "logits")[0]) == pytest.approx(20)
-    assert (compute.attention_time(ctx, priced) / compute.attention_time(ctx, same)
-            == pytest.approx(9))
+    assert dict(priced.gemm_fraction) == pytest.approx({"fp32": 0.3, "bf16": 0.3})
+    assert dict(priced.probe_scale) == pytest.approx({"attention_bf16": 9, "gemm_bf16": 20})
+    same = replace(priced, probe_scale=())
+    for a, b in zip(compute.chunk_parts(ctx, 2, False, True, priced),
+                    compute.chunk_parts(ctx, 2, False, True, same)):
+        assert a.logits / b.logits == pytest.approx(20) and b.logits > 0
+        assert a.attention / b.attention == pytest.approx(9) and b.attention > 0
+        assert a.ffn_up == b.ffn_up and a.elementwise == b.elementwise
+    st = next(s for s in ctx.stages if s.logits)
+    assert (compute.stage_parts(ctx, st, priced).logits
+            / compute.stage_parts(ctx, st, same).logits) == pytest.approx(20)
     # without a probe (a GPU profile, an older one) the fit is unchanged
     assert with_probe(fit, [(ctx, calibrate.CALIBRATION)]) == fit
 
@@ -90,31 +98,38 @@ def test_probe_prices_the_precisions_the_fit_did_not_run():
 def test_the_ladder_prices_each_layouts_attention_batch_and_bf16_activations():
     """Model revision 7: the probe's ladder prices a layout's attention at its own bmm batch
     (microbatch x heads per TP rank; the nearest rung in log2), and elementwise work on BF16
-    activations at the probe's elementwise ratio; an FP32 layout keeps the fitted rates."""
+    activations at the probe's elementwise ratio; revision 8: the emulated NVFP4 linears'
+    quantisation as elementwise work, (ratio - 1) x their time. An FP32 layout keeps the
+    fitted rates."""
     probe = dict(PROBE, **{"attention-b2_fp32": 0.002, "attention-b2_bf16": 0.01,
                            "attention-b4_fp32": 0.004, "attention-b4_bf16": 0.04,
                            "attention-b8_fp32": 0.008, "attention-b8_bf16": 0.12,
-                           "elementwise_fp32": 0.001, "elementwise_bf16": 0.002})
+                           "elementwise_fp32": 0.001, "elementwise_bf16": 0.002,
+                           "ffn_fp32": 0.001, "ffn_bf16": 0.02, "ffn_nvfp4": 0.004})
     fp32 = Context.of(load_config(REPO / "configs" / "tiny_cpu.toml"))
     c = replace(calibrate.CALIBRATION, probe_s=tuple(sorted(probe.items())))
     fit = replace(calibrate.fitted(), gemm_fraction=(("fp32", 0.3),), attention_bf16_fraction=0.1)
     priced = with_probe(fit, [(fp32, c)])
-    assert dict(priced.attention_fraction) == pytest.approx(
-        {"bf16": 0.1 / 9, "bf16-b2": 0.1 / 5, "bf16-b4": 0.1 / 10, "bf16-b8": 0.1 / 15})
-    assert dict(priced.elementwise_scale) == pytest.approx({"bf16": 2.0})
-    plain = replace(priced, attention_fraction=(("bf16", 0.1),), elementwise_scale=())
+    assert dict(priced.probe_scale) == pytest.approx(
+        {"attention_bf16": 9, "attention-b2_bf16": 5, "attention-b4_bf16": 10,
+         "attention-b8_bf16": 15, "elementwise_bf16": 2, "gemm_bf16": 20, "gemm_nvfp4": 4})
+    plain = replace(priced, probe_scale=())
     # tiny_cpu_gb200: 4 heads, BF16 attention and parameters; its batch at TP 1 is mbs x 4
     for mbs, tp, slower in ((1, 1, 10), (2, 1, 15), (4, 1, 15), (1, 2, 5), (2, 2, 10)):
         ctx = Context.of(load_config(GB200_CPU, validate=False, overrides={
             "batch": {"micro_batch_size": mbs, "minibs": 8}, "parallel": {"tp": tp}}))
-        got = compute.attention_time(ctx, priced) / compute.attention_time(ctx, plain)
-        assert got == pytest.approx(slower), (mbs, tp)
-    gb = Context.of(load_config(GB200_CPU))
-    f, _ = compute.chunk_parts(gb, 2, False, False, priced)
-    f0, _ = compute.chunk_parts(gb, 2, False, False, plain)
-    assert f.elementwise == pytest.approx(2 * f0.elementwise) and f.elementwise > 0
-    # an FP32 layout: neither the ladder nor the elementwise scale applies
-    assert compute.attention_time(fp32, priced) == compute.attention_time(fp32, plain)
+        assert compute.probe_factor(ctx, priced, "attention", "bf16") == pytest.approx(slower)
+        f, _ = compute.chunk_parts(ctx, 2, False, False, priced)
+        f0, _ = compute.chunk_parts(ctx, 2, False, False, plain)
+        assert f.attention / f0.attention == pytest.approx(slower), (mbs, tp)
+        # BF16 activations 2x; the emulated linears' quantisation 3x their time, elementwise
+        linears = f0.qkv + f0.proj + f0.ffn_up + f0.ffn_down
+        assert f.elementwise == pytest.approx(2 * f0.elementwise + 3 * linears)
+        assert f.ffn_up == f0.ffn_up and linears > 0
+    # an FP32 layout: nothing applies
+    assert compute.part_factors(fp32, priced) == dict.fromkeys(
+        ("qkv", "proj", "ffn_up", "ffn_down", "logits", "attention", "elementwise"), 1.0) | {
+        "quantisation": 0.0}
     assert compute.chunk_parts(fp32, 2, False, False, priced) == compute.chunk_parts(
         fp32, 2, False, False, plain)
 
@@ -134,9 +149,10 @@ def test_a_profiles_probe_reaches_the_calibration_file(tmp_path):
     assert dict(summary.probe_s) == PROBE
     got = calibrate.solve(summary, cfg)
     g = dict(got.gemm_fraction)
-    assert g["bf16"] == pytest.approx(g["fp32"] * 0.05, rel=1e-9)
+    assert g["bf16"] == pytest.approx(g["fp32"], rel=1e-9)
     assert g["fp32"] == pytest.approx(0.3, rel=1e-6)
-    assert dict(got.attention_fraction)["bf16"] == pytest.approx(got.attention_bf16_fraction / 9)
+    assert dict(got.attention_fraction)["bf16"] == pytest.approx(got.attention_bf16_fraction)
+    assert dict(got.probe_scale) == pytest.approx({"attention_bf16": 9, "gemm_bf16": 20})
     path = calibrate.write(tmp_path / "cal.toml", summary, got, "fp32", {})
     back = read_calibration(path)
     assert back.fit == got and dict(back.summary.probe_s) == PROBE

@@ -133,8 +133,9 @@ def test_report_and_folder(profiled):
               for r in (out / "ranks").glob("rank*.json")}
     assert sorted(probes) == [0, 1, 2, 3] and all(probes[r] is None for r in (1, 2, 3))
     from llama31_405b.profile.probe import LADDER
-    ops = ("gemm", "attention", "elementwise", *(f"attention-b{2 * k}" for k in LADDER))
-    assert set(probes[0]["seconds"]) == {f"{o}_{q}" for o in ops for q in ("fp32", "bf16")}
+    ops = ("gemm", "attention", "elementwise", "ffn", *(f"attention-b{2 * k}" for k in LADDER))
+    assert set(probes[0]["seconds"]) == {f"{o}_{q}" for o in ops for q in ("fp32", "bf16")} | {
+        "ffn_nvfp4"}
     text = (out / "analysis.txt").read_text()
     for needle in ("GEMM FFN up/gate", "PIPELINE_MODEL_PARALLEL_GROUP", "profiler overhead",
                    "checks the plumbing"):

@@ -179,13 +179,32 @@ def attention_time(ctx: Context, fit: Fitted) -> float:
     executed = attention_flops(ctx)
     prec = ctx.cfg.precision.attention
     peak = ctx.system.peak_tflops(prec) * 1e12
-    fractions = dict(fit.attention_fraction)
-    # the probe's ladder of bmm batches (calibrate/precisions.py): the rung nearest this layout's
+    return executed / (peak * dict(fit.attention_fraction).get(prec, fit.attention_bf16_fraction))
+
+
+def probe_factor(ctx: Context, fit: Fitted, op: str, prec: str) -> float:
+    """A CPU probe's time of operation `op` (gemm, attention, elementwise) in precision `prec`
+    over the profiled precision's (`Fitted.probe_scale`; 1 where the probe did not price it: the
+    profiled precision itself, a GPU's calibration). The attention takes the ladder's rung
+    nearest this layout's bmm batch, mbs x heads / TP (in log2; the smaller on a tie)."""
+    scale = dict(fit.probe_scale)
+    rungs = {int(k.partition("_")[0][len("attention-b"):]): v for k, v in scale.items()
+             if op == "attention" and k.startswith("attention-b") and k.endswith("_" + prec)}
     batch = ctx.mbs * ctx.model.num_attention_heads / ctx.tp
-    rungs = {int(k.rpartition("-b")[2]): v for k, v in fractions.items() if k.startswith(prec + "-b")}
     nearest = min(rungs, key=lambda b: (abs(math.log2(b / batch)), b), default=0)
-    fraction = rungs.get(nearest) or fractions.get(prec, fit.attention_bf16_fraction)
-    return executed / (peak * fraction)
+    return rungs.get(nearest) or scale.get(f"{op}_{prec}", 1.0)
+
+
+def part_factors(ctx: Context, fit: Fitted) -> dict[str, float]:
+    """Each part's `probe_factor` in the precision it runs in; "quantisation": the emulated
+    NVFP4 linears' extra time over their FP32 GEMMs' (0 but for emulated NVFP4 with a probe),
+    counted as elementwise work."""
+    out = {k: probe_factor(ctx, fit, "gemm", part_precision(ctx, k)) for k in PARTS if k != "attention"}
+    out["attention"] = probe_factor(ctx, fit, "attention", ctx.cfg.precision.attention)
+    out["elementwise"] = probe_factor(ctx, fit, "elementwise", ctx.cfg.precision.params)
+    emulated = ctx.precision == "nvfp4" and ctx.system.nvfp4 == "emulated"
+    out["quantisation"] = probe_factor(ctx, fit, "gemm", "nvfp4") - 1 if emulated else 0.0
+    return out
 
 
 def elementwise_width(ctx: Context, logits: bool) -> tuple[float, float]:
@@ -208,13 +227,15 @@ def elementwise_width(ctx: Context, logits: bool) -> tuple[float, float]:
 def stage_parts(ctx: Context, st: Stage, fit: Fitted) -> PartTimes:
     """Compute of one microbatch on one GPU of pipeline rank `st`."""
     n = st.layers
-    g = {k: sum(t) for k, t in part_passes(ctx, fit).items()}
+    f = part_factors(ctx, fit)
+    g = {k: sum(t) * f[k] for k, t in part_passes(ctx, fit).items()}
     layer_w, loss_w = elementwise_width(ctx, st.logits)
     ew = (fit.elementwise_passes * ctx.tokens * 2.0 * (n * layer_w + loss_w) / (ctx.system.hbm_tbs * 1e12)
-          * fit.scale("elementwise_scale", ctx.cfg.precision.params))
-    return PartTimes(qkv=n * g["qkv"], attention=n * attention_time(ctx, fit), proj=n * g["proj"],
-                     ffn_up=n * g["ffn_up"], ffn_down=n * g["ffn_down"],
-                     logits=g["logits"] if st.logits else 0.0, elementwise=ew)
+          * f["elementwise"])
+    quant = n * sum(g[k] for k in ("qkv", "proj", "ffn_up", "ffn_down")) * f["quantisation"]
+    return PartTimes(qkv=n * g["qkv"], attention=n * attention_time(ctx, fit) * f["attention"],
+                     proj=n * g["proj"], ffn_up=n * g["ffn_up"], ffn_down=n * g["ffn_down"],
+                     logits=g["logits"] if st.logits else 0.0, elementwise=ew + quant)
 
 
 def chunk_parts(ctx: Context, layers: int, embedding: bool, logits: bool,
@@ -227,12 +248,11 @@ def chunk_parts(ctx: Context, layers: int, embedding: bool, logits: bool,
     elementwise work)."""
     g = part_passes(ctx, fit)
     att = attention_time(ctx, fit)
+    f = part_factors(ctx, fit)  # a CPU probe's precisions: the whole part, rate and calls
     layer_w, loss_w = elementwise_width(ctx, logits)
     emb_w = ctx.model.hidden_size if embedding else 0.0  # lookup and its gradient, unsharded rows
-    # activations in another precision than the fit's (a CPU probe's rate: Fitted.elementwise_scale)
-    act = fit.scale("elementwise_scale", ctx.cfg.precision.params)
     ew = (fit.elementwise_passes * ctx.tokens * 2.0 * (layers * layer_w + loss_w + emb_w)
-          / (ctx.system.hbm_tbs * 1e12)) * act
+          / (ctx.system.hbm_tbs * 1e12)) * f["elementwise"]
     # forward 1/3 of it, backward 2/3 (one GEMM, then two); per sequence of the microbatch for
     # the GEMMs and the attention, per pass for the elementwise work (`Fitted.call_s`)
     call = {k: v * (1 if k == "elementwise" else ctx.mbs) for k, v in fit.call_s}
@@ -240,13 +260,19 @@ def chunk_parts(ctx: Context, layers: int, embedding: bool, logits: bool,
     out = []
     for lo, hi, share in ((0, 1, 1 / 3), (1, 3, 2 / 3)):
         t = {k: sum(g[k][lo:hi]) for k in g}
-        out.append(PartTimes(qkv=layers * (t["qkv"] + call.get("qkv", 0.0) * share),
-                             attention=layers * (att + call.get("attention", 0.0)) * share,
-                             proj=layers * (t["proj"] + call.get("proj", 0.0) * share),
-                             ffn_up=layers * (t["ffn_up"] + ffn * share),
-                             ffn_down=layers * (t["ffn_down"] + ffn * share),
-                             logits=t["logits"] + call.get("logits", 0.0) * share if logits else 0.0,
-                             elementwise=(ew + layers * call.get("elementwise", 0.0) * act) * share))
+        lin = {"qkv": t["qkv"] + call.get("qkv", 0.0) * share,
+               "proj": t["proj"] + call.get("proj", 0.0) * share,
+               "ffn_up": t["ffn_up"] + ffn * share, "ffn_down": t["ffn_down"] + ffn * share}
+        lin = {k: v * f[k] for k, v in lin.items()}
+        quant = layers * sum(lin.values()) * f["quantisation"]
+        out.append(PartTimes(qkv=layers * lin["qkv"],
+                             attention=layers * (att + call.get("attention", 0.0)) * share * f["attention"],
+                             proj=layers * lin["proj"], ffn_up=layers * lin["ffn_up"],
+                             ffn_down=layers * lin["ffn_down"],
+                             logits=((t["logits"] + call.get("logits", 0.0) * share) * f["logits"]
+                                     if logits else 0.0),
+                             elementwise=(ew + layers * call.get("elementwise", 0.0) * f["elementwise"])
+                             * share + quant))
     return out[0], out[1]
 
 

@@ -27,11 +27,16 @@ Model revision 7 adds, each in both precisions:
   query group) x 1, 2, 4 and 8 (`LADDER`), one query group: BF16's slowdown on a CPU grows with
   the batch of its matrix products (some 4-6x at a batch of 2, 10-12x from 8 on this project's
   2-core machine), so the ladder prices a layout whose microbatch or TP split differs from the
-  fit's (`compute.attention_time` takes the rung of its own batch, mbs x heads / TP);
+  fit's (`compute.probe_factor` takes the rung of its own batch, mbs x heads / TP);
 * elementwise: one layer's non-GEMM work on the run's activations (megatron's RMSNorm,
   torch.nn.functional.rms_norm, the residual add and SwiGLU, forward and backward): the rate of
   elementwise passes over activations held in another precision (BF16 parameters keep BF16
   activations).
+
+Model revision 8 adds the FFN's up-projection as one linear layer, forward and backward:
+"ffn_fp32" and "ffn_bf16" (torch's linear), and "ffn_nvfp4", the project's emulated NVFP4 linear
+(precision/linear.py `nvfp4_linear`, its default recipe, on BF16 operands as an NVFP4 run's
+parameters are): what the emulation's quantisation adds to a linear layer on this CPU.
 
 The first version (model revision 6 as first committed, 2cbbc97: the proof runs T1815Z and
 T1846Z and the fourth set of layouts ran it) timed the attention without the query groups'
@@ -85,6 +90,18 @@ def _attention(torch, dtype, mbs: int, heads: int, groups: int, seq: int, kv: in
     return run
 
 
+def _linear(torch, dtype, shape: list[int], nvfp4: bool):
+    from ..precision.linear import nvfp4_linear
+    tokens, hidden, out = shape
+    x = torch.randn(tokens, hidden, dtype=dtype, requires_grad=True)
+    w = torch.randn(out, hidden, dtype=dtype, requires_grad=True)
+    fn = nvfp4_linear if nvfp4 else torch.nn.functional.linear
+
+    def run():
+        fn(x, w).sum().backward()
+    return run
+
+
 def _elementwise(torch, dtype, tokens: int, hidden: int, ffn: int):
     x = torch.randn(tokens, hidden, dtype=dtype, requires_grad=True)
     w = torch.ones(hidden, dtype=dtype, requires_grad=True)
@@ -113,7 +130,8 @@ def shapes(cfg) -> dict[str, list[int]]:
                           m.seq_length, m.kv_channels],
             **{f"attention-b{rep * k}": [rep * k, rep, m.seq_length, m.kv_channels]
                for k in LADDER},
-            "elementwise": [mbs * m.seq_length, m.hidden_size, m.ffn_hidden_size // p.tp]}
+            "elementwise": [mbs * m.seq_length, m.hidden_size, m.ffn_hidden_size // p.tp],
+            "ffn": [mbs * m.seq_length, m.hidden_size, 2 * m.ffn_hidden_size // p.tp]}
 
 
 def run_probe(cfg, repeats: int = REPEATS) -> dict:
@@ -127,9 +145,11 @@ def run_probe(cfg, repeats: int = REPEATS) -> dict:
         fns[f"gemm_{prec}"] = _gemm(torch, dtypes[prec], *sh["gemm"])
         fns[f"attention_{prec}"] = _attention(torch, dtypes[prec], *sh["attention"])
         fns[f"elementwise_{prec}"] = _elementwise(torch, dtypes[prec], *sh["elementwise"])
+        fns[f"ffn_{prec}"] = _linear(torch, dtypes[prec], sh["ffn"], nvfp4=False)
         for op in (k for k in sh if k.startswith("attention-b")):
             b, rep, seq, kv = sh[op]
             fns[f"{op}_{prec}"] = _attention(torch, dtypes[prec], b // rep, rep, 1, seq, kv)
+    fns["ffn_nvfp4"] = _linear(torch, torch.bfloat16, sh["ffn"], nvfp4=True)
     best = {k: float("inf") for k in fns}
     for _ in range(repeats):
         for k, fn in fns.items():

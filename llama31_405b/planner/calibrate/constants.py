@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-MODEL_REVISION = 7
+MODEL_REVISION = 8
 """The calibrated model's revision: raised whenever the same measurements give other constants
 or predictions. A table derived from measurements (bench/planner_proof: docs/planner_proof/)
 records the revision that derived it and re-derives under that revision's code only.
@@ -39,9 +39,12 @@ a CPU profile's precision probe prices BF16 GEMMs and attention on a CPU without
 (`calibrate/precisions.py`; tiny_cpu_gb200's LM head took 22x the FP32 fit's time per FLOP).
 7: the probe's attention ratio at the layout's own bmm batch (a ladder: BF16's slowdown on the
 CPU grows with the batch, 4-6x at 2 to 10-12x from 8), and elementwise work on BF16 activations
-at the probe's BF16/FP32 ratio (`Fitted.elementwise_scale`), where both had been priced at the
+at the probe's BF16/FP32 ratio (then `Fitted.elementwise_scale`), where both had been priced at the
 fit layouts' batch and at FP32's rate (tiny_cpu_gb200's attention 1.7-2.3x and elementwise
-1.5-2.4x their predictions under revision 6)."""
+1.5-2.4x their predictions under revision 6). 8: a probe-priced precision scales the whole
+part, its time per call with its rate (`Fitted.probe_scale`), where revision 7 scaled the rate
+alone; and the emulated NVFP4 linears' quantisation is priced by the probe's emulated linear
+(elementwise work), where it had been left out."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -138,13 +141,14 @@ class Fitted:
     fraction of its peak; `ASSUMED.gemm_peak_fraction` for the others)."""
     attention_fraction: tuple[tuple[str, float], ...] = ()
     """Attention efficiency in a precision other than the profiled attention's (precision ->
-    fraction of its peak), from the profile's precision probe (calibrate/precisions.py);
-    `attention_bf16_fraction` for the others. Keys "<precision>-b<B>": at bmm batch B
-    (microbatch x heads per TP rank), the probe's ladder; `compute.attention_time` takes the
-    rung nearest a layout's batch (in log2), the plain key where the probe had no ladder."""
-    elementwise_scale: tuple[tuple[str, float], ...] = ()
-    """Time of the elementwise work with activations in another precision than the fit's
-    parameters' (precision -> factor, 1 when absent), from the probe (model revision 7)."""
+    fraction of its peak); `attention_bf16_fraction` for the others. A CPU probe's precisions
+    keep the profiled one's (their time ratio is in `probe_scale`)."""
+    probe_scale: tuple[tuple[str, float], ...] = ()
+    """A CPU profile's precision probe (calibrate/precisions.py): "<operation>_<precision>" ->
+    the time of a part in that precision over its time in the profiled one (rate and time per
+    call alike; `compute.probe_factor`): "gemm_<q>", "attention_<q>", "attention-b<B>_<q>" (the
+    ladder of bmm batches), "elementwise_<q>" (activations in q), "gemm_nvfp4" (the emulated
+    NVFP4 linear: its quantisation); 1 where absent (a GPU's calibration)."""
     gemm_part_scale: tuple[tuple[str, float], ...] = ()
     """Time of the QKV, output-projection and LM-head GEMMs relative to the FFN GEMMs' rate
     (part -> factor, 1 when absent): their shapes run at another rate than the FFN's."""

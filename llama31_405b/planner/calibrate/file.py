@@ -35,7 +35,7 @@ from pathlib import Path
 from .constants import MODEL_REVISION, Fitted
 from .summary import Summary, summary_from_dict
 
-TABLES = ("gemm_fraction", "attention_fraction", "elementwise_scale", "gemm_part_scale", "call_s",
+TABLES = ("gemm_fraction", "attention_fraction", "probe_scale", "gemm_part_scale", "call_s",
           "comm_scale")
 
 

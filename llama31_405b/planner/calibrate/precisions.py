@@ -2,23 +2,32 @@
 
 A fit measures the GEMMs in the profiled run's precision (`compute.gemm_precision`) and the
 attention in its `precision.attention`; a plan may run a part in another (tiny_cpu_gb200: the LM
-head and the attention in BF16 against an FP32 fit). On a GPU the datasheet's peaks relate the
-precisions (`ASSUMED.gemm_peak_fraction` of each peak). On a CPU the peaks say nothing of
-PyTorch's kernels for a precision the CPU has no units for (BF16 on AVX2: some 20x slower than
-FP32, where the CPU system file's nominal peaks are equal), so a CPU profile's rank 0 times the
-run's LM head and attention shapes in each precision (profile/probe.py) and the fit prices
-precision q from the measured one p by the probe's time ratio:
+head and the attention in BF16, its linears in emulated NVFP4, against an FP32 fit). On a GPU the
+datasheet's peaks relate the precisions (`ASSUMED.gemm_peak_fraction` of each peak). On a CPU the
+peaks say nothing of PyTorch's kernels for a precision the CPU has no units for (BF16 on AVX2:
+some 20x slower than FP32, where the CPU system file's nominal peaks are equal), so a CPU
+profile's rank 0 times the operations in each precision (profile/probe.py) and the fit prices a
+part in precision q by its time in the measured precision p times the probe's ratio:
 
-    fraction(q) = fraction(p) x t_probe(p) / t_probe(q) x peak(p) / peak(q)
+    t(part in q) = t(part in p) x t_probe(q) / t_probe(p)
 
-so that a part of q takes t_probe(q) / t_probe(p) times its time in p. Several layouts: the
-median ratio over those with a probe. A profile without one (a GPU's, or one written before
-the probe) leaves the fit as it was.
+the whole part: its rate and its time per call alike (`Fitted.call_s`; the probe times the
+operation as the run calls it). So the fit keeps q's fraction of its peak at p's (scaled by
+the peaks' ratio, 1 on the CPU) and records the ratio in `Fitted.probe_scale` ("<operation>_<q>";
+`compute.probe_factor` applies it): "gemm" for linear parts in q (the LM head in BF16 under
+NVFP4), "attention-b<B>" at each rung of the probe's ladder of bmm batches (the rung nearest a
+layout's mbs x heads / TP; "attention" where a probe had no ladder), "elementwise" for the
+non-GEMM work on activations in q (the parameters' precision), and "gemm_nvfp4" for the
+emulated NVFP4 linear against the FP32 one ("ffn" in the probe): its quantisation, priced as
+elementwise work of (ratio - 1) x the layer's linear time. Several layouts: the median ratio
+over those with a probe. A profile without one (a GPU's, or one written before the probe)
+leaves the fit as it was.
 
-Model revision 7: the attention's ratio at each rung of the probe's ladder of bmm batches
-(`attention_fraction` keys "<precision>-b<B>", read by `compute.attention_time` for a layout of
-that batch), and the elementwise work's time in each other precision of the activations (the
-parameters' precision) relative to the fit's, `Fitted.elementwise_scale`.
+History: model revision 6 priced q's rate alone (fraction(q) = fraction(p) x t_probe(p) /
+t_probe(q)), its time per call at p's; revision 7 added the ladder and the elementwise ratio
+(T2205Z: tiny_cpu_gb200's LM head 1.34x its prediction, the FP32 fit's time per call being a
+larger share of the LM head than in revision 6's runs; its elementwise 1.74x, the emulation's
+quantisation unpriced).
 """
 from __future__ import annotations
 
@@ -48,26 +57,29 @@ def ratios(runs: list[tuple[Context, Summary]], op: str, base: str) -> dict[str,
 
 
 def with_probe(fit: Fitted, runs: list[tuple[Context, Summary]]) -> Fitted:
-    """`fit` with the GEMM and attention fractions of the precisions the runs' probes timed and
-    the runs did not execute (`Fitted.gemm_fraction`, `Fitted.attention_fraction`)."""
+    """`fit` with the precisions the runs' probes timed and the runs did not execute: their
+    GEMM and attention fractions at the measured precision's (`Fitted.gemm_fraction`,
+    `Fitted.attention_fraction`) and the probe's time ratios (`Fitted.probe_scale`)."""
     ctx = runs[0][0]
     peak = ctx.system.peak_tflops
     gemm = compute.gemm_precision(ctx)
     attention = ctx.cfg.precision.attention
-    g = dict(fit.gemm_fraction)
+    g, a, scale = dict(fit.gemm_fraction), dict(fit.attention_fraction), dict(fit.probe_scale)
     base = compute.gemm_peak_fraction(gemm, fit)
     for prec, r in ratios(runs, "gemm", gemm).items():
-        g[prec] = base * r * peak(gemm) / peak(prec)
-    a = dict(fit.attention_fraction)
+        g[prec] = base * peak(gemm) / peak(prec)
+        scale[f"gemm_{prec}"] = 1 / r
     rungs = sorted({k.partition("_")[0] for _, c in runs for k, _ in c.probe_s
                     if k.startswith("attention-b")})
     for op in ("attention", *rungs):
-        suffix = op.removeprefix("attention")
         for prec, r in ratios(runs, op, attention).items():
-            a[prec + suffix] = fit.attention_bf16_fraction * r * peak(attention) / peak(prec)
-    e = dict(fit.elementwise_scale)
+            a[prec] = fit.attention_bf16_fraction * peak(attention) / peak(prec)
+            scale[f"{op}_{prec}"] = 1 / r
     for prec, r in ratios(runs, "elementwise", ctx.cfg.precision.params).items():
-        e[prec] = 1 / r
+        scale[f"elementwise_{prec}"] = 1 / r
+    nvfp4 = ratios(runs, "ffn", gemm).get("nvfp4")
+    if nvfp4 and gemm != "nvfp4":
+        scale["gemm_nvfp4"] = 1 / nvfp4
     return replace(fit, gemm_fraction=tuple(sorted(g.items())),
                    attention_fraction=tuple(sorted(a.items())),
-                   elementwise_scale=tuple(sorted(e.items())))
+                   probe_scale=tuple(sorted(scale.items())))
