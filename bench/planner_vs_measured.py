@@ -247,6 +247,9 @@ def extra(a) -> None:
                  f"this code is revision {calibrate.MODEL_REVISION}, which reads its constants "
                  "otherwise: use a calibration of a run of this revision")
     layouts = spec.load_layouts(a.extra)
+    # the tree's state before this run writes anything: the folder's own files (the configs
+    # below) would make a clean checkout read "dirty" (every extra folder before 2026-12-06)
+    commit = _commit()
     out = summaries.new_folder(a.out or Path(tempfile.mkdtemp(prefix="planner_extra_")) / "extra")
     work = a.work or Path(tempfile.mkdtemp(prefix="planner_vs_measured_"))
     work.mkdir(parents=True, exist_ok=True)
@@ -257,7 +260,7 @@ def extra(a) -> None:
     if bad:
         sys.exit("\n".join(bad))
     info = {"started": _now(), "cpus": os.cpu_count(), "load_before": os.getloadavg()[0],
-            "work": str(work), **_cpu(), **_commit()}
+            "work": str(work), **_cpu(), **commit}
     (out / "proof.toml").write_text(proof.text)
     shutil.copyfile(a.extra, out / "layouts.toml")
     (out / "calibration").mkdir()

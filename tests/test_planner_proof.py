@@ -314,8 +314,16 @@ def test_the_bench_writes_an_extra_folder_that_rederives(synthetic_run, tmp_path
     for r in range(1, 4):
         synthetic_profile(work / f"profile_pp2m8_r{r}", cfg, made_up())
     out = tmp_path / "extra"
-    bench.extra(argparse.Namespace(proof=spec.PROOF, extra=lfile, out=out, work=work, reuse=True,
-                                   calibration=synthetic_run / "calibration" / "two_rank.toml"))
+    seen = []  # the tree's state is read before the folder exists (its files are untracked)
+    real = bench._commit
+    bench._commit = lambda: seen.append(out.exists()) or {"commit": "c" * 40, "dirty": False}
+    try:
+        bench.extra(argparse.Namespace(proof=spec.PROOF, extra=lfile, out=out, work=work,
+                                       reuse=True,
+                                       calibration=synthetic_run / "calibration" / "two_rank.toml"))
+    finally:
+        bench._commit = real
+    assert seen == [False] and json.loads((out / "run.json").read_text())["dirty"] is False
     assert (out / "layouts.toml").read_text() == lfile.read_text()
     assert (out / "proof.toml").read_text() == spec.PROOF.read_text()
     assert {"commit", "cpu_model", "load_before", "load_after"} <= set(
