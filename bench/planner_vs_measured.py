@@ -7,7 +7,11 @@ core-share pairs (a 2-rank layout and the 4-rank layout with a second replica of
 profiles every layout of the proof with the tiny model (`python -m llama31_405b profile` under
 torchrun, gloo, as many ranks as the layout has) in the proof's rounds (each round the fit layouts
 first, then the others, in reverse order every other round, so that a drift of the machine meets
-every layout alike), recording the 1-minute load average before and after every profile.
+every layout alike), recording the 1-minute load average before and after every profile, and the
+machine's speed: a fixed one-thread GEMM loop timed before and after every profile (speed.json;
+the table's "machine" column, each layout's slowest and fastest reference against the run's
+median). A VM's cores slowed by a busy host show there and not in its load average: of two runs
+on a quiet machine, the machine column stays near 1.00 in both.
 
 It writes the summaries behind the table into a new folder meant for committing (default
 docs/planner_proof/<UTC date and time>; an existing one is refused, naming it): each layout's
@@ -84,21 +88,49 @@ def setup(work: Path) -> None:
           "train-init", "--config", str(work / "base_gb200.toml")], work / "init_gb200.log")
 
 
+def reference_ms(reps: int = 3) -> float:
+    """The machine's speed now: the median of `reps` timings (ms) of one fixed FP32 GEMM loop
+    on one thread (about 60 ms each on the 2-core development machine)."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    a = torch.full((256, 256), 0.5)
+    try:
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            for _ in range(150):
+                a @ a
+            times.append((time.perf_counter() - t) * 1e3)
+    finally:
+        torch.set_num_threads(threads)
+    return sorted(times)[len(times) // 2]
+
+
 def profile(work: Path, layout: spec.Layout, rnd: int, steps: int, loads: dict) -> Path:
+    """Profile `layout` in round `rnd` into work/profile_<name>_r<rnd>; the load averages
+    before and after go to `loads` (work/loads.json), the reference GEMM's time before and
+    after (`reference_ms`) to work/speed.json."""
     out = work / f"profile_{layout.name}_r{rnd}"
     if out.exists():
         sys.exit(f"{out} exists: a profile folder is never overwritten (use another --work, or "
                  "--reuse to summarise it)")
+    s0 = reference_ms()
     t0, l0 = time.perf_counter(), os.getloadavg()[0]
     _run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={layout.ranks}",
           f"--master_port={_port()}", "--master_addr=127.0.0.1", "-m", "llama31_405b", "profile",
           str(spec.work_config(layout, work)), "--out", str(out), "--ranks", "all", "--skip", "1",
           "--baseline", "1", "--steps", str(steps)], work / f"profile_{layout.name}_r{rnd}.log")
-    l1 = os.getloadavg()[0]
+    l1, dt = os.getloadavg()[0], time.perf_counter() - t0
+    s1 = reference_ms()
     loads[f"{layout.name}/r{rnd}"] = [l0, l1]
     (work / "loads.json").write_text(json.dumps(loads, indent=1))
-    print(f"  round {rnd}: profiled {layout.name} in {time.perf_counter() - t0:.0f} s (load "
-          f"average {l0:.1f} -> {l1:.1f})", flush=True)
+    spath = work / "speed.json"
+    speeds = json.loads(spath.read_text()) if spath.exists() else {}
+    speeds[f"{layout.name}/r{rnd}"] = [s0, s1]
+    spath.write_text(json.dumps(speeds, indent=1))
+    print(f"  round {rnd}: profiled {layout.name} in {dt:.0f} s (load average {l0:.1f} -> "
+          f"{l1:.1f}; reference GEMM {s0:.0f} -> {s1:.0f} ms)", flush=True)
     return out
 
 
@@ -133,6 +165,11 @@ def summarise(work: Path, run: Path, layouts: dict, names: list[str], rounds: in
             summaries.reduce_profile(work / f"profile_{n}_r{r}", summaries.round_folder(run, n, r))
     keep = {k: v for k, v in loads.items() if k.split("/")[0] in names}
     (run / "loads.json").write_text(json.dumps(keep, indent=1) + "\n")
+    spath = work / "speed.json"
+    if spath.exists():
+        speeds = json.loads(spath.read_text())
+        keep = {k: v for k, v in speeds.items() if k.split("/")[0] in names}
+        (run / "speed.json").write_text(json.dumps(keep, indent=1) + "\n")
 
 
 def _commit() -> dict:

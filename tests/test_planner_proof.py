@@ -253,17 +253,35 @@ def test_the_bench_writes_a_folder_that_rederives(tmp_path, capsys):
         for r in range(1, proof.rounds + 1):
             synthetic_profile(work / f"profile_{n}_r{r}", cfg, made_up())
     (work / "loads.json").write_text(json.dumps({"dp4/r1": [1.0, 2.0], "dp4/r3": [0.5, 1.5]}))
+    # the reference GEMM's times: the run's median is 60 ms, dp4's slowest 90 and fastest 54
+    (work / "speed.json").write_text(json.dumps(
+        {"dp4/r1": [90.0, 60.0], "dp4/r2": [54.0, 60.0], "tp2/r1": [60.0, 60.0],
+         "gone/r1": [1.0, 1.0]}))   # a layout outside the proof: not copied
     args = argparse.Namespace(proof=spec.PROOF, out=tmp_path / "run", work=work, reuse=True)
     bench.proof_run(args)
     run = tmp_path / "run"
     assert (run / "proof.toml").read_text() == spec.PROOF.read_text()
     assert (run / "calibration" / "four_rank.toml").is_file()
+    assert "gone/r1" not in json.loads((run / "speed.json").read_text())
     t = json.loads((run / "table.json").read_text())
     assert {r["layout"]: r["load"] for r in t["sections"][0]["rows"]}["dp4"] == [0.5, 2.0]
+    machine = {r["layout"]: r["machine"] for r in t["sections"][0]["rows"]}
+    assert machine["dp4"] == pytest.approx([0.9, 1.5]) and machine["pp2dp2"] is None
+    md = (run / "table.md").read_text()
+    assert "| machine |" in md and "| 0.90-1.50 |" in md
     check_run(run, tmp_path / "check")
     assert "4 ranks on 2 cores" in capsys.readouterr().out
     with pytest.raises(FileExistsError, match="run exists"):
         bench.proof_run(args)
+
+
+def test_the_reference_gemm_times_the_machine():
+    """The bench's speed reference (`reference_ms`) is a positive time and leaves the process's
+    thread count as it found it."""
+    import torch
+    bench, threads = _bench(), torch.get_num_threads()
+    assert bench.reference_ms(reps=1) > 0
+    assert torch.get_num_threads() == threads
 
 
 def _bench():

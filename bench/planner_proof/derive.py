@@ -79,7 +79,19 @@ def verdict(m: float, p: float, tol: float, floor: float) -> str:
     return "ok" if abs(m / p - 1) <= tol else "miss"
 
 
-def layout_row(run: Path, proof: Proof, layout: Layout, role: str, fit, loads: dict) -> dict:
+def machine_speed(speeds: dict, name: str, rounds: int) -> list[float] | None:
+    """`name`'s reference GEMM times (before and after each of its profiles) over the median of
+    every profile's in the run: its slowest and fastest, [min, max] (None without a record:
+    the runs before 2026-12-06)."""
+    own = [x for r in range(1, rounds + 1) for x in speeds.get(f"{name}/r{r}", [])]
+    if not own:
+        return None
+    ref = statistics.median(x for v in speeds.values() for x in v)
+    return [min(own) / ref, max(own) / ref]
+
+
+def layout_row(run: Path, proof: Proof, layout: Layout, role: str, fit, loads: dict,
+               speeds: dict | None = None) -> dict:
     """One row: the median over the rounds of each measured figure against the prediction."""
     from llama31_405b.config.load import load_config
     cfg = load_config(Path(run) / "layouts" / layout.name / "config.toml")
@@ -93,7 +105,8 @@ def layout_row(run: Path, proof: Proof, layout: Layout, role: str, fit, loads: d
     return {"layout": layout.name, "label": layout.label, "role": role, "measured": m,
             "predicted": p, "ratio": {k: (m[k] / p[k] if p[k] > 0 else None) for k in COLUMNS},
             "verdict": ver, "rounds": [x["step"] / p["step"] for x in rounds],
-            "load": [min(ld), max(ld)] if ld else None}
+            "load": [min(ld), max(ld)] if ld else None,
+            "machine": machine_speed(speeds or {}, layout.name, proof.rounds)}
 
 
 def judge(rows: list[dict]) -> dict:
@@ -109,7 +122,8 @@ def judge(rows: list[dict]) -> dict:
             "order_measured": by_m, "order_predicted": by_p, "ranked_as_measured": by_m == by_p}
 
 
-def section(run: Path, proof: Proof, sec: Section, cal_out: Path, loads: dict) -> dict:
+def section(run: Path, proof: Proof, sec: Section, cal_out: Path, loads: dict,
+            speeds: dict | None = None) -> dict:
     folders = [round_folder(run, n, r) for n in sec.fit for r in range(1, proof.rounds + 1)]
     configs = [Path(run) / "layouts" / n / "config.toml" for n in sec.fit]
     cal, refused = calibrate(folders, configs, cal_out)
@@ -119,7 +133,7 @@ def section(run: Path, proof: Proof, sec: Section, cal_out: Path, loads: dict) -
         text = refused.replace(str(Path(run).resolve()), "<run>").replace(str(run), "<run>")
         return out | {"calibration": None, "refused": text.replace(str(cal_out), "<out>")}
     rows = [layout_row(run, proof, proof.layouts[n], "fit" if n in sec.fit else "unseen",
-                       cal.fit, loads) for n in sec.layouts]
+                       cal.fit, loads, speeds) for n in sec.layouts]
     return out | {"fitted": fitted_dict(cal.fit), "rows": rows, "verdict": judge(rows)}
 
 
@@ -158,6 +172,12 @@ def core_share(run: Path, proof: Proof, sections: list[dict], cal_dir: Path) -> 
     return out
 
 
+def _records(folder: Path, name: str) -> dict:
+    """A run folder's per-profile record `name` (loads.json, speed.json); {} where absent."""
+    path = Path(folder) / name
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
 def tolerance(proof: Proof) -> dict:
     """The proof's tolerances as a table records them."""
     return {"step": proof.step_tol, "component": proof.component_tol,
@@ -169,9 +189,8 @@ def derive(run: Path, cal_dir: Path) -> dict:
     is written to `cal_dir`/<section>.toml (a folder that must not hold them yet)."""
     run = Path(run)
     proof = load(run / "proof.toml")
-    lpath = run / "loads.json"
-    loads = json.loads(lpath.read_text()) if lpath.exists() else {}
-    sections = [section(run, proof, s, Path(cal_dir) / f"{s.name}.toml", loads)
+    loads, speeds = _records(run, "loads.json"), _records(run, "speed.json")
+    sections = [section(run, proof, s, Path(cal_dir) / f"{s.name}.toml", loads, speeds)
                 for s in proof.sections]
     from llama31_405b.planner.calibrate import MODEL_REVISION
     return {"proof_date": proof.date, "model_revision": MODEL_REVISION,
@@ -211,10 +230,10 @@ def derive_extra(folder: Path, layouts_file: str, calibration: str) -> dict:
     lfile = folder / "layouts.toml"
     layouts = load_layouts(lfile if lfile.is_file() else ROOT / layouts_file)
     proof = load(folder / "proof.toml" if (folder / "proof.toml").is_file() else PROOF)
-    lpath = folder / "loads.json"
-    loads = json.loads(lpath.read_text()) if lpath.exists() else {}
+    loads, speeds = _records(folder, "loads.json"), _records(folder, "speed.json")
     fit = cal.read(folder / "calibration" / "given.toml").fit
-    rows = [layout_row(folder, proof, lay, "extra", fit, loads) for lay in layouts.values()]
+    rows = [layout_row(folder, proof, lay, "extra", fit, loads, speeds)
+            for lay in layouts.values()]
     return {"layouts_file": layouts_file, "calibration": calibration,
             "model_revision": MODEL_REVISION, "rounds": proof.rounds,
             "tolerance": tolerance(proof),

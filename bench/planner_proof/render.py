@@ -1,6 +1,8 @@
 """The derived table (derive.py) as markdown, ready for docs/planner.md: per section, per layout
 the measured / predicted ratio of the step and of each component (predicted ms in brackets),
-each round's step ratio, the load average while it was profiled and the profiler's overhead;
+each round's step ratio, the load average while it was profiled, the machine's speed around it
+(its reference GEMM's slowest and fastest time over the run's median; runs from 2026-12-06 on)
+and the profiler's overhead;
 a judged part outside its tolerance is marked "miss", one under the proof's share of the step
 "~" (not judged)."""
 from __future__ import annotations
@@ -18,14 +20,19 @@ def _cell(row: dict, k: str) -> str:
 
 
 def rows_table(rows: list[dict]) -> list[str]:
-    head = ["layout", *(c for c, _ in HEAD), "step per round", "load avg", "prof. ovh"]
+    machine = any(r.get("machine") for r in rows)   # no column for the runs without a record
+    head = ["layout", *(c for c, _ in HEAD), "step per round", "load avg",
+            *(["machine"] if machine else []), "prof. ovh"]
     out = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in rows:
         cells = [_cell(r, k) for _, k in HEAD]
         per = ", ".join(f"{x:.2f}" for x in r["rounds"])
         load = f"{r['load'][0]:.1f}-{r['load'][1]:.1f}" if r["load"] else "-"
+        speed = r.get("machine")
         label = r["label"] + (" (fit)" if r["role"] == "fit" else "")
         out.append("| " + " | ".join([label, *cells, per, load,
+                                      *([f"{speed[0]:.2f}-{speed[1]:.2f}" if speed else "-"]
+                                        if machine else []),
                                       f"{r['measured']['overhead_ratio']:.2f}"]) + " |")
     return out
 

@@ -17,6 +17,8 @@ The run folder (docs/planner_proof/<run>/):
     proof.toml                      the proof file the run was made under (a copy)
     run.json                        when, where (CPUs, load before and after), the commit
     loads.json                      the 1-minute load average before and after every profile
+    speed.json                      the reference GEMM's time (ms) before and after every
+                                    profile (bench/planner_vs_measured.py `reference_ms`)
     layouts/<name>/config.toml      the layout (committed form: the prediction reads it)
     layouts/<name>/r<k>/...         each round's summary (above)
     calibration/<section>.toml      `plan --calibrate` on the section's fit layouts' rounds
