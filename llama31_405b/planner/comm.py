@@ -123,12 +123,16 @@ def dp_reduce_s(ctx: Context, params: float, fit: Fitted, buckets: int = 1) -> f
     return t if ctx.cfg.optimizer.distributed else 2 * t
 
 
-def dp_gather_s(ctx: Context, params: float, fit: Fitted, buckets: int = 1) -> float:
-    """Parameter all-gather of `params` parameters over DP x CP (distributed optimizer only)."""
+def dp_gather_s(ctx: Context, params: float, fit: Fitted, buckets: int = 1,
+                high_params: float = 0.0) -> float:
+    """Parameter all-gather of `params` parameters over DP x CP (distributed optimizer only);
+    `high_params` of them are gathered in BF16 whatever the low-precision gather (the
+    embedding and the output layer: costs.chunk_cost)."""
     if ctx.dp * ctx.cp == 1 or params <= 0 or not ctx.cfg.optimizer.distributed:
         return 0.0
     sp = dp_cp_span(ctx)
-    t = collective_s(ctx, params * param_gather_bytes_per_param(ctx), sp, fit.nvlink_bus_efficiency)
+    nbytes = (params - high_params) * param_gather_bytes_per_param(ctx) + high_params * 2.0
+    t = collective_s(ctx, nbytes, sp, fit.nvlink_bus_efficiency)
     return t * fit.scale("comm_scale", "DP") + (buckets - 1) * latency(group_link(sp), ctx)
 
 

@@ -153,7 +153,13 @@ def chunk_cost(ctx: Context, rank: int, chunk: int, fit: Fitted) -> ChunkCost:
         bwd = PartTimes(**{f.name: getattr(bwd, f.name) + getattr(fwd, f.name) for f in fields(bwd)})
         tp_b, cp_b = tp_b + tp_f, cp_b + cp_f
     params = chunk_params(ctx, layers, emb, logits)
-    first = stream_s(ctx, params * weight_cast_bytes_per_param(ctx))
+    # only the transformer layers' weights are quantized, cast and gathered in low precision:
+    # the embedding and the output layer stay in the parameters' dtype (megatron-core 0.19.2
+    # builds the quantized parameters layer by layer, TransformerBlock._build_layers under
+    # fp4_utils.get_fp4_context / fp8_utils.get_fp8_context with is_init; GPTModel's output
+    # layer is tensor_parallel.ColumnParallelLinear)
+    quantized = chunk_params(ctx, layers, False, False)
+    first = stream_s(ctx, quantized * weight_cast_bytes_per_param(ctx))
     buckets = 1
     if rank == 0 and chunk == 0:
         buckets = max(1, math.ceil(params / comm.dp_bucket_params(ctx)))
@@ -161,7 +167,8 @@ def chunk_cost(ctx: Context, rank: int, chunk: int, fit: Fitted) -> ChunkCost:
     host_b = host * (2 if ctx.cfg.performance.recompute == "full" else 1)
     return ChunkCost(fwd=fwd, bwd=bwd, tp_fwd=tp_f, tp_bwd=tp_b, cp_fwd=cp_f, cp_bwd=cp_b,
                      params=params, reduce_s=comm.dp_reduce_s(ctx, params, fit, buckets),
-                     gather_s=comm.dp_gather_s(ctx, params, fit, buckets), buckets=buckets,
+                     gather_s=comm.dp_gather_s(ctx, params, fit, buckets,
+                                               high_params=params - quantized), buckets=buckets,
                      first_fwd_s=first, work_fwd=fwd.total + tp_f + cp_f + host,
                      work_bwd=bwd.total + tp_b + cp_b + host_b, host_fwd=host, host_bwd=host_b)
 

@@ -155,22 +155,23 @@ def core_share(ctx: Context, fit: Fitted) -> float:
     return (lo + hi) / 2
 
 
-def breakdown(ctx: Context, fit: Fitted) -> Breakdown:
-    """The simulated step of this layout at ctx.microbatches, as its busiest GPU spends it (with
-    the ranks' share of the cores where they share them)."""
+def breakdown(ctx: Context, fit: Fitted, rank: int | None = None) -> Breakdown:
+    """The simulated step of this layout at ctx.microbatches, as its busiest GPU spends it (or
+    pipeline rank `rank`: the rank a calibration's figures describe), with the ranks' share of
+    the cores where they share them."""
     k = core_share(ctx, fit) if fit.core_share == 1 else fit.core_share
-    b = _breakdown(ctx, replace(fit, core_share=k) if k != fit.core_share else fit)
+    b = _breakdown(ctx, replace(fit, core_share=k) if k != fit.core_share else fit, rank)
     return replace(b, core_share=k) if k != 1 else b
 
 
-def _breakdown(ctx: Context, fit: Fitted) -> Breakdown:
+def _breakdown(ctx: Context, fit: Fitted, rank: int | None = None) -> Breakdown:
     m = ctx.microbatches
     key = (ctx.key, fit)
     if key not in _SIMS:
         if len(_SIMS) > 2000:
             _SIMS.clear()
         _SIMS[key] = {}
-    rank = busiest_rank(ctx, fit)
+    rank = busiest_rank(ctx, fit) if rank is None else rank
     p = plan(ctx, fit)
     s = simulate.run(p, m, _SIMS[key], rank=rank)
     gather = p.param_gather_s  # in the plan's end-of-step work; exposed DP for a profile

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-MODEL_REVISION = 8
+MODEL_REVISION = 9
 """The calibrated model's revision: raised whenever the same measurements give other constants
 or predictions. A table derived from measurements (bench/planner_proof: docs/planner_proof/)
 records the revision that derived it and re-derives under that revision's code only.
@@ -44,7 +44,13 @@ fit layouts' batch and at FP32's rate (tiny_cpu_gb200's attention 1.7-2.3x and e
 1.5-2.4x their predictions under revision 6). 8: a probe-priced precision scales the whole
 part, its time per call with its rate (`Fitted.probe_scale`), where revision 7 scaled the rate
 alone; and the emulated NVFP4 linears' quantisation is priced by the probe's emulated linear
-(elementwise work), where it had been left out."""
+(elementwise work), where it had been left out. 9: only the transformer layers' weights are cast at
+a chunk's first forward and gathered in low precision, the embedding's and the output layer's
+staying in the parameters' dtype (`costs.chunk_cost`; megatron-core builds the quantized parameters
+layer by layer), where every parameter of the chunk was (tiny_cpu_gb200's embedding and LM head,
+4,096 x 128 each, were about half of its casts); and a calibration's figures of an inner pipeline
+rank less that rank's own DP slowdown, not the busiest rank's (`solver.compared_rank`), found by
+the review of revision 8."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)

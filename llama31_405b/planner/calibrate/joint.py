@@ -33,7 +33,7 @@ from ..step import breakdown, rank_compute
 from .constants import Fitted
 from .precisions import with_probe
 from .solver import (LINEAR, _close_step, _comm, _compute, _initial, _link, _pp_scale, _same,
-                     config_of, fit_memory, solve)
+                     _slowdown, compared_rank, config_of, fit_memory, solve)
 from .summary import Summary
 
 
@@ -86,19 +86,21 @@ def _by_call_part(per: dict[str, float]) -> dict[str, float]:
 
 
 def _part_figures(ctx: Context, c: Summary, fit: Fitted) -> tuple[dict, dict, dict]:
-    """Per part of `compute.CALL_PARTS`, on the busiest rank per step: (the measured time, the
+    """Per part of `compute.CALL_PARTS`, on the compared rank per step (`solver.compared_rank`:
+    the busiest, or the inner rank a summary names): (the measured time, the
     modelled time without `call_s` at `fit`'s rates, the count `call_s` multiplies: layer
     sequences for the GEMMs and the attention, layer passes for the elementwise work). The
     measured parts as `solver._compute` reads them (less the contention of overlapped DP
     collectives; the elementwise part less the per-step weight transposes)."""
     b = breakdown(ctx, fit)
-    clean = c.compute_s - b.dp_slowdown_s
-    k = clean / c.compute_s
     fk = replace(fit, core_share=b.core_share, call_s=())
-    base = _by_call_part(rank_compute(ctx, fk, b.rank))
+    rank = compared_rank(ctx, c, fk, b.rank)
+    clean = c.compute_s - _slowdown(ctx, fit, b, rank)
+    k = clean / c.compute_s
+    base = _by_call_part(rank_compute(ctx, fk, rank))
     ones = _by_call_part(rank_compute(ctx, replace(fk, call_s=tuple(
-        (p, 1.0) for p in compute.CALL_PARTS)), b.rank))
-    fixed = sum(ch.first_fwd_s for ch in plan(ctx, fk).chunks[b.rank])
+        (p, 1.0) for p in compute.CALL_PARTS)), rank))
+    fixed = sum(ch.first_fwd_s for ch in plan(ctx, fk).chunks[rank])
     calls = {p: ones[p] - base[p] for p in base}
     base["elementwise"] -= fixed
     parts = dict(c.parts)

@@ -212,12 +212,18 @@ def _initial(c: Summary, ctx: Context) -> Fitted:
 def compared_rank(ctx: Context, c: Summary, fit: Fitted, busiest: int) -> int:
     """The pipeline rank whose compute the summary's figures describe (`Summary.compute_of`):
     the busiest, or for "inner" the busiest of those holding neither the embedding nor the LM
-    head (the busiest where the pipeline has no such rank: PP < 3). The fit subtracts the
-    busiest rank's slowdown by the overlapped DP collectives from it (at 128 GB200 racks the
-    inner rank's own differs by 0.6 ms); `check` reports the busiest rank's compute."""
+    head (the busiest where the pipeline has no such rank: PP < 3). The fit subtracts this
+    rank's own slowdown by the overlapped DP collectives from its measured compute, and `check`
+    reports this rank's simulated compute beside it."""
     if c.compute_of == "inner" and ctx.pp >= 3:
         return max(range(1, ctx.pp - 1), key=lambda r: sum(rank_compute(ctx, fit, r).values()))
     return busiest
+
+
+def _slowdown(ctx: Context, fit: Fitted, b: Breakdown, rank: int) -> float:
+    """Pipeline rank `rank`'s compute lost to the overlapped DP collectives (`b`: the busiest
+    rank's breakdown, which is it where `rank` is the busiest)."""
+    return b.dp_slowdown_s if rank == b.rank else breakdown(ctx, fit, rank).dp_slowdown_s
 
 
 def _compute(ctx: Context, c: Summary, fit: Fitted) -> Fitted:
@@ -227,12 +233,12 @@ def _compute(ctx: Context, c: Summary, fit: Fitted) -> Fitted:
     prec = compute.gemm_precision(ctx)
     parts = dict(c.parts)
     b = breakdown(ctx, fit)
-    clean = c.compute_s - b.dp_slowdown_s
-    k = clean / c.compute_s
     # ranks sharing cores: measured in the parts; no time per layer pass (a joint fit's
     # `_call_times` fits it, where two layouts separate it from the rates)
     fk = replace(fit, core_share=b.core_share, call_s=())
     rank = compared_rank(ctx, c, fk, b.rank)
+    clean = c.compute_s - _slowdown(ctx, fit, b, rank)
+    k = clean / c.compute_s
     now = rank_compute(ctx, fk, rank)  # seconds of each part per step
     fixed = sum(ch.first_fwd_s for ch in plan(ctx, fk).chunks[rank])
     eta0 = compute.gemm_peak_fraction(prec, fit)
@@ -327,9 +333,12 @@ def check(c: Summary, fit: Fitted, cfg) -> dict:
     """The calibration file's [check]: the simulated step and compute of the measured layout with
     the fitted constants, next to the measurement (they agree: the fit reproduces what it was
     fitted to)."""
-    b = breakdown(Context.of(config_of(c, cfg)), fit)
+    ctx = Context.of(config_of(c, cfg))
+    b = breakdown(ctx, fit)
+    rank = compared_rank(ctx, c, replace(fit, core_share=b.core_share), b.rank)
+    sim = b if rank == b.rank else breakdown(ctx, fit, rank)
     out = {"simulated_step_s": b.step_s, "measured_step_s": c.step_s,
-           "simulated_compute_s": b.compute_total_s, "measured_compute_s": c.compute_s}
+           "simulated_compute_s": sim.compute_total_s, "measured_compute_s": c.compute_s}
     if c.eager_step_s is not None:
         out["measured_eager_step_s"] = c.eager_step_s
     return out
