@@ -122,8 +122,8 @@ def run(args) -> int:
     except Exception:  # noqa: BLE001 - peers may be gone after a failure
         pass
     if not hook.done:
-        print(f"error: rank {de.rank}: the run stopped before its profiled steps were written",
-              file=sys.stderr)
+        print(f"error: rank {de.rank}: the run stopped before its profiled steps were written "
+              f"({hook.stop_reason or 'no reason recorded'})", file=sys.stderr)
         return 1
     if de.rank != 0:
         return 0

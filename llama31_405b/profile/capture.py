@@ -192,6 +192,12 @@ class ProfileHook(Hook):
         """Full-iteration graphs: the allocator's peaks after the replayed steps (`_to_eager`)."""
         self.probe: dict | None = None
         """Rank 0 of a CPU run: the precision probe (profile/probe.py)."""
+        self.stop_reason = ""
+        """Why the run ended (the run's own reason, `Run.execute`): what `profile` prints when
+        the profiled steps were not all written."""
+
+    def on_run_stop(self, run, status, reason):
+        self.stop_reason = f"{status}: {reason}" if reason else status
 
     def _say(self, msg):
         if self.rank == 0:
