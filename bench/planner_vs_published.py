@@ -132,7 +132,8 @@ def rows(uf: Path | None = None) -> list[dict]:
     p128 = layout(128, 8)
     b = p128.breakdown
     # the figures the fit reads: an inner pipeline rank's compute (published_128racks.toml
-    # `compute_of`), slowed by the overlapped DP collectives as the busiest rank is
+    # `compute_of`), slowed by its own share of the overlapped DP collectives (model revision 9;
+    # before it, the busiest rank's)
     from llama31_405b.planner import step
     from llama31_405b.planner.calibrate.solver import compared_rank, config_of
     from llama31_405b.planner.context import Context
@@ -140,7 +141,7 @@ def rows(uf: Path | None = None) -> list[dict]:
     inner = compared_rank(ctx, c, fitted(), b["rank"])
     parts = step.rank_compute(ctx, fitted(), inner)
     clean = sum(parts.values())
-    comp = clean + b["dp_slowdown_s"]
+    comp = clean + step.breakdown(ctx, fitted(), inner).dp_slowdown_s
     gemm = sum(parts[k] for k in ("qkv", "attention", "proj", "ffn_up", "ffn_down", "logits"))
     add("128 racks: step time at GBS 1024, MiniBS 8", c.step_s, p128.step_time_s, "fit", "s")
     add(f"128 racks: compute per step (pipeline rank {inner}, as fitted)", c.compute_s, comp,

@@ -210,13 +210,12 @@ def test_embedding_and_output_layer_are_neither_cast_nor_gathered_in_nvfp4():
                       - (ctx.model.hidden_size if logits else 0))
             assert 0 < layers < 0.9 * ch.params    # the vocabulary's share is a quarter or more
             assert ch.first_fwd_s * eff == pytest.approx(layers * cast)
-        last = p.chunks[-1][-1]
-        high = last.params - layers
-        low = comm.param_gather_bytes_per_param(ctx)
-        both = comm.dp_gather_s(ctx, last.params, fitted(), last.buckets, high_params=high)
-        alike = comm.dp_gather_s(ctx, last.params, fitted(), last.buckets)
-        assert last.gather_s == pytest.approx(both)
-        assert (both > alike) if low < 2 else (both == pytest.approx(alike))
+            high = ch.params - layers
+            low = comm.param_gather_bytes_per_param(ctx)
+            both = comm.dp_gather_s(ctx, ch.params, fitted(), ch.buckets, high_params=high)
+            alike = comm.dp_gather_s(ctx, ch.params, fitted(), ch.buckets)
+            assert ch.gather_s == pytest.approx(both)
+            assert (both > alike) if low < 2 else (both == pytest.approx(alike))
 
 
 def test_dp_contention_uses_the_shipped_communicator_ctas():

@@ -81,7 +81,7 @@ def verdict(m: float, p: float, tol: float, floor: float) -> str:
 
 def machine_speed(speeds: dict, name: str, rounds: int) -> list[float] | None:
     """`name`'s reference GEMM times (before and after each of its profiles) over the median of
-    every profile's in the run: its slowest and fastest, [min, max] (None without a record:
+    every profile's in the run: its fastest and slowest, [min, max] (None without a record:
     the runs before 2026-12-06)."""
     own = [x for r in range(1, rounds + 1) for x in speeds.get(f"{name}/r{r}", [])]
     if not own:

@@ -1,7 +1,7 @@
 """The derived table (derive.py) as markdown, ready for docs/planner.md: per section, per layout
 the measured / predicted ratio of the step and of each component (predicted ms in brackets),
 each round's step ratio, the load average while it was profiled, the machine's speed around it
-(its reference GEMM's slowest and fastest time over the run's median; runs from 2026-12-06 on)
+(its reference GEMM's fastest and slowest time over the run's median; runs from 2026-12-06 on)
 and the profiler's overhead;
 a judged part outside its tolerance is marked "miss", one under the proof's share of the step
 "~" (not judged)."""

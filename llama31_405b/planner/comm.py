@@ -126,8 +126,8 @@ def dp_reduce_s(ctx: Context, params: float, fit: Fitted, buckets: int = 1) -> f
 def dp_gather_s(ctx: Context, params: float, fit: Fitted, buckets: int = 1,
                 high_params: float = 0.0) -> float:
     """Parameter all-gather of `params` parameters over DP x CP (distributed optimizer only);
-    `high_params` of them are gathered in BF16 whatever the low-precision gather (the
-    embedding and the output layer: costs.chunk_cost)."""
+    `high_params` of them are gathered at 2 bytes whatever the low-precision gather (the
+    embedding and the output layer, BF16: costs.chunk_cost), as every parameter is without one."""
     if ctx.dp * ctx.cp == 1 or params <= 0 or not ctx.cfg.optimizer.distributed:
         return 0.0
     sp = dp_cp_span(ctx)

@@ -39,8 +39,9 @@ class ChunkCost:
     buckets: int
     """DDP buckets: Megatron buckets only the first chunk of pipeline rank 0."""
     first_fwd_s: float
-    """Extra work of the chunk's first forward in a step: with NVFP4 parameters gathered, TE
-    derives the transposed (column-wise) copy of each gathered weight (`_create_columnwise`)."""
+    """Extra work of the chunk's first forward in a step: the transformer layers' weight casts
+    (`weight_cast_bytes_per_param`; with NVFP4 parameters gathered only the transposed copy,
+    TE's `_create_columnwise`); the embedding and the output layer cast nothing."""
     work_fwd: float
     """Forward compute + TP + CP + host."""
     work_bwd: float
@@ -154,10 +155,10 @@ def chunk_cost(ctx: Context, rank: int, chunk: int, fit: Fitted) -> ChunkCost:
         tp_b, cp_b = tp_b + tp_f, cp_b + cp_f
     params = chunk_params(ctx, layers, emb, logits)
     # only the transformer layers' weights are quantized, cast and gathered in low precision:
-    # the embedding and the output layer stay in the parameters' dtype (megatron-core 0.19.2
-    # builds the quantized parameters layer by layer, TransformerBlock._build_layers under
-    # fp4_utils.get_fp4_context / fp8_utils.get_fp8_context with is_init; GPTModel's output
-    # layer is tensor_parallel.ColumnParallelLinear)
+    # the embedding and the output layer stay BF16 (megatron-core 0.19.2: the recipe's context is
+    # entered per transformer layer, TransformerBlock.forward for the casts and
+    # TransformerBlock._build_layers with is_init for low-precision parameters; the embedding is
+    # built outside it and GPTModel's output layer is tensor_parallel.ColumnParallelLinear)
     quantized = chunk_params(ctx, layers, False, False)
     first = stream_s(ctx, quantized * weight_cast_bytes_per_param(ctx))
     buckets = 1

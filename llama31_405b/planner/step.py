@@ -54,7 +54,8 @@ class Breakdown:
     critical_rank: int
     """The pipeline rank that finishes last (the others wait for it)."""
     rank: int = 0
-    """The pipeline rank this breakdown describes: the busiest one (`busiest_rank`)."""
+    """The pipeline rank this breakdown describes: the busiest one (`busiest_rank`), or the one
+    `breakdown` was asked for (a calibration's compared rank)."""
     recompute_s: float = 0.0
     """Forward recomputation (full recompute), included in compute_s parts."""
     host_s: float = 0.0

@@ -3,7 +3,8 @@ layout reproduces its measurement (`summary.Summary`): the published 128-rack st
 (`summary.CALIBRATION`, four figures) or a profile folder's (`read_profile.from_profile`, which
 adds each compute part, communication by kind and host gaps). One solver for both:
 
-* compute: of the busiest GPU (a pipeline rank with a full share of the layers,
+* compute: of the busiest GPU or the inner rank a summary names (`compared_rank`; a
+  pipeline rank with a full share of the layers,
   `step.busiest_rank`; the measurement includes the contention of the overlapped DP
   collectives). GEMM and attention time are inversely proportional to their efficiency,
   elementwise time proportional to its passes: the FFN share gives the GEMM efficiency of the
@@ -335,7 +336,7 @@ def check(c: Summary, fit: Fitted, cfg) -> dict:
     fitted to)."""
     ctx = Context.of(config_of(c, cfg))
     b = breakdown(ctx, fit)
-    rank = compared_rank(ctx, c, replace(fit, core_share=b.core_share), b.rank)
+    rank = compared_rank(ctx, c, replace(fit, core_share=b.core_share, call_s=()), b.rank)
     sim = b if rank == b.rank else breakdown(ctx, fit, rank)
     out = {"simulated_step_s": b.step_s, "measured_step_s": c.step_s,
            "simulated_compute_s": sim.compute_total_s, "measured_compute_s": c.compute_s}
