@@ -107,10 +107,20 @@ def reference_ms(reps: int = 3) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def profile(work: Path, layout: spec.Layout, rnd: int, steps: int, loads: dict) -> Path:
-    """Profile `layout` in round `rnd` into work/profile_<name>_r<rnd>; the load averages
-    before and after go to `loads` (work/loads.json), the reference GEMM's time before and
-    after (`reference_ms`) to work/speed.json."""
+RECORDS = ("loads.json", "speed.json")
+"""The work folder's records per profile ("<layout>/r<round>"): the 1-minute load average and
+the reference GEMM's time (`reference_ms`), each before and after the profile."""
+
+
+def _record(work: Path, name: str, key: str, value: list[float]) -> None:
+    records = derive.read_records(work, name)
+    records[key] = value
+    (work / name).write_text(json.dumps(records, indent=1))
+
+
+def profile(work: Path, layout: spec.Layout, rnd: int, steps: int) -> Path:
+    """Profile `layout` in round `rnd` into work/profile_<name>_r<rnd>, recording the load
+    averages and the reference GEMM's time around it (`RECORDS`)."""
     out = work / f"profile_{layout.name}_r{rnd}"
     if out.exists():
         sys.exit(f"{out} exists: a profile folder is never overwritten (use another --work, or "
@@ -123,12 +133,8 @@ def profile(work: Path, layout: spec.Layout, rnd: int, steps: int, loads: dict) 
           "--baseline", "1", "--steps", str(steps)], work / f"profile_{layout.name}_r{rnd}.log")
     l1, dt = os.getloadavg()[0], time.perf_counter() - t0
     s1 = reference_ms()
-    loads[f"{layout.name}/r{rnd}"] = [l0, l1]
-    (work / "loads.json").write_text(json.dumps(loads, indent=1))
-    spath = work / "speed.json"
-    speeds = json.loads(spath.read_text()) if spath.exists() else {}
-    speeds[f"{layout.name}/r{rnd}"] = [s0, s1]
-    spath.write_text(json.dumps(speeds, indent=1))
+    _record(work, "loads.json", f"{layout.name}/r{rnd}", [l0, l1])
+    _record(work, "speed.json", f"{layout.name}/r{rnd}", [s0, s1])
     print(f"  round {rnd}: profiled {layout.name} in {dt:.0f} s (load average {l0:.1f} -> "
           f"{l1:.1f}; reference GEMM {s0:.0f} -> {s1:.0f} ms)", flush=True)
     return out
@@ -141,35 +147,29 @@ def order(names: list[str], fits: list[str], rnd: int) -> list[str]:
 
 
 def profile_all(work: Path, layouts: dict, names: list[str], fits: list[str], rounds: int,
-                steps: int, reuse: bool) -> dict:
-    """Every layout in every round (or, with `reuse`, the folders already in `work`); the loads."""
-    lpath = work / "loads.json"
-    loads = json.loads(lpath.read_text()) if lpath.exists() else {}
+                steps: int, reuse: bool) -> None:
+    """Every layout in every round (or, with `reuse`, the folders already in `work`)."""
     if not reuse:
         setup(work)
         for r in range(1, rounds + 1):
             for n in order(names, fits, r):
-                profile(work, layouts[n], r, steps, loads)
+                profile(work, layouts[n], r, steps)
     missing = [f"profile_{n}_r{r}" for n in names for r in range(1, rounds + 1)
                if not (work / f"profile_{n}_r{r}" / "analysis.json").is_file()]
     if missing:
         sys.exit(f"no profile {work / missing[0]} (run without --reuse)")
-    return loads
 
 
-def summarise(work: Path, run: Path, layouts: dict, names: list[str], rounds: int,
-              loads: dict) -> None:
+def summarise(work: Path, run: Path, layouts: dict, names: list[str], rounds: int) -> None:
     for n in names:
         spec.committed_config(layouts[n], run / "layouts" / n)
         for r in range(1, rounds + 1):
             summaries.reduce_profile(work / f"profile_{n}_r{r}", summaries.round_folder(run, n, r))
-    keep = {k: v for k, v in loads.items() if k.split("/")[0] in names}
-    (run / "loads.json").write_text(json.dumps(keep, indent=1) + "\n")
-    spath = work / "speed.json"
-    if spath.exists():
-        speeds = json.loads(spath.read_text())
-        keep = {k: v for k, v in speeds.items() if k.split("/")[0] in names}
-        (run / "speed.json").write_text(json.dumps(keep, indent=1) + "\n")
+    for name in RECORDS:   # those of these layouts, where the work folder has them
+        if (work / name).exists():
+            keep = {k: v for k, v in derive.read_records(work, name).items()
+                    if k.split("/")[0] in names}
+            (run / name).write_text(json.dumps(keep, indent=1) + "\n")
 
 
 def _commit() -> dict:
@@ -205,8 +205,8 @@ def proof_run(a) -> None:
           f"on {info['cpus']} CPUs; {info['started']}", flush=True)
     (run / "proof.toml").write_text(proof.text)
     names = proof.profiled
-    loads = profile_all(work, proof.layouts, names, proof.fits, proof.rounds, proof.steps, a.reuse)
-    summarise(work, run, proof.layouts, names, proof.rounds, loads)
+    profile_all(work, proof.layouts, names, proof.fits, proof.rounds, proof.steps, a.reuse)
+    summarise(work, run, proof.layouts, names, proof.rounds)
     info.update(finished=_now(), load_after=os.getloadavg()[0])
     (run / "run.json").write_text(json.dumps(info, indent=1) + "\n")
     table = derive.derive(run, run / "calibration")
@@ -302,8 +302,8 @@ def extra(a) -> None:
     shutil.copyfile(a.extra, out / "layouts.toml")
     (out / "calibration").mkdir()
     shutil.copyfile(a.calibration, out / "calibration" / "given.toml")
-    loads = profile_all(work, layouts, names, [], proof.rounds, proof.steps, a.reuse)
-    summarise(work, out, layouts, names, proof.rounds, loads)
+    profile_all(work, layouts, names, [], proof.rounds, proof.steps, a.reuse)
+    summarise(work, out, layouts, names, proof.rounds)
     info.update(finished=_now(), load_after=os.getloadavg()[0])
     (out / "run.json").write_text(json.dumps(info, indent=1) + "\n")
     t = derive.derive_extra(out, str(a.extra), str(a.calibration))

@@ -172,7 +172,7 @@ def core_share(run: Path, proof: Proof, sections: list[dict], cal_dir: Path) -> 
     return out
 
 
-def _records(folder: Path, name: str) -> dict:
+def read_records(folder: Path, name: str) -> dict:
     """A run folder's per-profile record `name` (loads.json, speed.json); {} where absent."""
     path = Path(folder) / name
     return json.loads(path.read_text()) if path.exists() else {}
@@ -189,7 +189,7 @@ def derive(run: Path, cal_dir: Path) -> dict:
     is written to `cal_dir`/<section>.toml (a folder that must not hold them yet)."""
     run = Path(run)
     proof = load(run / "proof.toml")
-    loads, speeds = _records(run, "loads.json"), _records(run, "speed.json")
+    loads, speeds = read_records(run, "loads.json"), read_records(run, "speed.json")
     sections = [section(run, proof, s, Path(cal_dir) / f"{s.name}.toml", loads, speeds)
                 for s in proof.sections]
     from llama31_405b.planner.calibrate import MODEL_REVISION
@@ -230,7 +230,7 @@ def derive_extra(folder: Path, layouts_file: str, calibration: str) -> dict:
     lfile = folder / "layouts.toml"
     layouts = load_layouts(lfile if lfile.is_file() else ROOT / layouts_file)
     proof = load(folder / "proof.toml" if (folder / "proof.toml").is_file() else PROOF)
-    loads, speeds = _records(folder, "loads.json"), _records(folder, "speed.json")
+    loads, speeds = read_records(folder, "loads.json"), read_records(folder, "speed.json")
     fit = cal.read(folder / "calibration" / "given.toml").fit
     rows = [layout_row(folder, proof, lay, "extra", fit, loads, speeds)
             for lay in layouts.values()]
