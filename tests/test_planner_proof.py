@@ -257,6 +257,11 @@ def test_the_bench_writes_a_folder_that_rederives(tmp_path, capsys):
     (work / "speed.json").write_text(json.dumps(
         {"dp4/r1": [90.0, 60.0], "dp4/r2": [54.0, 60.0], "tp2/r1": [60.0, 60.0],
          "gone/r1": [1.0, 1.0]}))   # a layout outside the proof: not copied
+    # dp4's second round was profiled again once, the machine 1.5 x slow around the attempt
+    (work / "retries.json").write_text(json.dumps(
+        {"dp4/r2": [{"speed": [60.0, 90.0], "load": [1.0, 1.0], "baseline": 60.0,
+                     "kept": "profile_dp4_r2.disturbed1"}],
+         "gone/r2": [{"speed": [1.0, 2.0], "load": [1.0, 1.0], "baseline": 1.0, "kept": "x"}]}))
     args = argparse.Namespace(proof=spec.PROOF, out=tmp_path / "run", work=work, reuse=True)
     bench.proof_run(args)
     run = tmp_path / "run"
@@ -269,6 +274,11 @@ def test_the_bench_writes_a_folder_that_rederives(tmp_path, capsys):
     assert machine["dp4"] == pytest.approx([0.9, 1.5]) and machine["pp2dp2"] is None
     md = (run / "table.md").read_text()
     assert "| machine |" in md and "| 0.90-1.50 |" in md
+    assert "gone/r2" not in json.loads((run / "retries.json").read_text())
+    again = {r["layout"]: r.get("retried") for r in t["sections"][0]["rows"]}
+    assert again["dp4"] == [{"round": 2, "slowed": 1.5}] and again["pp2dp2"] is None
+    assert "Profiled again, the machine slow around the attempt" in md
+    assert "dp4 round 2 (1.50)" in md
     check_run(run, tmp_path / "check")
     assert "4 ranks on 2 cores" in capsys.readouterr().out
     with pytest.raises(FileExistsError, match="run exists"):
@@ -282,6 +292,44 @@ def test_the_reference_gemm_times_the_machine():
     bench, threads = _bench(), torch.get_num_threads()
     assert bench.reference_ms(reps=1) > 0
     assert torch.get_num_threads() == threads
+
+
+def test_a_profile_on_a_slowed_machine_is_taken_again_and_kept(tmp_path):
+    """`profile` with a baseline: an attempt around which the reference GEMM took over
+    `DISTURBED` x the baseline is moved aside (kept, with its log, listed in retries.json) and
+    the layout profiled again, at most `RETRIES` times; the last attempt's figures are the
+    round's. Without a baseline (the runs before the rule) the first attempt stands."""
+    bench, work = _bench(), tmp_path
+    layout = spec.load().layouts["dp2"]
+    speeds = iter([[60.0, 75.0], [80.0, 60.0], [61.0, 59.0], [99.0, 99.0]])
+
+    def once(work, layout, rnd, steps, out, log):
+        out.mkdir()
+        (out / "analysis.json").write_text("{}")
+        log.write_text("profiled")
+        return [1.0, 2.0], next(speeds)
+    out = bench.profile(work, layout, 2, 4, baseline=60.0, once=once)
+    assert out == work / "profile_dp2_r2" and out.is_dir()
+    kept = sorted(p.name for p in work.glob("profile_dp2_r2.disturbed*"))
+    assert kept == ["profile_dp2_r2.disturbed1", "profile_dp2_r2.disturbed1.log",
+                    "profile_dp2_r2.disturbed2", "profile_dp2_r2.disturbed2.log"]
+    tries = json.loads((work / "retries.json").read_text())["dp2/r2"]
+    assert [t["speed"] for t in tries] == [[60.0, 75.0], [80.0, 60.0]]
+    assert [t["kept"] for t in tries] == ["profile_dp2_r2.disturbed1", "profile_dp2_r2.disturbed2"]
+    assert json.loads((work / "speed.json").read_text())["dp2/r2"] == [61.0, 59.0]
+    # at most RETRIES: the third slow attempt is the round's
+    speeds = iter([[99.0, 99.0]] * 3)
+    bench.profile(work, layout, 3, 4, baseline=60.0, once=once)
+    assert json.loads((work / "speed.json").read_text())["dp2/r3"] == [99.0, 99.0]
+    assert len(json.loads((work / "retries.json").read_text())["dp2/r3"]) == bench.RETRIES
+    # no baseline: never again; and a taken folder is never overwritten
+    speeds = iter([[99.0, 99.0]])
+    bench.profile(work, layout, 1, 4, once=once)
+    assert "dp2/r1" not in json.loads((work / "retries.json").read_text())
+    with pytest.raises(SystemExit, match="profile_dp2_r2"):
+        bench.profile(work, layout, 2, 4, baseline=60.0, once=once)
+    assert bench.disturbed([60.0, 69.0], 60.0) is False
+    assert bench.disturbed([69.1, 60.0], 60.0) is True
 
 
 def _bench():

@@ -90,9 +90,17 @@ def machine_speed(speeds: dict, name: str, rounds: int) -> list[float] | None:
     return [min(own) / ref, max(own) / ref]
 
 
-def layout_row(run: Path, proof: Proof, layout: Layout, role: str, fit, loads: dict,
-               speeds: dict | None = None) -> dict:
-    """One row: the median over the rounds of each measured figure against the prediction."""
+def retried(retries: dict, name: str, rounds: int) -> list[dict]:
+    """`name`'s profiles taken again because the machine was slow around an attempt (the
+    bench's retries.json): per slow attempt its round and its slowest reference over the
+    baseline; [] where none was (and for the runs before the rule)."""
+    return [{"round": r, "slowed": max(a["speed"]) / a["baseline"]}
+            for r in range(1, rounds + 1) for a in retries.get(f"{name}/r{r}", [])]
+
+
+def layout_row(run: Path, proof: Proof, layout: Layout, role: str, fit, records: dict) -> dict:
+    """One row: the median over the rounds of each measured figure against the prediction;
+    `records`: the folder's per-profile records (`read_all`)."""
     from llama31_405b.config.load import load_config
     cfg = load_config(Path(run) / "layouts" / layout.name / "config.toml")
     p = predicted(cfg, fit)
@@ -101,12 +109,14 @@ def layout_row(run: Path, proof: Proof, layout: Layout, role: str, fit, loads: d
     floor = proof.negligible * m["step"]
     ver = {"step": verdict(m["step"], p["step"], proof.step_tol, 0.0)}
     ver.update({k: verdict(m[k], p[k], proof.component_tol, floor) for k in proof.components})
+    loads = records.get("loads.json", {})
     ld = [x for r in range(1, proof.rounds + 1) for x in loads.get(f"{layout.name}/r{r}", [])]
-    return {"layout": layout.name, "label": layout.label, "role": role, "measured": m,
+    again = retried(records.get("retries.json", {}), layout.name, proof.rounds)
+    return ({"retried": again} if again else {}) | {"layout": layout.name, "label": layout.label, "role": role, "measured": m,
             "predicted": p, "ratio": {k: (m[k] / p[k] if p[k] > 0 else None) for k in COLUMNS},
             "verdict": ver, "rounds": [x["step"] / p["step"] for x in rounds],
             "load": [min(ld), max(ld)] if ld else None,
-            "machine": machine_speed(speeds or {}, layout.name, proof.rounds)}
+            "machine": machine_speed(records.get("speed.json", {}), layout.name, proof.rounds)}
 
 
 def judge(rows: list[dict]) -> dict:
@@ -122,8 +132,7 @@ def judge(rows: list[dict]) -> dict:
             "order_measured": by_m, "order_predicted": by_p, "ranked_as_measured": by_m == by_p}
 
 
-def section(run: Path, proof: Proof, sec: Section, cal_out: Path, loads: dict,
-            speeds: dict | None = None) -> dict:
+def section(run: Path, proof: Proof, sec: Section, cal_out: Path, records: dict) -> dict:
     folders = [round_folder(run, n, r) for n in sec.fit for r in range(1, proof.rounds + 1)]
     configs = [Path(run) / "layouts" / n / "config.toml" for n in sec.fit]
     cal, refused = calibrate(folders, configs, cal_out)
@@ -133,7 +142,7 @@ def section(run: Path, proof: Proof, sec: Section, cal_out: Path, loads: dict,
         text = refused.replace(str(Path(run).resolve()), "<run>").replace(str(run), "<run>")
         return out | {"calibration": None, "refused": text.replace(str(cal_out), "<out>")}
     rows = [layout_row(run, proof, proof.layouts[n], "fit" if n in sec.fit else "unseen",
-                       cal.fit, loads, speeds) for n in sec.layouts]
+                       cal.fit, records) for n in sec.layouts]
     return out | {"fitted": fitted_dict(cal.fit), "rows": rows, "verdict": judge(rows)}
 
 
@@ -178,6 +187,11 @@ def read_records(folder: Path, name: str) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+def read_all(folder: Path) -> dict:
+    """Every per-profile record of a run folder, by file name (loads, speed, retries)."""
+    return {n: read_records(folder, n) for n in ("loads.json", "speed.json", "retries.json")}
+
+
 def tolerance(proof: Proof) -> dict:
     """The proof's tolerances as a table records them."""
     return {"step": proof.step_tol, "component": proof.component_tol,
@@ -189,8 +203,8 @@ def derive(run: Path, cal_dir: Path) -> dict:
     is written to `cal_dir`/<section>.toml (a folder that must not hold them yet)."""
     run = Path(run)
     proof = load(run / "proof.toml")
-    loads, speeds = read_records(run, "loads.json"), read_records(run, "speed.json")
-    sections = [section(run, proof, s, Path(cal_dir) / f"{s.name}.toml", loads, speeds)
+    records = read_all(run)
+    sections = [section(run, proof, s, Path(cal_dir) / f"{s.name}.toml", records)
                 for s in proof.sections]
     from llama31_405b.planner.calibrate import MODEL_REVISION
     return {"proof_date": proof.date, "model_revision": MODEL_REVISION,
@@ -230,9 +244,9 @@ def derive_extra(folder: Path, layouts_file: str, calibration: str) -> dict:
     lfile = folder / "layouts.toml"
     layouts = load_layouts(lfile if lfile.is_file() else ROOT / layouts_file)
     proof = load(folder / "proof.toml" if (folder / "proof.toml").is_file() else PROOF)
-    loads, speeds = read_records(folder, "loads.json"), read_records(folder, "speed.json")
+    records = read_all(folder)
     fit = cal.read(folder / "calibration" / "given.toml").fit
-    rows = [layout_row(folder, proof, lay, "extra", fit, loads, speeds)
+    rows = [layout_row(folder, proof, lay, "extra", fit, records)
             for lay in layouts.values()]
     return {"layouts_file": layouts_file, "calibration": calibration,
             "model_revision": MODEL_REVISION, "rounds": proof.rounds,

@@ -37,6 +37,18 @@ def rows_table(rows: list[dict]) -> list[str]:
     return out
 
 
+def retry_lines(rows: list[dict]) -> list[str]:
+    """The profiles taken again because the machine was slow around an attempt (none before
+    2026-12-06T05: no line)."""
+    again = [f"{r['layout']} round {a['round']} ({a['slowed']:.2f})" for r in rows
+             for a in r.get("retried", [])]
+    if not again:
+        return []
+    return [f"Profiled again, the machine slow around the attempt (its reference GEMM over the "
+            f"run's baseline; the attempt kept in the work folder, the table from the next): "
+            f"{', '.join(again)}.", ""]
+
+
 def verdict_lines(v: dict, tol: dict, what: str = "unseen") -> list[str]:
     comps = ", ".join(tol["components"])
     out = [f"Steps within {tol['step']:.0%}: {v['steps_within']} of {v['layouts']} {what} "
@@ -62,7 +74,8 @@ def markdown(t: dict) -> str:
             refused = " ".join(s["refused"].split())
             out += [f"Not derived: the calibration refused the fit: {refused}", ""]
             continue
-        out += rows_table(s["rows"]) + [""] + verdict_lines(s["verdict"], tol) + [""]
+        out += (rows_table(s["rows"]) + [""] + retry_lines(s["rows"])
+                + verdict_lines(s["verdict"], tol) + [""])
     cs = t.get("core_share")
     if cs:
         out += [f"#### Core sharing: compute at 4 ranks / at 2 ranks (predicted with "
@@ -84,5 +97,6 @@ def extra_markdown(t: dict) -> str:
     """Layouts outside the proof, predicted from a given calibration: reported apart."""
     return "\n".join([f"Not part of the published proof: layouts of {t['layouts_file']}, "
                       f"predicted from {t['calibration']} ({t['rounds']} rounds).", "",
-                      *rows_table(t["rows"]), "", *verdict_lines(t["verdict"], t["tolerance"],
+                      *rows_table(t["rows"]), "", *retry_lines(t["rows"]),
+                      *verdict_lines(t["verdict"], t["tolerance"],
                                                                  "extra"), ""])
