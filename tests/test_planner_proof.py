@@ -253,6 +253,10 @@ def test_the_bench_writes_a_folder_that_rederives(tmp_path, capsys):
         for r in range(1, proof.rounds + 1):
             synthetic_profile(work / f"profile_{n}_r{r}", cfg, made_up())
     (work / "loads.json").write_text(json.dumps({"dp4/r1": [1.0, 2.0], "dp4/r3": [0.5, 1.5]}))
+    for r in range(1, proof.rounds + 1):   # dp4's profiles split the waits: 10, 20, 30 ms
+        p = work / f"profile_dp4_r{r}" / "analysis.json"
+        p.write_text(json.dumps(json.loads(p.read_text()) | {
+            "waiting_for_peers": {"DP": 0.01 * r, "TP": 0.0}}))
     # the reference GEMM's times: the run's median is 60 ms, dp4's slowest 90 and fastest 54
     (work / "speed.json").write_text(json.dumps(
         {"dp4/r1": [90.0, 60.0], "dp4/r2": [54.0, 60.0], "tp2/r1": [60.0, 60.0],
@@ -278,6 +282,9 @@ def test_the_bench_writes_a_folder_that_rederives(tmp_path, capsys):
     again = {r["layout"]: r.get("retried") for r in t["sections"][0]["rows"]}
     assert again["dp4"] == [{"round": 2, "slowed": 1.5}] and again["pp2dp2"] is None
     assert "Profiled again, the machine slow around the attempt" in md
+    waited = {r["layout"]: r["measured"].get("waiting") for r in t["sections"][0]["rows"]}
+    assert waited["dp4"] == pytest.approx(0.02) and waited["pp2dp2"] is None
+    assert "| waiting for peers (ms) |" in md and "| 20 |" in md
     assert "dp4 round 2 (1.50)" in md
     check_run(run, tmp_path / "check")
     assert "4 ranks on 2 cores" in capsys.readouterr().out

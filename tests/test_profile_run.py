@@ -165,3 +165,21 @@ def test_stragglers(profiled):
     assert s["slow_in"].startswith("host") and s["host"] == socket.gethostname()
     assert s["excess_s"] > 0.8 * DELAY_S
     assert f"STRAGGLER rank {DELAYED_RANK}" in output
+
+
+def test_the_peer_of_the_delayed_rank_waits_for_it(profiled):
+    """profile/waits.py on a real run: the delayed rank's data-parallel peer (same stage, the
+    other replica) spends most of the delay in its DP collectives waiting for it, the delayed
+    rank itself next to nothing; the pipeline's waits stay the bubble (no PP key)."""
+    layout, _, res, output = profiled
+    waits = {int(r): m["waiting_s"] for r, m in res["ranks"].items()}
+    assert all("PP" not in w for w in waits.values()), waits
+    if layout != DELAYED:
+        return
+    stage = res["ranks"][str(DELAYED_RANK)]["pp_rank"]
+    peer = next(int(r) for r, m in res["ranks"].items()
+                if m["pp_rank"] == stage and int(r) != DELAYED_RANK)
+    assert waits[peer]["DP"] > 0.5 * DELAY_S, waits
+    assert waits[DELAYED_RANK].get("DP", 0.0) < 0.1 * DELAY_S, waits
+    assert res["waits_not_split"] == {}
+    assert "waiting for a slower peer" in output

@@ -51,7 +51,9 @@ def measured(folder: Path, cfg) -> dict:
     a = json.loads((Path(folder) / "analysis.json").read_text())
     rows = {r["component"]: r["measured_s"] for r in a["comparison"]}
     ex = dict(s.exposed)
-    return {"step": s.step_s, "compute": s.compute_s, "TP": ex.get("TP", 0.0),
+    wait = a.get("waiting_for_peers")   # profiles from 2026-12-06T05 on (profile/waits.py)
+    return ({"waiting": sum(wait.values())} if wait is not None else {}) | {
+            "step": s.step_s, "compute": s.compute_s, "TP": ex.get("TP", 0.0),
             "PP": ex.get("PP", 0.0), "DP": ex.get("DP", 0.0),
             "host": (s.host_s or 0.0) + float(rows.get("optimizer", 0.0)),
             "overhead_ratio": float(a.get("overhead_ratio") or 0.0)}
@@ -105,7 +107,8 @@ def layout_row(run: Path, proof: Proof, layout: Layout, role: str, fit, records:
     cfg = load_config(Path(run) / "layouts" / layout.name / "config.toml")
     p = predicted(cfg, fit)
     rounds = [measured(round_folder(run, layout.name, r), cfg) for r in range(1, proof.rounds + 1)]
-    m = {k: statistics.median(x[k] for x in rounds) for k in rounds[0]}
+    m = {k: statistics.median(x[k] for x in rounds) for k in rounds[0]
+         if all(k in x for x in rounds)}
     floor = proof.negligible * m["step"]
     ver = {"step": verdict(m["step"], p["step"], proof.step_tol, 0.0)}
     ver.update({k: verdict(m[k], p[k], proof.component_tol, floor) for k in proof.components})

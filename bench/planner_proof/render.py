@@ -1,6 +1,8 @@
 """The derived table (derive.py) as markdown, ready for docs/planner.md: per section, per layout
 the measured / predicted ratio of the step and of each component (predicted ms in brackets),
-each round's step ratio, the load average while it was profiled, the machine's speed around it
+the exposed time the compared ranks spent waiting for a slower peer (measured, every
+dimension; profiles from 2026-12-06T05 on: profile/waits.py), each round's step ratio, the load
+average while it was profiled, the machine's speed around it
 (its reference GEMM's fastest and slowest time over the run's median; runs from 2026-12-06 on)
 and the profiler's overhead;
 a judged part outside its tolerance is marked "miss", one under the proof's share of the step
@@ -21,8 +23,9 @@ def _cell(row: dict, k: str) -> str:
 
 def rows_table(rows: list[dict]) -> list[str]:
     machine = any(r.get("machine") for r in rows)   # no column for the runs without a record
-    head = ["layout", *(c for c, _ in HEAD), "step per round", "load avg",
-            *(["machine"] if machine else []), "prof. ovh"]
+    wait = any("waiting" in r["measured"] for r in rows)   # nor for those without the split
+    head = ["layout", *(c for c, _ in HEAD), *(["waiting for peers (ms)"] if wait else []),
+            "step per round", "load avg", *(["machine"] if machine else []), "prof. ovh"]
     out = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in rows:
         cells = [_cell(r, k) for _, k in HEAD]
@@ -30,6 +33,8 @@ def rows_table(rows: list[dict]) -> list[str]:
         load = f"{r['load'][0]:.1f}-{r['load'][1]:.1f}" if r["load"] else "-"
         speed = r.get("machine")
         label = r["label"] + (" (fit)" if r["role"] == "fit" else "")
+        waited = r["measured"].get("waiting")
+        cells += ([f"{waited * 1e3:.0f}" if waited is not None else "-"] if wait else [])
         out.append("| " + " | ".join([label, *cells, per, load,
                                       *([f"{speed[0]:.2f}-{speed[1]:.2f}" if speed else "-"]
                                         if machine else []),

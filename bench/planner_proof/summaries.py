@@ -6,8 +6,9 @@ keeps exactly what the table and the calibration read, as the files `profile` wr
 the calibration's own reader (`calibrate.from_profile`) reads it unchanged:
 
 * analysis.json: the step (`measured_step_s`), the compared ranks, the rows (`comparison`:
-  component and measured seconds), the profiler's overhead ratio, and per compared rank its
-  process groups' role and total time (the DP collectives' total);
+  component and measured seconds), the profiler's overhead ratio, the exposed time spent
+  waiting for a slower peer by dimension (`waiting_for_peers`; profiles from 2026-12-06T05 on),
+  and per compared rank its process groups' role and total time (the DP collectives' total);
 * ranks/rank<R>.json: what `from_profile` reads of a rank record (CUDA graphs, the replayed and
   eager timings, the allocator's peaks and when they were read, rank 0's precision probe);
 * profile.json: the profile's manifest as written (its `config` the path it ran with).
@@ -19,6 +20,8 @@ The run folder (docs/planner_proof/<run>/):
     loads.json                      the 1-minute load average before and after every profile
     speed.json                      the reference GEMM's time (ms) before and after every
                                     profile (bench/planner_vs_measured.py `reference_ms`)
+    retries.json                    the attempts profiled again, the machine slow around them
+                                    (their reference times, the baseline, the kept folder)
     layouts/<name>/config.toml      the layout (committed form: the prediction reads it)
     layouts/<name>/r<k>/...         each round's summary (above)
     calibration/<section>.toml      `plan --calibrate` on the section's fit layouts' rounds
@@ -31,7 +34,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-ANALYSIS_KEYS = ("kind", "measured_step_s", "compared_ranks", "overhead_ratio")
+ANALYSIS_KEYS = ("kind", "measured_step_s", "compared_ranks", "overhead_ratio",
+                 "waiting_for_peers")
 RECORD_KEYS = ("rank", "cuda_graphs", "baseline_step_s", "eager_step_s", "memory", "memory_at",
                "precision_probe")
 

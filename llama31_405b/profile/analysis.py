@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from . import attribution as at
 from bisect import bisect_left
 
+from . import waits
 from .intervals import partition, union
 from .trace import Trace
 
@@ -61,6 +62,9 @@ class StepBreakdown:
     """group desc -> GroupComm."""
     host_gap_s: float = 0.0
     bubble_s: float = 0.0
+    exposed_pieces: dict = field(default_factory=dict, repr=False)
+    """waits.group_key -> [(start, end, share)]: where the group's time was exposed, its share of
+    each piece (for waits.peer_waits; not in as_dict)."""
 
     @property
     def step_s(self) -> float:
@@ -202,6 +206,7 @@ class RankAnalysis:
         self.tid_group = {t: g["desc"] for g in meta.get("groups", []) for t in g.get("tids", [])}
         self.pp_desc = next((d for d, g in self.groups.items() if g["role"] == "PP"
                              and len(g.get("ranks", [])) > 1), None)
+        self._comm: list = []
         self.steps = self._analyse()
 
     # -- inputs ---------------------------------------------------------------------------------
@@ -336,6 +341,7 @@ class RankAnalysis:
     # -- the breakdown ----------------------------------------------------------------------------
     def _analyse(self) -> list[StepBreakdown]:
         compute, comm, recv, windows = self._collect()
+        self._comm = comm
         if self.gpu:
             windows = self._device_windows(windows, compute, comm)
         # one union per label first: thousands of adjacent self-time pieces become a few
@@ -377,6 +383,8 @@ class RankAnalysis:
                         g.total_s += length
                         g.exposed_s += length / len(groups)
                         g.overlapped_s += length - length / len(groups)
+                        st.exposed_pieces.setdefault(waits.group_key(g.role, g.ranks), []).append(
+                            (s, e, 1 / len(groups)))
                     if any(k == "b" for k, _ in labels):
                         st.bubble_s += length
                 else:
@@ -385,6 +393,15 @@ class RankAnalysis:
         return out
 
     # -- summaries ----------------------------------------------------------------------------
+    def wait_inputs(self) -> dict:
+        """What `waits.peer_waits` needs of this rank: its collective calls and, per step, where
+        each group's time was exposed (µs), by group key; each key's dimension."""
+        calls = waits.rank_calls(self._comm, self._group_of)
+        roles = {waits.group_key(role, ranks): role
+                 for role, ranks in (self._group_of(d)[1:] for _, d, _ in self._comm)}
+        return {"calls": calls, "exposed": [st.exposed_pieces for st in self.steps],
+                "roles": {k: roles[k] for k in calls}}
+
     def mean(self) -> dict:
         """Mean over the steps: step_s, compute_s, components, comm per group, bubble."""
         n = len(self.steps) or 1

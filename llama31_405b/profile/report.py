@@ -9,7 +9,7 @@ from pathlib import Path
 from statistics import median
 
 from ..outputs import create_exclusive
-from . import straggler
+from . import straggler, waits
 from .analysis import RankAnalysis
 from .marker import MANIFEST
 from .trace import TraceError, load
@@ -73,7 +73,7 @@ def _analyse_rank(meta_path: str) -> dict | str:
     except TraceError as e:
         return str(e)
     m = ra.mean()
-    m.update(rank=r, steps_detail=[s.as_dict() for s in ra.steps],
+    m.update(rank=r, steps_detail=[s.as_dict() for s in ra.steps], wait_inputs=ra.wait_inputs(),
              steps_busy=[(s.step_s, s.step_s - sum(s.exposed_by_role().values()))
                          for s in ra.steps])
     return m
@@ -120,6 +120,10 @@ def analyze_folder(out: str | Path, *, cfg=None, threshold: float = straggler.DE
                  pp_rank=rec.get("pp_rank", 0), dp_rank=rec.get("dp_rank", 0),
                  tp_rank=rec.get("tp_rank", 0), cp_rank=rec.get("cp_rank", 0))
         per_rank[m["rank"]] = m
+    peer, not_split = waits.peer_waits({r: dict(m.pop("wait_inputs"), host=m["host"])
+                                        for r, m in per_rank.items()})
+    for r, m in per_rank.items():
+        m["waiting_s"] = peer[r]
     busiest = max(per_rank, key=lambda r: (per_rank[r]["compute_s"], -r))
     predicted = predicted_breakdown(cfg, fit) if cfg is not None else None
     pred_ok = predicted if predicted and "error" not in predicted else None
@@ -144,6 +148,8 @@ def analyze_folder(out: str | Path, *, cfg=None, threshold: float = straggler.DE
         calibration=calibration or "published (planner/published_128racks.toml)",
         prediction_error=predicted.get("error") if predicted else None,
         comparison=rows,
+        waiting_for_peers=_mean_waits(per_rank, compared),
+        waits_not_split=not_split,
         note=CPU_NOTE if cfg is not None and not cfg.derived.system.is_gpu else "",
         ranks=per_rank,
         stragglers=straggler.find(per_rank, threshold=threshold),
@@ -167,6 +173,14 @@ def analyze_folder(out: str | Path, *, cfg=None, threshold: float = straggler.DE
     except ImportError as e:   # matplotlib missing: the table and JSON still stand
         result["plot"] = f"not drawn ({e})"
     return result
+
+
+def _mean_waits(per_rank: dict, compared: list) -> dict:
+    """The compared ranks' mean exposed time waiting for a slower peer, by dimension
+    (profile/waits.py; a dimension no compared rank split is absent)."""
+    roles = sorted({k for r in compared for k in per_rank[r]["waiting_s"]})
+    return {k: sum(per_rank[r]["waiting_s"].get(k, 0.0) for r in compared) / len(compared)
+            for k in roles}
 
 
 ANALYSIS_ADVICE = "a stray analysis file; move it away and analyse again"
@@ -214,6 +228,13 @@ def render(r: dict) -> str:
     ps = r.get("predicted_step_s")
     lines.append(f"{'step (sum of the above)':<28} {_ms(total_m):>11} {_ms(ps):>12} "
                  f"{(total_m / ps if ps else 0):7.2f}")
+    wait = {k: v for k, v in (r.get("waiting_for_peers") or {}).items() if v > 0}
+    if wait:
+        lines.append("  of the exposed communication, waiting for a slower peer (in a collective "
+                     "before its last member called it; the rest is the transfer): "
+                     + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in sorted(wait.items())))
+    for key, why in sorted((r.get("waits_not_split") or {}).items()):
+        lines.append(f"  {key}: its waits not split from its transfers ({why})")
     if r.get("prediction_error"):
         lines.append(f"  no prediction: {r['prediction_error']}")
     if r.get("note"):
@@ -233,12 +254,13 @@ def render(r: dict) -> str:
                      f"{g['exposed_s'] * 1e3:9.2f}  {ops}")
     lines += ["", "Per rank (ms per step): step = compute + exposed communication + host gaps",
               f"{'rank':>5} {'host':<12} {'device':<14} {'pp':>3} {'dp':>3} {'step':>9} "
-              f"{'compute':>9} {'exposed':>9} {'host gap':>9} {'bubble':>9}"]
+              f"{'compute':>9} {'exposed':>9} {'host gap':>9} {'bubble':>9} {'peer wait':>9}"]
     for rank, m in sorted(r["ranks"].items(), key=lambda kv: int(kv[0])):
         lines.append(f"{rank:>5} {str(m['host'])[:12]:<12} {str(m['device'])[:14]:<14} "
                      f"{m['pp_rank']:>3} {m['dp_rank']:>3} {m['step_s'] * 1e3:9.2f} "
                      f"{m['compute_s'] * 1e3:9.2f} {m['exposed_s'] * 1e3:9.2f} "
-                     f"{m['host_gap_s'] * 1e3:9.2f} {m['bubble_s'] * 1e3:9.2f}")
+                     f"{m['host_gap_s'] * 1e3:9.2f} {m['bubble_s'] * 1e3:9.2f} "
+                     f"{sum((m.get('waiting_s') or {}).values()) * 1e3:9.2f}")
     lines.append("")
     if r["stragglers"]:
         for s in r["stragglers"]:
