@@ -15,7 +15,7 @@ on a quiet machine, the machine column stays near 1.00 in both. A profile around
 reference took over `DISTURBED` x the run's baseline (its median of five timings before the first
 profile) is profiled again, at most `RETRIES` times: the slow attempt's folder is kept beside
 the others (profile_<layout>_r<round>.disturbed<k>) and listed in retries.json, which the table
-prints under its rows (runs from 2026-12-06T05 on; the earlier ones kept every first attempt).
+prints under its rows (from run 2026-12-06T0424Z on; the earlier ones kept every first attempt).
 
 It writes the summaries behind the table into a new folder meant for committing (default
 docs/planner_proof/<UTC date and time>; an existing one is refused, naming it): each layout's

@@ -51,7 +51,7 @@ def measured(folder: Path, cfg) -> dict:
     a = json.loads((Path(folder) / "analysis.json").read_text())
     rows = {r["component"]: r["measured_s"] for r in a["comparison"]}
     ex = dict(s.exposed)
-    wait = a.get("waiting_for_peers")   # profiles from 2026-12-06T05 on (profile/waits.py)
+    wait = a.get("waiting_for_peers")   # from run 2026-12-06T0459Z on (profile/waits.py)
     return ({"waiting": sum(wait.values())} if wait is not None else {}) | {
             "step": s.step_s, "compute": s.compute_s, "TP": ex.get("TP", 0.0),
             "PP": ex.get("PP", 0.0), "DP": ex.get("DP", 0.0),

@@ -1,7 +1,7 @@
 """The derived table (derive.py) as markdown, ready for docs/planner.md: per section, per layout
 the measured / predicted ratio of the step and of each component (predicted ms in brackets),
 the exposed time the compared ranks spent waiting for a slower peer (measured, every
-dimension; profiles from 2026-12-06T05 on: profile/waits.py), each round's step ratio, the load
+dimension; from run 2026-12-06T0459Z on: profile/waits.py), each round's step ratio, the load
 average while it was profiled, the machine's speed around it
 (its reference GEMM's fastest and slowest time over the run's median; runs from 2026-12-06 on)
 and the profiler's overhead;
@@ -44,7 +44,7 @@ def rows_table(rows: list[dict]) -> list[str]:
 
 def retry_lines(rows: list[dict]) -> list[str]:
     """The profiles taken again because the machine was slow around an attempt (none before
-    2026-12-06T05: no line)."""
+    run 2026-12-06T0424Z: no line)."""
     again = [f"{r['layout']} round {a['round']} ({a['slowed']:.2f})" for r in rows
              for a in r.get("retried", [])]
     if not again:

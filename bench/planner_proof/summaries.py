@@ -7,7 +7,7 @@ the calibration's own reader (`calibrate.from_profile`) reads it unchanged:
 
 * analysis.json: the step (`measured_step_s`), the compared ranks, the rows (`comparison`:
   component and measured seconds), the profiler's overhead ratio, the exposed time spent
-  waiting for a slower peer by dimension (`waiting_for_peers`; profiles from 2026-12-06T05 on),
+  waiting for a slower peer by dimension (`waiting_for_peers`; from run 2026-12-06T0459Z on),
   and per compared rank its process groups' role and total time (the DP collectives' total);
 * ranks/rank<R>.json: what `from_profile` reads of a rank record (CUDA graphs, the replayed and
   eager timings, the allocator's peaks and when they were read, rank 0's precision probe);
