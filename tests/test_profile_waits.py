@@ -79,3 +79,12 @@ def test_groups_that_cannot_be_split_say_why():
     r1 = rank(1, [coll(500, 100), coll(700, 100)])
     _, skipped = waits.peer_waits({0: r0, 1: r1})
     assert skipped == {"DP:0,1": "call counts differ between members ([1, 2])"}
+
+
+def test_a_piece_begun_before_the_call_counts_from_the_call():
+    """A wait window that starts inside an exposed piece begun earlier (two calls of one group
+    in flight at once) counts that piece from the window's start: 50 µs of the first piece at
+    full share, 100 µs of the second at half."""
+    pieces = [(100.0, 200.0, 1.0), (200.0, 400.0, 0.5)]
+    assert waits._overlap(150.0, 300.0, pieces, [p[0] for p in pieces]) == pytest.approx(100.0)
+    assert waits._overlap(50.0, 100.0, pieces, [p[0] for p in pieces]) == 0.0
