@@ -112,7 +112,7 @@ def reference_ms(reps: int = 3) -> float:
     return sorted(times)[len(times) // 2]
 
 
-RECORDS = ("loads.json", "speed.json", "retries.json")
+RECORDS = derive.RECORDS
 """The work folder's records per profile ("<layout>/r<round>"): the 1-minute load average and
 the reference GEMM's time (`reference_ms`), each before and after the profile; the attempts
 profiled again (`disturbed`), each with its reference times, the baseline and its kept folder."""

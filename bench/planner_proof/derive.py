@@ -190,9 +190,13 @@ def read_records(folder: Path, name: str) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+RECORDS = ("loads.json", "speed.json", "retries.json")
+"""A run folder's per-profile records ("<layout>/r<round>" -> figures; the bench writes them)."""
+
+
 def read_all(folder: Path) -> dict:
-    """Every per-profile record of a run folder, by file name (loads, speed, retries)."""
-    return {n: read_records(folder, n) for n in ("loads.json", "speed.json", "retries.json")}
+    """Every per-profile record of a run folder, by file name (`RECORDS`)."""
+    return {n: read_records(folder, n) for n in RECORDS}
 
 
 def tolerance(proof: Proof) -> dict:
