@@ -1,10 +1,11 @@
-"""Core sharing measured, not assumed (issue 46, point 3): where ranks share a machine's cores
-(systems `shared_cores`), the share of its communication time a rank keeps a core busy
-(`Fitted.comm_core_fraction`) counts in the demand that stretches compute (`step.core_share`),
-and a calibration of one layout profiled at 2 ranks and, with a second replica, at 4 fits it
-(calibrate/joint.py). The round trip: synthetic profiles the planner writes of its own
-prediction with known constants (the fraction among them) give the fraction back, and predict
-a 4-rank layout that was not fitted as the known constants do."""
+"""Core sharing (issue 46, point 3): where ranks share a machine's cores (systems
+`shared_cores`) and are pinned to them (`pin_ranks`, parallel/cores.py: a pipeline stage's peers
+on one core, in step), compute and host time stretch by the ranks per core (`step.core_share`,
+model revision 10); unpinned, by the ranks' CPU demand, the share of its communication time a
+rank keeps a core busy counted in it (`Fitted.comm_core_fraction`, fitted by revisions 2-9).
+The round trip: synthetic profiles the planner writes of its own prediction with known
+constants give the constants back from a 2-rank and a 4-rank layout, and predict a 4-rank
+layout that was not fitted as the known constants do."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -22,7 +23,7 @@ from llama31_405b.planner.calibrate.synthetic import synthetic_profile
 REPO = Path(__file__).resolve().parents[1]
 KNOWN = dict(attention_bf16_fraction=0.09, elementwise_passes=31.0, host_s_per_layer_pass=0.004,
              gemm_fraction=(("fp32", 0.3),), collective_latency_s=0.005,
-             nvlink_bus_efficiency=0.2, comm_core_fraction=0.4)
+             nvlink_bus_efficiency=0.2, comm_core_fraction=0.4, shared_compute_share=0.6)
 
 
 def config(tmp: Path, name: str, ranks: int, tp: int, pp: int, minibs: int) -> Path:
@@ -48,70 +49,73 @@ def layouts(tmp_path_factory):
     return fit, paths, cfgs, folders
 
 
-def test_time_in_collectives_that_keeps_a_core_stretches_compute_at_4_ranks_only(layouts):
+def test_pinned_ranks_stretch_by_the_ranks_per_core(layouts):
     fit, _, cfgs, _ = layouts
-    k = {}
-    for name in ("tp2", "tp2dp2"):
+    k = {name: [breakdown(Context.of(cfgs[name]), replace(fit, comm_core_fraction=x)).core_share
+                for x in (0.0, 0.4, 1.0)] for name in ("tp2", "tp2dp2", "dp4")}
+    assert k == {"tp2": [1.0] * 3, "tp2dp2": [2.0] * 3, "dp4": [2.0] * 3}
+    # the same work per rank, two ranks on each core: TP2 x DP2's (core-mates TP peers) take
+    # twice a rank's TP and host time alone, its compute 1 + 0.6 x (2 - 1) times
+    two, four = (breakdown(Context.of(cfgs[n]), fit) for n in ("tp2", "tp2dp2"))
+    assert four.tp_s == pytest.approx(2 * two.tp_s, rel=1e-9)
+    c2, c4 = two.compute_total_s - two.dp_slowdown_s, four.compute_total_s - four.dp_slowdown_s
+    assert c4 == pytest.approx(1.6 * c2, rel=1e-3)
+    assert four.host_s == pytest.approx(2 * two.host_s, rel=1e-9)
+
+
+def test_unpinned_time_in_collectives_that_keeps_a_core_stretches_compute(layouts):
+    fit, _, cfgs, _ = layouts
+
+    def unpinned(name: str) -> Context:
         ctx = Context.of(cfgs[name])
-        k[name] = [breakdown(ctx, replace(fit, comm_core_fraction=x)).core_share
-                   for x in (0.0, 0.4, 1.0)]
+        return replace(ctx, system=replace(ctx.system, pin_ranks=False))
+    k = {name: [breakdown(unpinned(name), replace(fit, comm_core_fraction=x)).core_share
+                for x in (0.0, 0.4, 1.0)] for name in ("tp2", "tp2dp2")}
     assert k["tp2"] == [1.0, 1.0, 1.0]               # 2 ranks, 2 cores: nobody waits for a core
     assert 1.0 <= k["tp2dp2"][0] < k["tp2dp2"][1] < k["tp2dp2"][2] <= 2.0
     # the share solves its own definition: ranks x (compute + host at a core each + the share of
     # the communication) / (cores x step), the step being the one the share lengthens
-    ctx = Context.of(cfgs["tp2dp2"])
+    ctx = unpinned("tp2dp2")
     b = breakdown(ctx, fit)
     busy = (b.compute_total_s + b.host_s) / b.core_share + 0.4 * (b.tp_s + b.pp_s + b.dp_total_s)
     assert b.core_share == pytest.approx(4 * busy / (2 * b.step_s), rel=1e-6)
     # unset in a calibration, the system's prior holds: 0 on the CPU (waiting costs no core)
-    assert Context.of(cfgs["tp2dp2"]).system.comm_core_fraction == 0.0
+    assert ctx.system.comm_core_fraction == 0.0
     assert breakdown(ctx, replace(fit, comm_core_fraction=None)).core_share == k["tp2dp2"][0]
 
 
-def test_a_2_rank_and_a_4_rank_profile_fit_the_fraction(layouts):
+def test_a_2_rank_and_a_4_rank_profile_give_the_constants_back(layouts):
     fit, _, cfgs, folders = layouts
     runs = [(calibrate.from_profile(folders[k], cfgs[k]), cfgs[k]) for k in ("tp2dp2", "tp2")]
     got = calibrate.solve_joint(runs)
-    assert got.comm_core_fraction == pytest.approx(0.4, rel=1e-5)
+    assert got.comm_core_fraction is None          # pinned: nothing left for it to describe
+    assert got.shared_compute_share == pytest.approx(0.6, rel=1e-5)   # TP2 x DP2: TP core-mates
     assert (got.collective_latency_s, got.nvlink_bus_efficiency) == pytest.approx((0.005, 0.2),
                                                                                   rel=1e-5)
     for name in ("attention_bf16_fraction", "elementwise_passes", "host_s_per_layer_pass"):
         assert getattr(got, name) == pytest.approx(getattr(fit, name), rel=1e-5), name
-    # DP4, not fitted, is predicted as the known constants predict it, its core share included
+    # DP4, not fitted, is predicted as the known constants predict it
     want, have = predict(cfgs["dp4"], fit), predict(cfgs["dp4"], got)
     assert have.step_time_s == pytest.approx(want.step_time_s, rel=1e-5)
-    assert breakdown(Context.of(cfgs["dp4"]), got).core_share == pytest.approx(
-        breakdown(Context.of(cfgs["dp4"]), fit).core_share, rel=1e-5)
 
 
-def test_a_stretch_no_fraction_reproduces_takes_the_nearer_bound(layouts):
-    """Compute at 4 ranks shorter than even waiting at no core predicts: 0; longer than a core
-    busy through all the communication predicts: 1 (the calibration's [check] shows the miss)."""
-    from llama31_405b.planner.calibrate.joint import _core_fraction
+def test_a_4_rank_profile_alone_cannot_tell_the_share_its_ops_take(layouts):
+    """Pinned, the stretch is known (the ranks per core), but with TP peers on a core, how much
+    of it their ops take is not: the 4-rank profile alone leaves the share unset (1: all of it)
+    and its kernels' rate absorbs the difference (0.3 x 2 / 1.6)."""
     fit, _, cfgs, folders = layouts
-    c = calibrate.from_profile(folders["tp2dp2"], cfgs["tp2dp2"])
-    ctx = Context.of(cfgs["tp2dp2"])
-    assert _core_fraction(ctx, c, fit) == pytest.approx(0.4, rel=1e-6)
-    assert _core_fraction(ctx, replace(c, compute_s=c.compute_s * 0.5), fit) == 0.0
-    assert _core_fraction(ctx, replace(c, compute_s=c.compute_s * 3), fit) == 1.0
-
-
-def test_without_both_rank_counts_the_fraction_stays_the_prior(layouts):
-    """The 4-rank profile alone cannot tell the kernels' speed from the sharing's stretch: the
-    fit leaves the fraction unset (the system's prior), and its compute constants absorb the
-    stretch."""
-    _, _, cfgs, folders = layouts
     alone = calibrate.solve(calibrate.from_profile(folders["tp2dp2"], cfgs["tp2dp2"]),
                             cfgs["tp2dp2"])
     assert alone.comm_core_fraction is None
-    assert dict(alone.gemm_fraction)["fp32"] < 0.3       # slower kernels stand for the stretch
+    assert alone.shared_compute_share is None
+    assert dict(alone.gemm_fraction)["fp32"] == pytest.approx(0.3 * 2 / 1.6, rel=1e-3)
 
 
-def test_the_calibration_file_keeps_the_fraction(layouts, tmp_path, capsys):
+def test_the_calibration_file_has_no_fraction_where_pinned(layouts, tmp_path, capsys):
     _, paths, _, folders = layouts
     out = tmp_path / "cal.toml"
     assert main(["plan", "--calibrate", str(folders["tp2dp2"]), str(folders["tp2"]),
                  "--calibration-out", str(out), "--config", str(paths["tp2dp2"]),
                  "--config", str(paths["tp2"])]) == 0
-    assert "\ncomm_core_fraction = " in out.read_text()            # [fitted], as data
-    assert calibrate.read(out).fit.comm_core_fraction == pytest.approx(0.4, rel=1e-5)
+    assert "\ncomm_core_fraction = " not in out.read_text()
+    assert calibrate.read(out).fit.comm_core_fraction is None

@@ -24,6 +24,9 @@ class DistEnv:
     hostname: str
     launcher: str
     """"torchrun", "slurm" or "single"."""
+    local_world_size: int = 1
+    """Ranks on this machine (torchrun's LOCAL_WORLD_SIZE); 1 where the launcher does not say
+    (Slurm binds its tasks to cores itself: srun --cpu-bind)."""
 
 
 def _top_level_items(nodelist: str) -> list[str]:
@@ -147,7 +150,8 @@ def dist_env_from_environ(environ=None) -> DistEnv:
                        local_rank=int(env.get("LOCAL_RANK", 0)),
                        master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
                        master_port=int(env.get("MASTER_PORT", 29500)), hostname=host,
-                       launcher="torchrun")
+                       launcher="torchrun",
+                       local_world_size=int(env.get("LOCAL_WORLD_SIZE", 1)))
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         return DistEnv(rank=int(env["SLURM_PROCID"]), world_size=int(env["SLURM_NTASKS"]),
                        local_rank=int(env.get("SLURM_LOCALID", 0)),

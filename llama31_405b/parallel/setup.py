@@ -10,6 +10,9 @@ from typing import Any, cast
 
 from ..config.schema import Config
 from ..systems.device import Device, decide
+from ..systems import load_system
+from .cores import pin_process
+from .placement import layout_of
 from .distributed import DistEnv, dist_env_from_environ, init_process_group
 
 
@@ -85,6 +88,9 @@ def setup_parallel(cfg: Config, dist_env: DistEnv | None = None, *,
     backend = device.backend
     if device.gpu:
         torch.cuda.set_device(de.local_rank)
+    elif de.launcher == "torchrun" and load_system(cfg.system.id).pin_ranks:
+        # more ranks than cores: each pinned to one, a pipeline stage's peers together
+        pin_process(layout_of(cfg), de.rank, de.local_rank, de.local_world_size)
     if de.launcher == "single" and not dist.is_initialized():
         # one process: an in-memory store instead of a TCP port, so concurrent single-process
         # runs (tests, the tiny benchmark next to other jobs) never collide on MASTER_PORT

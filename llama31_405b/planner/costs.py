@@ -133,6 +133,24 @@ def chunk_params(ctx: Context, layers: int, embedding: bool, logits: bool) -> fl
             + (h if logits else 0))
 
 
+def tp_peers_share_a_core(ctx: Context, k: float) -> bool:
+    """The ranks pinned to one core (systems `pin_ranks`, k of them) are TP peers: a pipeline
+    stage's ranks in blocks of k (parallel/cores.py), TP the fastest-varying dimension. Each
+    TP collective then waits for its core-mate's turn on the core: its time is k x its time
+    with a core each (TP2 x DP2 pinned on the 2-core machine: 1.8x TP2's)."""
+    return ctx.system.pin_ranks and k > 1 and ctx.tp >= k
+
+
+def shared_compute_share(fit: Fitted) -> float:
+    """Where a core's ranks are TP peers (`tp_peers_share_a_core`): the share of the core
+    sharing's stretch (k - 1) their ops take (compute stretches by 1 + share x (k - 1)); fitted,
+    else 1. Below 1, the two ranks handing the core to each other at every TP collective keep it
+    busier than ranks that share it at the scheduler's slices: TP2 x DP2 pinned on the 2-core
+    machine took 1.5x TP2's compute, its TP and host time 1.8-2.3x, its step 2.0x."""
+    f = fit.shared_compute_share
+    return 1.0 if f is None else f
+
+
 def host_pass_s(ctx: Context, fit: Fitted) -> float:
     """Host time per layer and microbatch pass: fitted from a profile, else the system's prior."""
     h = fit.host_s_per_layer_pass
@@ -145,8 +163,10 @@ def chunk_cost(ctx: Context, rank: int, chunk: int, fit: Fitted) -> ChunkCost:
     logits = rank == ctx.pp - 1 and chunk == ctx.vp - 1
     fwd, bwd = compute.chunk_parts(ctx, layers, emb, logits, fit)
     k = fit.core_share  # ranks sharing cores (systems `shared_cores`; 1 on GPUs)
-    fwd, bwd = (fwd, bwd) if k == 1 else (fwd.scaled(k), bwd.scaled(k))
-    one = comm.tp_collective_s(ctx, fit)
+    tp_mates = tp_peers_share_a_core(ctx, k)
+    kc = 1 + shared_compute_share(fit) * (k - 1) if tp_mates else k
+    fwd, bwd = (fwd, bwd) if kc == 1 else (fwd.scaled(kc), bwd.scaled(kc))
+    one = comm.tp_collective_s(ctx, fit) * (k if tp_mates else 1)
     nf, nb = comm.tp_counts(ctx, layers, emb, logits)
     cf, cb = comm.cp_layer_s(ctx, compute.attention_time(ctx, fit), fit)
     tp_f, tp_b, cp_f, cp_b = nf * one, nb * one, layers * cf, layers * cb

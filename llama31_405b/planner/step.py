@@ -135,11 +135,15 @@ def core_share(ctx: Context, fit: Fitted) -> float:
     (systems; a development machine): the CPU time the ranks ask for per unit of step time,
     over the cores, when above 1; solved with the step it lengthens (bisection). The CPU time
     of a rank: its compute and host time at a core each, and `comm_core_fraction` of its
-    communication (exposed TP, CP and PP, the DP collectives' whole duration)."""
+    communication (exposed TP, CP and PP, the DP collectives' whole duration). With the ranks
+    pinned to the cores (systems `pin_ranks`, parallel/cores.py), the ranks per core: a core's
+    ranks are peers of one pipeline stage running in step, each at its share of the core."""
     cores = ctx.system.shared_cores
     world = ctx.tp * ctx.pp * ctx.cp * ctx.dp
     if not cores or world <= cores:
         return 1.0
+    if ctx.system.pin_ranks:
+        return float(math.ceil(world / cores))
     phi = comm_core_fraction(ctx, fit)
 
     def excess(k: float) -> float:

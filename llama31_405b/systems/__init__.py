@@ -85,10 +85,17 @@ class SystemSpec:
     """Cores every rank of a job shares (a development machine running all ranks); 0: each rank
     has its own device. With more ranks computing at once than cores, compute and host time
     stretch by the demand (planner step.breakdown)."""
+    pin_ranks: bool = False
+    """With `shared_cores`: each rank of a torchrun job with more local ranks than cores runs on
+    one core, the ranks in blocks of neighbours (parallel/cores.py): the ranks that share a core
+    share it fairly and for the whole run, rather than as the scheduler moves them (which made
+    some ranks wait for their peers: docs/planner.md, "Ranks pinned to cores"), and the
+    planner's core share is the ranks per core (planner step.core_share)."""
     comm_core_fraction: float = 0.0
-    """With `shared_cores`: the share of its communication time a rank keeps a core busy (the
-    prior of planner Fitted.comm_core_fraction, which a 2-rank + 4-rank calibration fits); 0:
-    waiting in a collective costs no core."""
+    """With `shared_cores` and ranks not pinned: the share of its communication time a rank
+    keeps a core busy (the demand model of planner step.core_share; planner
+    Fitted.comm_core_fraction where a calibration of model revisions 2-9 fitted it); 0: waiting
+    in a collective costs no core."""
     collective_latency_s: float = 0.0
     """Time of one collective or send beyond its bytes; 0: the planner's assumed NVLink,
     scale-out and send latencies (microseconds on GPUs). On a CPU, gloo's per-call cost with the

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-MODEL_REVISION = 9
+MODEL_REVISION = 10
 """The calibrated model's revision: raised whenever the same measurements give other constants
 or predictions. A table derived from measurements (bench/planner_proof: docs/planner_proof/)
 records the revision that derived it and re-derives under that revision's code only.
@@ -50,7 +50,15 @@ staying in the parameters' dtype (`costs.chunk_cost`; megatron-core builds the q
 layer by layer), where every parameter of the chunk was (tiny_cpu_gb200's embedding and LM head,
 4,096 x 128 each, were about half of its casts); and a calibration's figures of an inner pipeline
 rank less that rank's own DP slowdown, not the busiest rank's (`solver.compared_rank`), found by
-the review of revision 8."""
+the review of revision 8. 10: where the ranks are pinned to shared cores (systems `pin_ranks`,
+parallel/cores.py: a pipeline stage's peers on one core, in step), the core share is the ranks
+per core, where it had been the ranks' CPU demand over the step (`step.core_share`) with the
+share of communication that keeps a core busy fitted (`Fitted.comm_core_fraction`, no longer
+fitted there): unpinned, DP4's compute took 1.2-1.6x DP2's where the demand gave 1.2-1.3x, and
+the rest of the sharing showed as ranks waiting for their peers. Where a core's ranks are TP
+peers, each TP collective takes the ranks per core times its time (`costs.tp_peers_share_a_core`)
+and their ops a fitted share of the stretch (`Fitted.shared_compute_share`, calibrate/joint.py
+`_compute_share`): pinned, TP2 x DP2 took 1.5x TP2's compute and 1.8x its TP time."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -178,12 +186,20 @@ class Fitted:
     core_share: float = 1.0
     """How much longer compute and host time take because ranks share cores (systems
     `shared_cores`): resolved per layout by `step.breakdown`, 1 in every calibration."""
+    shared_compute_share: float | None = None
+    """Where ranks pinned to one core are TP peers (planner costs.tp_peers_share_a_core): the
+    share of the core sharing's stretch (k - 1) their ops take (planner
+    costs.shared_compute_share). Fitted from a 4-rank layout whose ranks share cores next to the 2-rank
+    layouts that give the kernels' time (calibrate/joint.py `_compute_share`; TP2 x DP2 against
+    TP2 and DP2 on the 2-core machine); None: 1."""
     comm_core_fraction: float | None = None
     """Where ranks share cores: the share of its communication time (TP, CP and PP exposed, a
     DP collective's whole duration, overlapped or not) during which a rank keeps a core busy
     (gloo's polling, copying and reducing over loopback), counted in the demand that stretches
-    compute (`step.core_share`). Fitted from one layout profiled at ranks <= cores and at more
-    ranks (calibrate/joint.py `_core_fraction`); None: the system's `comm_core_fraction`."""
+    compute (`step.core_share`) where the ranks are not pinned. Fitted by model revisions 2-9
+    from one layout profiled at ranks <= cores and at more ranks; since revision 10 the CPU's
+    ranks are pinned (systems `pin_ranks`) and no calibration fits it. None: the system's
+    `comm_core_fraction`."""
     # The memory model's constants a GPU profile measures (neutral when absent: the memory check
     # then uses the assumed ones).
     activation_scale: float = 1.0

@@ -13,11 +13,14 @@ calibration file's [check] shows each one's simulated step next to its measured 
 
 Where the ranks share cores (systems `shared_cores`) and the layouts include some whose ranks
 each have a core and some whose ranks do not (one layout profiled at 2 ranks and, with a second
-replica, at 4: the same work per rank), the sharing is measured rather than assumed: the
-compute constants come from the layouts whose ranks each have a core (the kernels without
-waiting), and the share of its communication time a rank keeps a core busy
-(`Fitted.comm_core_fraction`, step.core_share's demand) is solved so that each of the other
-layouts' modelled compute, stretched by the sharing, is its measured compute (`_core_fraction`).
+replica, at 4: the same work per rank), the compute constants come from the layouts whose ranks
+each have a core (the kernels without waiting), and what the sharing does beyond the ranks per
+core (the ranks are pinned: step.core_share) to the transport and the host time from the
+others; where a 4-rank layout's core-mates are TP peers, how much of the stretch its profile
+stretches their ops (`Fitted.shared_compute_share`, `_compute_share`:
+its modelled compute made its measured compute). Model revisions 2-9 also solved the share of its communication time a rank keeps a
+core busy (`Fitted.comm_core_fraction`) from the 4-rank layouts' compute; pinned ranks
+(revision 10) leave nothing for it to describe.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from typing import Any
 
 from .. import compute
 from ..context import Context
-from ..costs import plan
+from ..costs import plan, tp_peers_share_a_core
 from ..step import breakdown, rank_compute
 from .constants import Fitted
 from .precisions import with_probe
@@ -165,13 +168,13 @@ def _core_split(runs: list[tuple[Context, Summary]]) -> tuple[list, list]:
     return (own, shared) if cores and own and shared else (runs, [])
 
 
-def _core_fraction(ctx: Context, c: Summary, fit: Fitted) -> float:
-    """The share of its communication time a rank keeps a core busy (0 to 1) for which the
-    layout's modelled compute (stretched by the ranks sharing the cores) is its measured
-    compute; the nearer bound where none in between reproduces it (the calibration's [check]
-    shows the layout's miss). Regula falsi (Illinois): the compute grows with the share."""
+def _compute_share(ctx: Context, c: Summary, fit: Fitted) -> float:
+    """The share of the core sharing's stretch its ops take (0 to 1) for which the
+    layout's modelled compute is its measured compute (a layout whose pinned core-mates are TP
+    peers: costs.shared_compute_share); the nearer bound where none in between reproduces it
+    (the calibration's [check] shows the miss). Regula falsi (Illinois): compute grows with it."""
     def f(x: float) -> float:
-        return breakdown(ctx, replace(fit, comm_core_fraction=x)).compute_total_s - c.compute_s
+        return breakdown(ctx, replace(fit, shared_compute_share=x)).compute_total_s - c.compute_s
     lo, hi = 0.0, 1.0
     flo, fhi = f(lo), f(hi)
     if flo >= 0:
@@ -207,9 +210,11 @@ def solve_joint(items: Sequence[tuple[Summary, Any]]) -> Fitted:
     fit = with_probe(_initial(runs[0][1], runs[0][0]), runs)
     for _ in range(60):
         new = _call_times(own, fit) or mean([_compute(ctx, c, fit) for ctx, c in own])
-        if shared:
-            new = replace(new, comm_core_fraction=fmean(
-                [_core_fraction(ctx, c, new) for ctx, c in shared]))
+        mates = [(ctx, c) for ctx, c in shared
+                 if tp_peers_share_a_core(ctx, breakdown(ctx, new).core_share)]
+        if mates:  # where the sharing shows: in the ops or between them
+            new = replace(new, shared_compute_share=fmean(
+                [_compute_share(ctx, c, new) for ctx, c in mates]))
         link = _shared_link(rest, new)
         if link is not None:
             new = _with_pp(rest, link)
