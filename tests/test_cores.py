@@ -88,3 +88,15 @@ def test_pinning_this_process_pins_every_thread(tmp_path):
                          env=dict(os.environ, PYTHONPATH=str(ROOT)), check=True).stdout.split(" ", 1)
     last = sorted(os.sched_getaffinity(0))[-1]
     assert out[0] == str(last) and out[1].startswith(f"[({last},)]"), out
+
+
+def test_only_a_launcher_that_names_the_machine_s_ranks_gets_them_pinned():
+    """torchrun says how many ranks run on the machine (LOCAL_WORLD_SIZE); processes started with
+    RANK and WORLD_SIZE alone (the tests' zygote, first contact's DP2) and Slurm tasks (srun
+    binds them itself) leave it 0, and setup_parallel pins nothing."""
+    from llama31_405b.parallel.distributed import dist_env_from_environ
+    base = {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1"}
+    assert dist_env_from_environ({**base, "LOCAL_WORLD_SIZE": "4"}).local_world_size == 4
+    assert dist_env_from_environ(base).local_world_size == 0
+    assert dist_env_from_environ({"SLURM_PROCID": "1", "SLURM_NTASKS": "4",
+                                  "SLURM_LOCALID": "1", "MASTER_ADDR": "h"}).local_world_size == 0

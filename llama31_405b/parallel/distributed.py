@@ -24,9 +24,10 @@ class DistEnv:
     hostname: str
     launcher: str
     """"torchrun", "slurm" or "single"."""
-    local_world_size: int = 1
-    """Ranks on this machine (torchrun's LOCAL_WORLD_SIZE); 1 where the launcher does not say
-    (Slurm binds its tasks to cores itself: srun --cpu-bind)."""
+    local_world_size: int = 0
+    """Ranks on this machine (torchrun's LOCAL_WORLD_SIZE); 0 where the launcher does not say
+    (Slurm binds its tasks to cores itself, srun --cpu-bind; processes started with RANK and
+    WORLD_SIZE alone, as the tests' and first contact's are): nothing is then pinned."""
 
 
 def _top_level_items(nodelist: str) -> list[str]:
@@ -151,7 +152,7 @@ def dist_env_from_environ(environ=None) -> DistEnv:
                        master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
                        master_port=int(env.get("MASTER_PORT", 29500)), hostname=host,
                        launcher="torchrun",
-                       local_world_size=int(env.get("LOCAL_WORLD_SIZE", 1)))
+                       local_world_size=int(env.get("LOCAL_WORLD_SIZE", 0)))
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         return DistEnv(rank=int(env["SLURM_PROCID"]), world_size=int(env["SLURM_NTASKS"]),
                        local_rank=int(env.get("SLURM_LOCALID", 0)),

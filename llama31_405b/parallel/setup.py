@@ -88,7 +88,7 @@ def setup_parallel(cfg: Config, dist_env: DistEnv | None = None, *,
     backend = device.backend
     if device.gpu:
         torch.cuda.set_device(de.local_rank)
-    elif de.launcher == "torchrun" and load_system(cfg.system.id).pin_ranks:
+    elif de.local_world_size and load_system(cfg.system.id).pin_ranks:
         # more ranks than cores: each pinned to one, a pipeline stage's peers together
         pin_process(layout_of(cfg), de.rank, de.local_rank, de.local_world_size)
     if de.launcher == "single" and not dist.is_initialized():
