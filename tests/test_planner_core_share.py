@@ -119,3 +119,15 @@ def test_the_calibration_file_has_no_fraction_where_pinned(layouts, tmp_path, ca
                  "--config", str(paths["tp2"])]) == 0
     assert "\ncomm_core_fraction = " not in out.read_text()
     assert calibrate.read(out).fit.comm_core_fraction is None
+
+
+def test_a_stretch_no_share_reproduces_takes_the_nearer_bound(layouts):
+    """TP2 x DP2's compute shorter than even ops without any of the stretch: 0; longer than the
+    whole stretch: 1 (the calibration's [check] shows the miss)."""
+    from llama31_405b.planner.calibrate.joint import _compute_share
+    fit, _, cfgs, folders = layouts
+    c = calibrate.from_profile(folders["tp2dp2"], cfgs["tp2dp2"])
+    ctx = Context.of(cfgs["tp2dp2"])
+    assert _compute_share(ctx, c, fit) == pytest.approx(0.6, rel=1e-6)
+    assert _compute_share(ctx, replace(c, compute_s=c.compute_s * 0.5), fit) == 0.0
+    assert _compute_share(ctx, replace(c, compute_s=c.compute_s * 3), fit) == 1.0

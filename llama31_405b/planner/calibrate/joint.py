@@ -169,31 +169,15 @@ def _core_split(runs: list[tuple[Context, Summary]]) -> tuple[list, list]:
 
 
 def _compute_share(ctx: Context, c: Summary, fit: Fitted) -> float:
-    """The share of the core sharing's stretch its ops take (0 to 1) for which the
-    layout's modelled compute is its measured compute (a layout whose pinned core-mates are TP
-    peers: costs.shared_compute_share); the nearer bound where none in between reproduces it
-    (the calibration's [check] shows the miss). Regula falsi (Illinois): compute grows with it."""
-    def f(x: float) -> float:
-        return breakdown(ctx, replace(fit, shared_compute_share=x)).compute_total_s - c.compute_s
-    lo, hi = 0.0, 1.0
-    flo, fhi = f(lo), f(hi)
-    if flo >= 0:
-        return lo
-    if fhi <= 0:
-        return hi
-    side, x = 0, lo
-    for _ in range(100):
-        x = (lo * fhi - hi * flo) / (fhi - flo)
-        fx = f(x)
-        if abs(fx) < 1e-12 * c.compute_s or hi - lo < 1e-13:
-            break
-        if fx < 0:
-            lo, flo = x, fx
-            fhi, side = (fhi / 2, -1) if side == -1 else (fhi, -1)
-        else:
-            hi, fhi = x, fx
-            flo, side = (flo / 2, 1) if side == 1 else (flo, 1)
-    return x
+    """The share of the core sharing's stretch its ops take (0 to 1) for which the layout's
+    modelled compute is its measured compute (a layout whose pinned core-mates are TP peers:
+    costs.shared_compute_share). The compute is linear in the share (its parts stretch by
+    1 + share x (k - 1)): the line through 0 and 1, clamped to them where no share in between
+    reproduces the measured compute (the calibration's [check] shows the miss)."""
+    def f(x: float) -> float:  # the modelled compute at share x
+        return breakdown(ctx, replace(fit, shared_compute_share=x)).compute_total_s
+    at0, at1 = f(0.0), f(1.0)
+    return min(1.0, max(0.0, (c.compute_s - at0) / (at1 - at0) if at1 > at0 else 1.0))
 
 
 def solve_joint(items: Sequence[tuple[Summary, Any]]) -> Fitted:
