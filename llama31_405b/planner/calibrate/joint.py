@@ -16,9 +16,9 @@ each have a core and some whose ranks do not (one layout profiled at 2 ranks and
 replica, at 4: the same work per rank), the compute constants come from the layouts whose ranks
 each have a core (the kernels without waiting), and what the sharing does beyond the ranks per
 core (the ranks are pinned: step.core_share) to the transport and the host time from the
-others; where a 4-rank layout's core-mates are TP peers, how much of the stretch its profile
-stretches their ops (`Fitted.shared_compute_share`, `_compute_share`:
-its modelled compute made its measured compute). Model revisions 2-9 also solved the share of its communication time a rank keeps a
+others; where a 4-rank layout's core-mates are TP peers, the share of the stretch their ops
+take (`Fitted.shared_compute_share`, `_compute_share`: its modelled compute made its measured
+compute). Model revisions 2-9 also solved the share of its communication time a rank keeps a
 core busy (`Fitted.comm_core_fraction`) from the 4-rank layouts' compute; pinned ranks
 (revision 10) leave nothing for it to describe.
 """
