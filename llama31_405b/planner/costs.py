@@ -141,6 +141,17 @@ def tp_peers_share_a_core(ctx: Context, k: float) -> bool:
     return ctx.system.pin_ranks and k > 1 and ctx.tp >= k
 
 
+def dp_peers_on_one_core(ctx: Context, k: float) -> bool:
+    """Every DP group's ranks run on one core: the ranks pinned k to a core (systems
+    `pin_ranks`) in blocks of a pipeline stage's ranks (parallel/cores.py `core_for`: stage order),
+    each block a whole number of stages (k a multiple of a stage's TP x CP x DP ranks: PP2 x DP2
+    on the 2-core machine). They take turns on it and reach the gradient collectives together;
+    anywhere else (ranks on cores or GPUs of their own, a stage spread over cores) a group's
+    replicas run at their own device's speed and wait for the slowest (`Fitted.dp_peer_wait`)."""
+    stage = ctx.tp * ctx.cp * ctx.dp
+    return ctx.system.pin_ranks and k > 1 and k % stage == 0
+
+
 def shared_compute_share(fit: Fitted) -> float:
     """Where a core's ranks are TP peers (`tp_peers_share_a_core`): the share of the core
     sharing's stretch (k - 1) their ops take (compute stretches by 1 + share x (k - 1)); fitted,

@@ -19,7 +19,7 @@ from . import compute, simulate
 from .calibrate.constants import ASSUMED, Fitted
 from .context import Context
 from .convergence import Schedule, convergence, schedule
-from .costs import plan
+from .costs import dp_peers_on_one_core, plan
 from .memory import memory
 from .pipeline import bubble_fraction
 
@@ -62,6 +62,8 @@ class Breakdown:
     """Host time of the passes with nothing running (systems/fitted `host_s_per_layer_pass`)."""
     core_share: float = 1.0
     """Compute and host time stretched by ranks sharing cores (`shared_cores`), included."""
+    dp_peer_wait_s: float = 0.0
+    """Of the exposed DP, the replicas' waiting for the slowest of them (`peer_wait_s`)."""
 
     @property
     def compute_total_s(self) -> float:
@@ -81,7 +83,8 @@ class Breakdown:
         out = {f"compute_{k}_s": v for k, v in self.compute_s.items()}
         out.update(compute_total_s=self.compute_total_s, dp_slowdown_s=self.dp_slowdown_s,
                    tp_s=self.tp_s, cp_s=self.cp_s, pp_s=self.pp_s, bubble_s=self.bubble_s,
-                   dp_s=self.dp_exposed_s, optimizer_s=self.optimizer_s, host_s=self.host_s,
+                   dp_s=self.dp_exposed_s, dp_peer_wait_s=self.dp_peer_wait_s,
+                   optimizer_s=self.optimizer_s, host_s=self.host_s,
                    bubble_fraction=self.bubble_fraction, dp_unoverlapped_s=self.dp_total_s,
                    critical_rank=self.critical_rank, rank=self.rank)
         return out
@@ -185,12 +188,25 @@ def _breakdown(ctx: Context, fit: Fitted, rank: int | None = None) -> Breakdown:
     recompute = 0.0
     if ctx.cfg.performance.recompute == "full":
         recompute = m * sum(c.fwd.total for c in p.chunks[rank])
-    return Breakdown(compute_s={k: v * scale for k, v in parts.items()}, dp_slowdown_s=s.slowdown_s,
-                     tp_s=s.tp_s, cp_s=s.cp_s, pp_s=s.pp_s, bubble_s=s.bubble_s + s.sync_s,
-                     dp_exposed_s=s.dp_wait_s + s.dp_drain_s + gather,
-                     optimizer_s=s.finalize_s + s.optimizer_s - gather, dp_total_s=s.dp_total_s,
-                     critical_rank=s.critical_rank, rank=rank, recompute_s=recompute,
-                     host_s=s.host_s)
+    b = Breakdown(compute_s={k: v * scale for k, v in parts.items()}, dp_slowdown_s=s.slowdown_s,
+                  tp_s=s.tp_s, cp_s=s.cp_s, pp_s=s.pp_s, bubble_s=s.bubble_s + s.sync_s,
+                  dp_exposed_s=s.dp_wait_s + s.dp_drain_s + gather,
+                  optimizer_s=s.finalize_s + s.optimizer_s - gather, dp_total_s=s.dp_total_s,
+                  critical_rank=s.critical_rank, rank=rank, recompute_s=recompute,
+                  host_s=s.host_s)
+    wait = peer_wait_s(ctx, fit, b.step_s - b.dp_exposed_s)
+    return replace(b, dp_exposed_s=b.dp_exposed_s + wait, dp_peer_wait_s=wait) if wait else b
+
+
+def peer_wait_s(ctx: Context, fit: Fitted, rest_s: float) -> float:
+    """The DP replicas' waiting for the slowest of them at the gradient collectives, exposed:
+    `Fitted.dp_peer_wait` of the rest of the step `rest_s`, where the DP groups' ranks do not
+    share one core (costs.dp_peers_on_one_core); 0 without DP or where not measured. A replica's
+    work between two synchronisations takes its own core's or device's time: the faster waits."""
+    w = fit.dp_peer_wait
+    if not w or ctx.dp * ctx.cp == 1 or dp_peers_on_one_core(ctx, fit.core_share):
+        return 0.0
+    return w * rest_s
 
 
 def estimate_step_s(ctx: Context, fit: Fitted) -> float:

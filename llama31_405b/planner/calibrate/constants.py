@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-MODEL_REVISION = 10
+MODEL_REVISION = 11
 """The calibrated model's revision: raised whenever the same measurements give other constants
 or predictions. A table derived from measurements (bench/planner_proof: docs/planner_proof/)
 records the revision that derived it and re-derives under that revision's code only.
@@ -58,7 +58,13 @@ fitted there): unpinned, DP4's compute took 1.2-1.6x DP2's where the demand gave
 the rest of the sharing showed as ranks waiting for their peers. Where a core's ranks are TP
 peers, each TP collective takes the ranks per core times its time (`costs.tp_peers_share_a_core`)
 and their ops a fitted share of the stretch (`Fitted.shared_compute_share`, calibrate/joint.py
-`_compute_share`): pinned, TP2 x DP2 took 1.5x TP2's compute and 1.8x its TP time."""
+`_compute_share`): pinned, TP2 x DP2 took 1.5x TP2's compute and 1.8x its TP time. 11: the DP
+replicas' waiting for the slowest of them (`Fitted.dp_peer_wait`, where a DP group's ranks run on
+different cores or devices: `costs.dp_peers_on_one_core`) is its own part of the exposed DP, and
+the transport is fitted to the DP collectives' time less it (`Summary.dp_transfer_s`), where the
+waiting had been fitted as transfer time: TP2 x DP2's 38-40 ms of exposed DP on the 2-core
+machine held 24-26 ms of waiting (its replicas on different cores), which the transport carried
+into every layout, 2-3x the DP of DP4, PP2 x DP2 and PP2 x VP2 x DP2."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -192,6 +198,15 @@ class Fitted:
     costs.shared_compute_share). Fitted from a 4-rank layout whose ranks share cores next to the 2-rank
     layouts that give the kernels' time (calibrate/joint.py `_compute_share`; TP2 x DP2 against
     TP2 and DP2 on the 2-core machine); None: 1."""
+    dp_peer_wait: float | None = None
+    """The DP replicas' waiting for the slowest of them at the gradient collectives, per second of
+    the rest of the step (the work between two DP synchronisations, whose length differs from
+    replica to replica by a few per cent: cores or devices of slightly different speed), where a DP
+    group's ranks run on different cores or devices (planner costs.dp_peers_on_one_core): its
+    measured share (a profile's waiting for peers in DP over the step less its exposed DP) of the fit
+    layouts whose DP groups span cores (calibrate/solver.py `_peer_wait`; the 2-core machine:
+    TP2 x DP2's 24-26 ms of a 730 ms step, 3.7 %); None: not measured (a summary without the
+    waiting, the published one: the transport then carries it, as before model revision 11)."""
     comm_core_fraction: float | None = None
     """Where ranks share cores: the share of its communication time (TP, CP and PP exposed, a
     DP collective's whole duration, overlapped or not) during which a rank keeps a core busy

@@ -15,8 +15,8 @@ each rank recorded (ranks/rank<R>.json: `baseline_step_s` replayed, `eager_step_
   so what it saves is time the device spent not running kernels of its own: first the host
   gaps (nothing running: the device waited for the host to launch), then exposed
   communication (a collective or receive waiting for a peer whose host launches late, the
-  pipeline's bubble included), each kind in proportion to its exposed time; the DP collectives'
-  total loses what DP's exposed time lost. Compute keeps its eager time, unless replay saved
+  pipeline's bubble included), each kind in proportion to its exposed time (its waiting for a
+  slower peer with it); the DP collectives' total loses what DP's exposed time lost. Compute keeps its eager time, unless replay saved
   more than the host gaps and the exposed communication together, when the compute parts give
   up the rest in proportion (kernel for kernel the same work: not expected, stated so the
   figures still add up to the replayed step). A replay slower than the eager step (not expected
@@ -78,4 +78,5 @@ def as_replayed(s: Summary, ratio: float) -> Summary:
         dp_total = max(0.0, dp_total - (exposed.get("DP", 0.0) - new_exposed.get("DP", 0.0)))
     return replace(s, step_s=step, eager_step_s=s.step_s, compute_s=compute_s,
                    parts=tuple(sorted(parts.items())), exposed=tuple(sorted(new_exposed.items())),
-                   dp_total_s=dp_total, host_s=new_host)
+                   dp_total_s=dp_total, host_s=new_host,
+                   waiting=tuple((k, v * keep) for k, v in s.waiting))

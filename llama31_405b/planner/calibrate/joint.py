@@ -4,7 +4,9 @@ profile folders of two or more layouts; issue 46, point 3).
 No single 2-rank layout on a CPU has both of gloo's collective sizes: TP2 has TP's many small
 all-reduces (latency) and no DP, DP2 has DP's few large gradient collectives (bytes) and no TP.
 The one transport's latency and bandwidth (`solver._link`) then come from two layouts: TP's
-figure from the layout that has TP, DP's from the layout that has DP. Every other constant is
+figure from the layout that has TP, DP's from the layout that has DP (its collectives' time less
+the waiting for the slowest replica, `Summary.dp_transfer_s`; the waiting is its own constant,
+`solver._peer_wait`). Every other constant is
 fitted to each layout as `solver.solve` fits it, given the shared communication constants, and
 the layouts' values are averaged: the compute constants (each layout's own measure of the same
 kernels), the pipeline sends' scale, the host time per layer pass that closes each step. The
@@ -35,8 +37,8 @@ from ..costs import plan, tp_peers_share_a_core
 from ..step import breakdown, rank_compute
 from .constants import Fitted
 from .precisions import with_probe
-from .solver import (LINEAR, _close_step, _comm, _compute, _initial, _link, _pp_scale, _same,
-                     _slowdown, compared_rank, config_of, fit_memory, solve)
+from .solver import (LINEAR, _close_step, _comm, _compute, _initial, _link, _peer_wait, _pp_scale,
+                     _same, _slowdown, compared_rank, config_of, fit_memory, solve)
 from .summary import Summary
 
 
@@ -64,8 +66,8 @@ def _shared_link(runs: list[tuple[Context, Summary]], fit: Fitted) -> Fitted | N
         return None
     tp = next(((ctx, dict(c.exposed)["TP"]) for ctx, c in runs
                if ctx.tp > 1 and dict(c.exposed).get("TP")), None)
-    dp = next(((ctx, c.dp_total_s) for ctx, c in runs if ctx.dp * ctx.cp > 1 and c.dp_total_s),
-              None)
+    dp = next(((ctx, c.dp_transfer_s) for ctx, c in runs
+               if ctx.dp * ctx.cp > 1 and c.dp_transfer_s), None)
     if tp is None or dp is None:
         return None
     return _link(fit, tp, dp)
@@ -199,6 +201,7 @@ def solve_joint(items: Sequence[tuple[Summary, Any]]) -> Fitted:
         if mates:  # where the sharing shows: in the ops or between them
             new = replace(new, shared_compute_share=fmean(
                 [_compute_share(ctx, c, new) for ctx, c in mates]))
+        new = _peer_wait(rest, new)
         link = _shared_link(rest, new)
         if link is not None:
             new = _with_pp(rest, link)

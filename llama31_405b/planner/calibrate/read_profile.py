@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 from . import graphed
-from .summary import Summary
+from .summary import KINDS, Summary
 
 PART_ROWS = {"qkv": "GEMM QKV", "attention": "attention core", "proj": "GEMM attention out proj",
              "ffn_up": "GEMM FFN up/gate", "ffn_down": "GEMM FFN down", "logits": "GEMM LM head",
@@ -76,6 +76,8 @@ def from_profile(folder: str | Path, cfg) -> Summary:
         ffn_share_of_compute=(parts["ffn_up"] + parts["ffn_down"]) / compute_s,
         parts=tuple(sorted(parts.items())),
         exposed=tuple(sorted((k, float(rows[v])) for k, v in EXPOSED_ROWS.items())),
+        waiting=tuple(sorted((k, float(v)) for k, v in (res.get("waiting_for_peers") or {}).items()
+                             if k in KINDS)),
         dp_total_s=sum(dp_total) / len(dp_total) if dp_total else 0.0,
         host_s=sum(float(rows.get(r, 0.0)) for r in HOST_ROWS),
         memory_allocated_gb=alloc, memory_reserved_gb=reserved, probe_s=probe_seconds(records))

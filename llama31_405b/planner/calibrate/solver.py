@@ -36,10 +36,10 @@ from functools import cache
 
 from .. import compute
 from ..context import Context
-from ..costs import plan
+from ..costs import dp_peers_on_one_core, plan
 from ..memory import memory
 from ..spec import make_config
-from ..step import Breakdown, breakdown, rank_compute
+from ..step import Breakdown, breakdown, core_share, rank_compute
 from .constants import ASSUMED, INITIAL, Fitted
 from .precisions import with_probe
 from .summary import CALIBRATION, KINDS, Summary
@@ -146,7 +146,7 @@ def _comm(ctx: Context, fit: Fitted, c: Summary, b: Breakdown) -> Fitted:
     measured kind's time ratio applied."""
     exposed = dict(c.exposed)
     target = {k: exposed.get(k) for k in KINDS}
-    target["DP"] = c.dp_total_s
+    target["DP"] = c.dp_transfer_s  # less the waiting for the slowest replica (`_peer_wait`)
     present = {"TP": ctx.tp > 1, "CP": ctx.cp > 1, "PP": ctx.pp > 1, "DP": ctx.dp * ctx.cp > 1}
     link = _transport(ctx, fit, target)
     if link is not None:
@@ -180,6 +180,22 @@ def _comm(ctx: Context, fit: Fitted, c: Summary, b: Breakdown) -> Fitted:
             if k not in measured:
                 scale[k] = mean
     return replace(fit, comm_scale=tuple(sorted(scale.items())))
+
+
+def _peer_wait(runs: list[tuple[Context, Summary]], fit: Fitted) -> Fitted:
+    """The DP replicas' waiting for the slowest per second of the rest of the step
+    (`Fitted.dp_peer_wait`): the mean over the layouts whose DP groups span cores or devices
+    (costs.dp_peers_on_one_core) and whose summary measured it, of their waiting in DP over
+    their step less its exposed DP; `fit` unchanged where none did."""
+    got = []
+    for ctx, c in runs:
+        wait = dict(c.waiting).get("DP")
+        if wait is None or ctx.dp * ctx.cp == 1 or dp_peers_on_one_core(ctx, core_share(ctx, fit)):
+            continue
+        rest = c.step_s - dict(c.exposed).get("DP", 0.0)
+        if rest > 0:
+            got.append(wait / rest)
+    return replace(fit, dp_peer_wait=sum(got) / len(got)) if got else fit
 
 
 PP_FLOOR = 1e-3
@@ -276,7 +292,7 @@ def solve(c: Summary = CALIBRATION, cfg=None) -> Fitted:
     ctx = Context.of(config_of(c, cfg))
     fit = with_probe(_initial(c, ctx), [(ctx, c)])
     for _ in range(30):
-        new = _compute(ctx, c, fit)
+        new = _peer_wait([(ctx, c)], _compute(ctx, c, fit))
         if c.exposed or c.dp_total_s:
             new = _comm(ctx, new, c, breakdown(ctx, new))
         new = with_probe(_close_step(ctx, new, c), [(ctx, c)])

@@ -63,6 +63,9 @@ class Summary:
     """Exposed communication per step by kind (KINDS; PP includes the bubble), when measured."""
     dp_total_s: float | None = None
     """The DP collectives' total time per step, overlapped or not, when measured."""
+    waiting: tuple[tuple[str, float], ...] = ()
+    """Of the exposed communication, the time the compared ranks waited for a slower peer to
+    arrive, by kind (KINDS; a profile's "waiting for peers", profile/waits.py), when measured."""
     host_s: float | None = None
     """Host gaps per step (nothing running), when measured."""
     memory_allocated_gb: float | None = None
@@ -94,6 +97,14 @@ class Summary:
         return "host_s_per_layer_pass" if self.host_s is not None else "nvlink_bus_efficiency"
 
     @property
+    def dp_transfer_s(self) -> float | None:
+        """The DP collectives' time less the waiting for the slowest replica in them: what the
+        transport takes (model revision 11); the whole time where the waiting was not measured."""
+        if self.dp_total_s is None:
+            return None
+        return max(0.0, self.dp_total_s - dict(self.waiting).get("DP", 0.0))
+
+    @property
     def layout(self) -> str:
         return f"TP{self.tp}-PP{self.pp}-VP{self.vp}-CP{self.cp} MiniBS {self.minibs} MBS {self.mbs}"
 
@@ -103,7 +114,7 @@ def summary_from_dict(d: dict, source: str) -> Summary:
     missing or unknown key is an error naming it and `source`."""
     flat = dict(d.get("run", {}))
     meas = dict(d.get("measured", {}))
-    for k in ("parts", "exposed", "probe_s"):
+    for k in ("parts", "exposed", "probe_s", "waiting"):
         if k in meas:
             meas[k] = tuple(sorted((str(a), float(b)) for a, b in meas[k].items()))
     flat.update(meas)
@@ -139,7 +150,7 @@ def median_summary(summaries: list[Summary]) -> Summary:
     out: dict[str, Any] = {}  # Summary's fields, each of its own type
     for f in fields(Summary):
         vals = [getattr(s, f.name) for s in summaries]
-        if f.name in ("parts", "exposed", "probe_s"):
+        if f.name in ("parts", "exposed", "probe_s", "waiting"):
             keys = sorted({k for v in vals for k, _ in v})
             out[f.name] = tuple((k, statistics.median(dict(v).get(k, 0.0) for v in vals))
                                 for k in keys)

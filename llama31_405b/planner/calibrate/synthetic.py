@@ -26,7 +26,8 @@ EXPOSED = {"TP": "TP exposed", "CP": "CP exposed", "PP": "PP exposed (incl. bubb
 def synthetic_profile(folder: str | Path, cfg, fit, with_memory: bool = False,
                       eager: Eager | None = None) -> Path:
     """Write a profile folder of the planner's own prediction for `cfg` with the constants
-    `fit` (profile.json and analysis.json, the rows `profile` writes; with `with_memory`, rank
+    `fit` (profile.json and analysis.json, the rows `profile` writes, the DP replicas' waiting
+    for the slowest among the waits for peers; with `with_memory`, rank
     0's record with the allocator peaks the memory model predicts, as a GPU profile has them).
     With `eager`, the profile of a run with full-iteration CUDA graphs whose replayed step is the
     prediction: its trace (analysis.json) holds eager steps, longer by what `eager` adds, and
@@ -51,7 +52,8 @@ def synthetic_profile(folder: str | Path, cfg, fit, with_memory: bool = False,
               "optimizer": b.optimizer_s, "TP exposed": b.tp_s, "CP exposed": b.cp_s,
               "PP exposed (incl. bubble)": b.pp_s + b.bubble_s, "DP exposed": b.dp_exposed_s,
               "other comm exposed": 0.0, "host gaps": b.host_s}
-    step, dp_total = b.step_s, b.dp_total_s + gather
+    # the replicas' waiting for the slowest is in the DP collectives' time, as a trace shows it
+    step, dp_total = b.step_s, b.dp_total_s + gather + b.dp_peer_wait_s
     if eager is not None:
         extra = dict(eager.exposed)
         for k, v in extra.items():
@@ -69,7 +71,8 @@ def synthetic_profile(folder: str | Path, cfg, fit, with_memory: bool = False,
     (folder / "analysis.json").write_text(json.dumps({
         "measured_step_s": step, "compared_ranks": [0],
         "comparison": [{"component": k, "measured_s": v} for k, v in values.items()],
-        "ranks": {"0": {"comm": {"DP": {"role": "DP", "total_s": dp_total}}}}},
+        "ranks": {"0": {"comm": {"DP": {"role": "DP", "total_s": dp_total}}}}}
+        | ({"waiting_for_peers": {"DP": b.dp_peer_wait_s}} if b.dp_peer_wait_s else {}),
         indent=1))
     rec: dict = {"rank": 0}
     if eager is not None:
