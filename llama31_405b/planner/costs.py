@@ -94,6 +94,10 @@ class Plan:
     exchanges. False: sends in the background, a pass waits only for its own input (interleaved
     on GPUs, whose warm-up and cool-down exchanges block in megatron-core 0.19.2 all the same:
     not modelled)."""
+    stages_per_core: int = 1
+    """Pipeline stages whose ranks share one core (`stages_per_core`: pinned ranks, fewer cores
+    than stages): consecutive stages in blocks of this many, each stage's passes slowed while
+    another stage of its block runs (simulate.py); 1: none."""
 
     def inflation(self, parts: PartTimes, work: float) -> float:
         """Extra time per unit of work while a DP collective runs: compute-bound parts lose
@@ -141,6 +145,19 @@ def tp_peers_share_a_core(ctx: Context, k: float) -> bool:
     return ctx.system.pin_ranks and k > 1 and ctx.tp >= k
 
 
+def stages_per_core(ctx: Context, k: float) -> int:
+    """Pipeline stages sharing each core: where the ranks are pinned k to a core in blocks of a
+    pipeline stage's ranks (systems `pin_ranks`, parallel/cores.py `core_for`) and a block holds
+    several whole stages (k a multiple of a stage's TP x CP x DP ranks, more than one of them:
+    PP4 on the 2-core machine, stages 0 and 1 on one core). Consecutive stages of one pipeline
+    are not in step: each runs at full speed while its core-mate waits for its input, at a share
+    of the core while both run (simulate.py). 1 elsewhere."""
+    stage = ctx.tp * ctx.cp * ctx.dp
+    if not ctx.system.pin_ranks or k <= stage or k % stage:
+        return 1
+    return int(k // stage)
+
+
 def dp_peers_on_one_core(ctx: Context, k: float) -> bool:
     """Every DP group's ranks run on one core: the ranks pinned k to a core (systems
     `pin_ranks`) in blocks of a pipeline stage's ranks (parallel/cores.py `core_for`: stage order),
@@ -173,7 +190,9 @@ def chunk_cost(ctx: Context, rank: int, chunk: int, fit: Fitted) -> ChunkCost:
     emb = rank == 0 and chunk == 0
     logits = rank == ctx.pp - 1 and chunk == ctx.vp - 1
     fwd, bwd = compute.chunk_parts(ctx, layers, emb, logits, fit)
-    k = fit.core_share  # ranks sharing cores (systems `shared_cores`; 1 on GPUs)
+    # ranks sharing cores (systems `shared_cores`; 1 on GPUs): a stage's own ranks in step; the
+    # other stages on its core slow it only while they run (simulate.py)
+    k = fit.core_share / stages_per_core(ctx, fit.core_share)
     tp_mates = tp_peers_share_a_core(ctx, k)
     kc = 1 + shared_compute_share(fit) * (k - 1) if tp_mates else k
     fwd, bwd = (fwd, bwd) if kc == 1 else (fwd.scaled(kc), bwd.scaled(kc))
@@ -262,4 +281,5 @@ def _plan(ctx: Context, fit: Fitted) -> Plan:
                 fwd_mb_s=max(sum(c.work_fwd for c in row) for row in chunks),
                 param_gather_s=gather,
                 # model/builder.transformer_config: overlap_p2p_comm=gpu and vp > 1
-                blocking_p2p=pp > 1 and not (ctx.system.is_gpu and vp > 1))
+                blocking_p2p=pp > 1 and not (ctx.system.is_gpu and vp > 1),
+                stages_per_core=stages_per_core(ctx, fit.core_share))

@@ -84,6 +84,9 @@ class Sim:
     synchronises the ranks): zero on the critical rank."""
     host_s: float = 0.0
     """Host time of this rank's passes (nothing running: a CPU's Python between ops)."""
+    turns_s: float = 0.0
+    """Extra compute while another pipeline stage on this rank's core ran (Plan.stages_per_core;
+    its TP, CP and host time's stretch is in tp_s, cp_s and host_s)."""
 
     def scaled(self, other: "Sim", k: float) -> "Sim":
         """self + k x (self - other), field by field (linear extrapolation)."""
@@ -190,7 +193,60 @@ def _run(plan: Plan, m: int, rank: int | None = None) -> Sim:
     return sims[sims[0].critical_rank if rank is None else rank]
 
 
-def _ranks(plan: Plan, m: int) -> tuple[Sim, ...]:  # noqa: C901 (one event loop, kept in one place)
+TURN_ROUNDS = 200
+"""Most rounds of the stages-sharing-a-core fixed point (`_ranks`); it settles in a few dozen."""
+
+
+def _ranks(plan: Plan, m: int) -> tuple[Sim, ...]:
+    """Every pipeline rank's step. Where stages share a core (Plan.stages_per_core), each pass
+    runs at a share of the core while other stages of its block run, at full speed otherwise
+    (processor sharing: 1 / (1 + the core-mates running)): a fixed point of each pass's stretch,
+    the event loop run with the stretches the previous round's timeline gives (damped by half),
+    until no stretch moves by a billionth."""
+    if plan.stages_per_core == 1:
+        return _event_loop(plan, m, None)[0]
+    fac: list[list[float]] | None = None
+    for _ in range(TURN_ROUNDS):
+        sims, spans = _event_loop(plan, m, fac)
+        new = _turn_factors(spans, plan.stages_per_core)
+        if fac is not None and all(abs(a - b) <= 1e-9 * a for fa, fb in zip(fac, new)
+                                   for a, b in zip(fa, fb)):
+            break
+        fac = new if fac is None else [[(a + b) / 2 for a, b in zip(fa, fb)]
+                                       for fa, fb in zip(fac, new)]
+    return sims
+
+
+def _turn_factors(spans: list[list[tuple[float, float] | None]], per_core: int) -> list[list[float]]:
+    """Per rank and record (None: an exchange, factor 1), the stretch under processor sharing
+    that its pass's interval in `spans` implies: its length over the work the core gave it,
+    1 / (1 + the other stages of its block running) at each moment."""
+    out = []
+    for r, own in enumerate(spans):
+        block = range(r - r % per_core, r - r % per_core + per_core)
+        mates = sorted(iv for q in block if q != r and q < len(spans) for iv in spans[q]
+                       if iv is not None and iv[1] > iv[0])
+        facs = []
+        for iv in own:
+            if iv is None or iv[1] <= iv[0]:
+                facs.append(1.0)
+                continue
+            s, e = iv
+            cuts = sorted({s, e, *(x for a, b in mates for x in (a, b) if s < x < e)})
+            got = 0.0
+            for a, b in zip(cuts, cuts[1:]):
+                mid = (a + b) / 2
+                running = sum(1 for x, y in mates if x <= mid < y)
+                got += (b - a) / (1 + running)
+            facs.append((e - s) / got)
+        out.append(facs)
+    return out
+
+
+def _event_loop(plan: Plan, m: int,  # noqa: C901 (one event loop, kept in one place)
+                fac: list[list[float]] | None) -> tuple[tuple[Sim, ...], list[list]]:
+    """The step's event loop, each pass's work stretched by `fac` [rank][record] (None: 1):
+    every rank's Sim, and per rank and record the pass's busy interval (None: an exchange)."""
     pp, vp = plan.pp, plan.vp
     total = m * vp
     inter = vp > 1
@@ -240,8 +296,11 @@ def _ranks(plan: Plan, m: int) -> tuple[Sim, ...]:  # noqa: C901 (one event loop
     # gather to launch before it, chunk whose first forward waits for its gather, reduce after,
     # pipeline rank 0's early reduce, None); per blocking exchange: (..., its operations)
     recs = []
+    parts: list[list[tuple[float, float, float, float]]] = []   # (compute, TP, CP, host) per record
     for r in range(pp):
         rec: list[tuple] = []
+        part: list[tuple[float, float, float, float]] = []
+        parts.append(part)
         kf = kb = 0
         sent = {"f": 0, "b": 0}
         got = {"f": 0, "b": 0}
@@ -249,6 +308,7 @@ def _ranks(plan: Plan, m: int) -> tuple[Sim, ...]:  # noqa: C901 (one event loop
             if isinstance(item, Exchange):
                 rec.append((-1, -1, 0.0, 0.0, 0.0, -1, -1, -1, False,
                             _operations(plan, r, item, sent, got)))
+                part.append((0.0, 0.0, 0.0, 0.0))
                 continue
             fwd, mb, c = item
             cc = ch[r][c]
@@ -271,6 +331,8 @@ def _ranks(plan: Plan, m: int) -> tuple[Sim, ...]:  # noqa: C901 (one event loop
                 if blocking:   # the input came with an earlier exchange
                     dep, hop = -1, 0.0
                 rec.append((own, dep, hop, work, infl[r][c][0], g, wait, -1, False, None))
+                part.append((cc.fwd.total + (cc.first_fwd_s if mb == 0 else 0.0), cc.tp_fwd,
+                             cc.cp_fwd, cc.host_fwd))
             else:
                 if r < pp - 1:
                     dep, hop = n + ((r + 1) * vp + c) * m + mb, plan.p2p[r]
@@ -288,10 +350,13 @@ def _ranks(plan: Plan, m: int) -> tuple[Sim, ...]:  # noqa: C901 (one event loop
                 if blocking:
                     dep, hop = -1, 0.0
                 rec.append((n + own, dep, hop, cc.work_bwd, infl[r][c][1], -1, -1, red, early, None))
+                part.append((cc.bwd.total, cc.tp_bwd, cc.cp_bwd, cc.host_bwd))
         recs.append(rec)
     ends = [-1.0] * (2 * n)
     posts: dict[tuple, float] = {}   # (channel, message, send?) -> when its rank posted it
     lo = [0] * pp
+    spans: list[list] = [[None] * len(rec) for rec in recs]
+    turns = [[0.0, 0.0, 0.0, 0.0] for _ in range(pp)]   # extra compute, TP, CP, host
     progress = True
     while progress:
         progress = False
@@ -300,6 +365,8 @@ def _ranks(plan: Plan, m: int) -> tuple[Sim, ...]:  # noqa: C901 (one event loop
             tr, br = t[r], busy[r]
             while p < len(rec):
                 own, dep, hop, work, inf, g, wait, red, early, ops = rec[p]
+                stretch = fac[r][p] if fac is not None and ops is None else 1.0
+                work *= stretch
                 if ops is not None:
                     done = _exchange(ops, tr, posts)
                     if done is None:
@@ -341,6 +408,10 @@ def _ranks(plan: Plan, m: int) -> tuple[Sim, ...]:  # noqa: C901 (one event loop
                 while lo[r] < len(br) and br[lo[r]][1] <= start:
                     lo[r] += 1
                 done = _finish(start, work, inf, br, lo[r]) if lo[r] < len(br) else start + work
+                spans[r][p] = (start, done)
+                if stretch != 1.0:   # the pass ran: its parts' share of the stretch
+                    for i, v in enumerate(parts[r][p]):
+                        turns[r][i] += (stretch - 1.0) * v
                 end = done if done >= tail else tail
                 wait_dp[r] += end - done
                 slow[r] += done - start - work
@@ -364,12 +435,13 @@ def _ranks(plan: Plan, m: int) -> tuple[Sim, ...]:  # noqa: C901 (one event loop
     for r in range(pp):
         row = ch[r]
         comp = m * sum(c.fwd.total + c.bwd.total for c in row) + sum(c.first_fwd_s for c in row)
+        tc, tt, tcp, th = turns[r]
         out.append(Sim(step_s=fin[crit] + tail, critical_rank=crit, compute_s=comp,
-                       slowdown_s=slow[r], tp_s=m * sum(c.tp_fwd + c.tp_bwd for c in row),
-                       cp_s=m * sum(c.cp_fwd + c.cp_bwd for c in row), pp_s=wait_pp[r],
-                       host_s=m * sum(c.host_fwd + c.host_bwd for c in row),
+                       slowdown_s=slow[r], tp_s=m * sum(c.tp_fwd + c.tp_bwd for c in row) + tt,
+                       cp_s=m * sum(c.cp_fwd + c.cp_bwd for c in row) + tcp, pp_s=wait_pp[r],
+                       host_s=m * sum(c.host_fwd + c.host_bwd for c in row) + th,
                        bubble_s=wait_bub[r], dp_wait_s=wait_dp[r],
                        dp_drain_s=max(0.0, free[r] - t[r]), finalize_s=plan.finalize_s[r],
                        optimizer_s=tail, dp_total_s=sum(e - s for s, e in busy[r]),
-                       sync_s=fin[crit] - fin[r]))
-    return tuple(out)
+                       sync_s=fin[crit] - fin[r], turns_s=tc))
+    return tuple(out), spans

@@ -64,6 +64,9 @@ class Breakdown:
     """Compute and host time stretched by ranks sharing cores (`shared_cores`), included."""
     dp_peer_wait_s: float = 0.0
     """Of the exposed DP, the replicas' waiting for the slowest of them (`peer_wait_s`)."""
+    core_turns_s: float = 0.0
+    """Compute lost to the other pipeline stages on this rank's core (costs.stages_per_core),
+    included in compute_s, as dp_slowdown_s is."""
 
     @property
     def compute_total_s(self) -> float:
@@ -84,6 +87,7 @@ class Breakdown:
         out.update(compute_total_s=self.compute_total_s, dp_slowdown_s=self.dp_slowdown_s,
                    tp_s=self.tp_s, cp_s=self.cp_s, pp_s=self.pp_s, bubble_s=self.bubble_s,
                    dp_s=self.dp_exposed_s, dp_peer_wait_s=self.dp_peer_wait_s,
+                   core_turns_s=self.core_turns_s,
                    optimizer_s=self.optimizer_s, host_s=self.host_s,
                    bubble_fraction=self.bubble_fraction, dp_unoverlapped_s=self.dp_total_s,
                    critical_rank=self.critical_rank, rank=self.rank)
@@ -184,7 +188,9 @@ def _breakdown(ctx: Context, fit: Fitted, rank: int | None = None) -> Breakdown:
     s = simulate.run(p, m, _SIMS[key], rank=rank)
     gather = p.param_gather_s  # in the plan's end-of-step work; exposed DP for a profile
     parts = rank_compute(ctx, fit, rank)
-    scale = 1 + s.slowdown_s / s.compute_s if s.compute_s else 1.0
+    # the DP collectives' contention and the turns of stages sharing a core, as a profile
+    # measures them: in the kernels' time
+    scale = 1 + (s.slowdown_s + s.turns_s) / s.compute_s if s.compute_s else 1.0
     recompute = 0.0
     if ctx.cfg.performance.recompute == "full":
         recompute = m * sum(c.fwd.total for c in p.chunks[rank])
@@ -193,7 +199,7 @@ def _breakdown(ctx: Context, fit: Fitted, rank: int | None = None) -> Breakdown:
                   dp_exposed_s=s.dp_wait_s + s.dp_drain_s + gather,
                   optimizer_s=s.finalize_s + s.optimizer_s - gather, dp_total_s=s.dp_total_s,
                   critical_rank=s.critical_rank, rank=rank, recompute_s=recompute,
-                  host_s=s.host_s)
+                  host_s=s.host_s, core_turns_s=s.turns_s)
     wait = peer_wait_s(ctx, fit, b.step_s - b.dp_exposed_s)
     return replace(b, dp_exposed_s=b.dp_exposed_s + wait, dp_peer_wait_s=wait) if wait else b
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-MODEL_REVISION = 11
+MODEL_REVISION = 12
 """The calibrated model's revision: raised whenever the same measurements give other constants
 or predictions. A table derived from measurements (bench/planner_proof: docs/planner_proof/)
 records the revision that derived it and re-derives under that revision's code only.
@@ -64,7 +64,12 @@ different cores or devices: `costs.dp_peers_on_one_core`) is its own part of the
 the transport is fitted to the DP collectives' time less it (`Summary.dp_transfer_s`), where the
 waiting had been fitted as transfer time: TP2 x DP2's 38-40 ms of exposed DP on the 2-core
 machine held 24-26 ms of waiting (its replicas on different cores), which the transport carried
-into every layout, 2-3x the DP of DP4, PP2 x DP2 and PP2 x VP2 x DP2."""
+into every layout, 2-3x the DP of DP4, PP2 x DP2 and PP2 x VP2 x DP2. 12: where pinned ranks put
+several pipeline stages on one core (`costs.stages_per_core`: PP4 on the 2-core machine), each
+stage's passes run at a share of the core only while another stage of its block runs (processor
+sharing, simulated: simulate.py `_ranks`), where every pass had been stretched by the ranks per
+core: GB200 settings at PP4 on 2 cores measured 0.70 of that prediction, stage 1 running alone
+while stage 0 waited for its gradients."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)

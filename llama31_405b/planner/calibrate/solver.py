@@ -238,9 +238,11 @@ def compared_rank(ctx: Context, c: Summary, fit: Fitted, busiest: int) -> int:
 
 
 def _slowdown(ctx: Context, fit: Fitted, b: Breakdown, rank: int) -> float:
-    """Pipeline rank `rank`'s compute lost to the overlapped DP collectives (`b`: the busiest
-    rank's breakdown, which is it where `rank` is the busiest)."""
-    return b.dp_slowdown_s if rank == b.rank else breakdown(ctx, fit, rank).dp_slowdown_s
+    """Pipeline rank `rank`'s compute lost to the overlapped DP collectives and to the other
+    pipeline stages on its core (`b`: the busiest rank's breakdown, which is it where `rank` is
+    the busiest)."""
+    own = b if rank == b.rank else breakdown(ctx, fit, rank)
+    return own.dp_slowdown_s + own.core_turns_s
 
 
 def _compute(ctx: Context, c: Summary, fit: Fitted) -> Fitted:
