@@ -1,0 +1,129 @@
+"""What the distributed optimizer's DP collectives take on the 2-core development machine, per
+layout of the planner's CPU proof: the transfer the planner's transport prices, without a model
+and without waiting (docs/planner.md, "Model revision 11").
+
+torch.distributed alone: each layout's ranks, pinned to the cores as the product pins them
+(`parallel/cores.py` `core_for`: blocks of a pipeline stage's ranks) with the product's gloo
+settings (`gloo_workers`: one worker thread per group; one intra-op thread), run in every DP
+group at once what megatron-core's distributed optimizer runs once a step on the tiny CPU
+model's FP32 gradient buffer, a reduce-scatter of the buffer then an all-gather of the
+parameters (the shard back into the buffer), back to back, `--ops` times. The buffer per rank is
+the tiny model's parameters over TP and PP (1,787,008 parameters, `--params`), so that the
+layouts move what their runs move:
+
+* DP2: 2 ranks, a core each, the whole buffer;
+* TP2 x DP2: 4 ranks, groups (0, 2) and (1, 3) at once, half the buffer (TP halves it), each
+  group's two ranks on different cores;
+* DP4: 4 ranks, one group over both cores, the whole buffer;
+* PP2 x DP2: 4 ranks, groups (0, 2) and (1, 3), half the buffer (a stage's), each group on one
+  core.
+
+Prints per layout the time of one reduce-scatter + all-gather (mean over the operations, the
+slowest rank's) and its ratio to DP2's, next to the ratio a transport priced by bytes alone
+gives ((n - 1) / n of the buffer each way, as the planner's `topology.collective_s`): the
+comparison is the result, not any figure alone. Never part of `make test`.
+
+    .venv/bin/python bench/gloo_dp_groups.py [--ops 20] [--params 1787008]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYOUTS = {  # name: (tp, pp, dp, the buffer's share of the parameters)
+    "DP2": (1, 1, 2, 1.0), "TP2xDP2": (2, 1, 2, 0.5), "DP4": (1, 1, 4, 1.0),
+    "PP2xDP2": (1, 2, 2, 0.5)}
+
+
+def worker(name: str, ops: int, params: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from llama31_405b import gloo_workers
+    from llama31_405b.parallel.cores import pin_process
+    from llama31_405b.parallel.layout import Layout
+    tp, pp, dp, share = LAYOUTS[name]
+    layout = Layout(tp=tp, cp=1, pp=pp, dp=dp)
+    rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    core = pin_process(layout, rank, local, int(os.environ["LOCAL_WORLD_SIZE"]))
+    gloo_workers.apply()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    groups = {tuple(g): dist.new_group(g) for g in layout.groups("dp")}   # every rank creates each
+    group = groups[tuple(layout.group_of("dp", rank))]
+    n = int(params * share) // (dp * 64) * dp * 64          # divisible by the group
+    buf, shard = torch.ones(n), torch.empty(n // dp)
+
+    def step() -> None:
+        dist.reduce_scatter_tensor(shard, buf, group=group)
+        dist.all_gather_into_tensor(buf, shard, group=group)
+    step()                                   # one untimed step first (allocations, caches)
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(ops):
+        step()
+    ms = (time.perf_counter() - t0) / ops * 1e3
+    print(f"layout {name} rank {rank} core {core} ms {ms:.3f}", flush=True)
+    dist.destroy_process_group()
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(name: str, ops: int, params: int) -> float:
+    """The slowest rank's time of one reduce-scatter + all-gather in layout `name`, ms."""
+    tp, pp, dp, _ = LAYOUTS[name]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run",
+                        f"--nproc_per_node={tp * pp * dp}", f"--master_port={_port()}",
+                        "--master_addr=127.0.0.1", __file__, "--worker", name,
+                        "--ops", str(ops), "--params", str(params)],
+                       env=env, capture_output=True, text=True)
+    if r.returncode:
+        sys.exit(f"{name}: the ranks failed:\n{r.stderr[-3000:]}")
+    return max(float(x.split()[-1]) for x in r.stdout.splitlines() if x.startswith("layout "))
+
+
+def bytes_ratio(name: str) -> float:
+    """A transport priced by bytes alone: (n - 1) / n of the buffer each way, over DP2's."""
+    _, _, dp, share = LAYOUTS[name]
+    return share * (dp - 1) / dp / 0.5
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ops", type=int, default=20, help="reduce-scatter + all-gather pairs timed")
+    ap.add_argument("--params", type=int, default=1_787_008,
+                    help="parameters of the whole model (the tiny CPU model's)")
+    ap.add_argument("--rounds", type=int, default=2, help="each layout this many times, in turn")
+    ap.add_argument("--worker", default="", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker:
+        worker(a.worker, a.ops, a.params)
+        return 0
+    times: dict[str, list[float]] = {n: [] for n in LAYOUTS}
+    for _ in range(a.rounds):
+        for name in LAYOUTS:
+            times[name].append(run(name, a.ops, a.params))
+    base = statistics.median(times["DP2"])
+    print(f"{'layout':9s} {'ms (each round)':>22s} {'/ DP2':>6s} {'bytes alone':>12s}")
+    for name, ts in times.items():
+        m = statistics.median(ts)
+        print(f"{name:9s} {', '.join(f'{t:6.2f}' for t in ts):>22s} {m / base:6.2f} "
+              f"{bytes_ratio(name):12.2f}")
+    print(f"{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
