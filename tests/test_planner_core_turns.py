@@ -15,7 +15,8 @@ from llama31_405b.config.load import load_config
 from llama31_405b.planner import fitted
 from llama31_405b.planner.context import Context
 from llama31_405b.planner.costs import plan, stages_per_core
-from llama31_405b.planner.simulate import _turn_factors, run
+from llama31_405b.planner import simulate
+from llama31_405b.planner.simulate import _run, _turn_factors, run
 from llama31_405b.planner.step import breakdown
 from test_planner_core_share import config
 
@@ -89,3 +90,21 @@ def test_layouts_without_stages_sharing_a_core_are_simulated_as_before(cfgs):
     for name in ("pp2dp2", "dp4", "tp2pp2", "pp2"):
         b = breakdown(Context.of(cfgs[name]), fit)
         assert b.core_turns_s == 0.0, name
+
+
+def test_long_steps_with_turns_are_extrapolated_as_run(cfgs):
+    ctx = Context.of(cfgs["pp4"])
+    p = plan(ctx, replace(fitted(), core_share=2.0))
+    full, fast = _run(p, 24), run(p, 24)
+    assert fast.step_s == pytest.approx(full.step_s, rel=1e-3)
+    assert fast.turns_s == pytest.approx(full.turns_s, rel=1e-2)
+    # the closed forms (the sweep's estimate, the evaluation) keep the bound: every pass x 2
+    alone = plan(ctx, replace(fitted(), core_share=1.0 + 1e-12))
+    assert p.busy_mb_s == pytest.approx(2 * alone.busy_mb_s, rel=1e-6)
+
+
+def test_turns_that_do_not_settle_are_an_error(cfgs, monkeypatch):
+    monkeypatch.setattr(simulate, "TURN_ROUNDS", 1)
+    p = plan(Context.of(cfgs["pp4"]), replace(fitted(), core_share=2.0))
+    with pytest.raises(RuntimeError, match="did not settle in 1 rounds"):
+        simulate._ranks(p, 4)

@@ -19,6 +19,7 @@ from llama31_405b.planner import calibrate, predict
 from llama31_405b.planner.calibrate import graphed
 from llama31_405b.planner.calibrate.synthetic import synthetic_profile
 from llama31_405b.planner.context import Context
+from llama31_405b.planner.calibrate.solver import dp_figure
 from llama31_405b.planner.costs import dp_peers_on_one_core
 from llama31_405b.planner.step import breakdown
 
@@ -144,3 +145,26 @@ def test_a_graphed_profile_s_waiting_shrinks_with_its_exposed_time():
     assert dict(r.exposed)["DP"] == pytest.approx(0.01)
     assert dict(r.waiting)["DP"] == pytest.approx(0.005)
     assert r.dp_transfer_s == pytest.approx(0.005)
+
+
+def test_one_waiting_per_step_on_every_pipeline_rank(layouts):
+    """PP2 x DP2 with every rank on a core of its own (a GPU's case: a device each): the waiting
+    is the step's, of the critical rank's rest, the same on both pipeline ranks, whose
+    components each add up to the one step."""
+    fit, cfgs, _ = layouts
+    ctx = Context.of(cfgs["pp2dp2"])
+    ctx = replace(ctx, system=replace(ctx.system, pin_ranks=False, shared_cores=0))
+    ranks = [breakdown(ctx, fit, r) for r in range(2)]
+    none = breakdown(ctx, replace(fit, dp_peer_wait=None))
+    assert ranks[0].dp_peer_wait_s == ranks[1].dp_peer_wait_s > 0
+    assert ranks[0].step_s == pytest.approx(ranks[1].step_s, rel=1e-12)
+    assert ranks[0].step_s == pytest.approx(none.step_s + ranks[0].dp_peer_wait_s, rel=1e-12)
+
+
+def test_the_transport_keeps_the_turns_of_a_group_on_one_core(layouts):
+    """Only where the model prices the waiting apart is it taken off the transport's figure:
+    PP2 x DP2 pinned (each DP group on one core) keeps its collectives' whole time."""
+    fit, cfgs, _ = layouts
+    s = replace(calibrate.CALIBRATION, dp_total_s=0.03, waiting=(("DP", 0.01),))
+    assert dp_figure(Context.of(cfgs["pp2dp2"]), s, fit) == 0.03
+    assert dp_figure(Context.of(cfgs["tp2dp2"]), s, fit) == pytest.approx(0.02)

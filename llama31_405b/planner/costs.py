@@ -79,9 +79,10 @@ class Plan:
     """Zeroing the largest gradient buffer at the next step's start."""
     host_s: float
     busy_mb_s: float
-    """Most work of one microbatch (all chunks, forward and backward) on any rank."""
+    """Most work of one microbatch (all chunks, forward and backward) on any rank (times
+    `stages_per_core`: the closed forms' bound where stages share a core)."""
     fwd_mb_s: float
-    """Most forward work of one microbatch on any rank."""
+    """Most forward work of one microbatch on any rank (times `stages_per_core`, as above)."""
     param_gather_s: float = 0.0
     """The parameter all-gather in `optimizer_s` (distributed optimizer, not overlapped): DP
     time as a profile counts it (`step.Breakdown.dp_exposed_s`)."""
@@ -158,6 +159,14 @@ def stages_per_core(ctx: Context, k: float) -> int:
     return int(k // stage)
 
 
+def stage_core_share(ctx: Context, k: float) -> float:
+    """The ranks of one pipeline stage on each core, of the k ranks per core: what stretches a
+    stage's passes throughout (its peers run in step); the other stages on its core
+    (`stages_per_core`) slow it only while they run (simulate.py). k where a core holds one
+    stage or part of one."""
+    return k / stages_per_core(ctx, k)
+
+
 def dp_peers_on_one_core(ctx: Context, k: float) -> bool:
     """Every DP group's ranks run on one core: the ranks pinned k to a core (systems
     `pin_ranks`) in blocks of a pipeline stage's ranks (parallel/cores.py `core_for`: stage order),
@@ -192,7 +201,7 @@ def chunk_cost(ctx: Context, rank: int, chunk: int, fit: Fitted) -> ChunkCost:
     fwd, bwd = compute.chunk_parts(ctx, layers, emb, logits, fit)
     # ranks sharing cores (systems `shared_cores`; 1 on GPUs): a stage's own ranks in step; the
     # other stages on its core slow it only while they run (simulate.py)
-    k = fit.core_share / stages_per_core(ctx, fit.core_share)
+    k = stage_core_share(ctx, fit.core_share)
     tp_mates = tp_peers_share_a_core(ctx, k)
     kc = 1 + shared_compute_share(fit) * (k - 1) if tp_mates else k
     fwd, bwd = (fwd, bwd) if kc == 1 else (fwd.scaled(kc), bwd.scaled(kc))
@@ -270,6 +279,7 @@ def _plan(ctx: Context, fit: Fitted) -> Plan:
     if dist and not perf.overlap_param_gather:
         gather = max(sum(c.gather_s for c in row) for row in chunks)
     opt += gather
+    turns = stages_per_core(ctx, fit.core_share)
     return Plan(pp=pp, vp=vp, chunks=chunks, p2p=tuple(comm.p2p_s(ctx, r, fit) for r in range(pp)),
                 sm_share=comm.dp_sm_share(ctx), hbm_share=comm.dp_hbm_share(ctx),
                 nvlink_share=comm.dp_nvlink_share(ctx, fit),
@@ -277,9 +287,11 @@ def _plan(ctx: Context, fit: Fitted) -> Plan:
                 overlap_param=perf.overlap_param_gather and dist, distributed=dist,
                 finalize_s=tuple(finalize), optimizer_s=opt, zero_s=stream_s(ctx, most * grad_b),
                 host_s=ASSUMED.host_step_overhead_s,
-                busy_mb_s=max(sum(c.work_fwd + c.work_bwd for c in row) for row in chunks),
-                fwd_mb_s=max(sum(c.work_fwd for c in row) for row in chunks),
+                # the closed forms' bound where stages share a core: every pass stretched by
+                # their number (the simulation runs their turns)
+                busy_mb_s=turns * max(sum(c.work_fwd + c.work_bwd for c in row) for row in chunks),
+                fwd_mb_s=turns * max(sum(c.work_fwd for c in row) for row in chunks),
                 param_gather_s=gather,
                 # model/builder.transformer_config: overlap_p2p_comm=gpu and vp > 1
                 blocking_p2p=pp > 1 and not (ctx.system.is_gpu and vp > 1),
-                stages_per_core=stages_per_core(ctx, fit.core_share))
+                stages_per_core=turns)

@@ -211,10 +211,11 @@ def _ranks(plan: Plan, m: int) -> tuple[Sim, ...]:
         new = _turn_factors(spans, plan.stages_per_core)
         if fac is not None and all(abs(a - b) <= 1e-9 * a for fa, fb in zip(fac, new)
                                    for a, b in zip(fa, fb)):
-            break
+            return sims
         fac = new if fac is None else [[(a + b) / 2 for a, b in zip(fa, fb)]
                                        for fa, fb in zip(fac, new)]
-    return sims
+    raise RuntimeError(f"step simulation: the turns of {plan.stages_per_core} stages per core did "
+                       f"not settle in {TURN_ROUNDS} rounds (PP {plan.pp}, VP {plan.vp}, m {m})")
 
 
 def _turn_factors(spans: list[list[tuple[float, float] | None]], per_core: int) -> list[list[float]]:

@@ -61,7 +61,9 @@ class Breakdown:
     host_s: float = 0.0
     """Host time of the passes with nothing running (systems/fitted `host_s_per_layer_pass`)."""
     core_share: float = 1.0
-    """Compute and host time stretched by ranks sharing cores (`shared_cores`), included."""
+    """Ranks per core where ranks share cores (`shared_cores`): their stretch of compute and
+    host time is included (a stage's own peers throughout, other stages on the core in turns:
+    `core_turns_s`)."""
     dp_peer_wait_s: float = 0.0
     """Of the exposed DP, the replicas' waiting for the slowest of them (`peer_wait_s`)."""
     core_turns_s: float = 0.0
@@ -143,8 +145,9 @@ def core_share(ctx: Context, fit: Fitted) -> float:
     over the cores, when above 1; solved with the step it lengthens (bisection). The CPU time
     of a rank: its compute and host time at a core each, and `comm_core_fraction` of its
     communication (exposed TP, CP and PP, the DP collectives' whole duration). With the ranks
-    pinned to the cores (systems `pin_ranks`, parallel/cores.py), the ranks per core: a core's
-    ranks are peers of one pipeline stage running in step, each at its share of the core."""
+    pinned to the cores (systems `pin_ranks`, parallel/cores.py), the ranks per core: peers of
+    one pipeline stage running in step, each at its share of the core, and where a core holds
+    several stages, those taking turns (costs.stage_core_share, simulate.py)."""
     cores = ctx.system.shared_cores
     world = ctx.tp * ctx.pp * ctx.cp * ctx.dp
     if not cores or world <= cores:
@@ -200,7 +203,9 @@ def _breakdown(ctx: Context, fit: Fitted, rank: int | None = None) -> Breakdown:
                   optimizer_s=s.finalize_s + s.optimizer_s - gather, dp_total_s=s.dp_total_s,
                   critical_rank=s.critical_rank, rank=rank, recompute_s=recompute,
                   host_s=s.host_s, core_turns_s=s.turns_s)
-    wait = peer_wait_s(ctx, fit, b.step_s - b.dp_exposed_s)
+    # one waiting per step, the same on every pipeline rank: of the critical rank's rest
+    crit = s if rank == s.critical_rank else simulate.run(p, m, _SIMS[key])
+    wait = peer_wait_s(ctx, fit, crit.step_s - crit.dp_wait_s - crit.dp_drain_s - gather)
     return replace(b, dp_exposed_s=b.dp_exposed_s + wait, dp_peer_wait_s=wait) if wait else b
 
 

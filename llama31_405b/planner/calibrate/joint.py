@@ -33,12 +33,12 @@ from typing import Any
 
 from .. import compute
 from ..context import Context
-from ..costs import plan, tp_peers_share_a_core
+from ..costs import plan, stage_core_share, tp_peers_share_a_core
 from ..step import breakdown, rank_compute
 from .constants import Fitted
 from .precisions import with_probe
 from .solver import (LINEAR, _close_step, _comm, _compute, _initial, _link, _peer_wait, _pp_scale,
-                     _same, _slowdown, compared_rank, config_of, fit_memory, solve)
+                     _same, _slowdown, compared_rank, config_of, dp_figure, fit_memory, solve)
 from .summary import Summary
 
 
@@ -66,8 +66,8 @@ def _shared_link(runs: list[tuple[Context, Summary]], fit: Fitted) -> Fitted | N
         return None
     tp = next(((ctx, dict(c.exposed)["TP"]) for ctx, c in runs
                if ctx.tp > 1 and dict(c.exposed).get("TP")), None)
-    dp = next(((ctx, c.dp_transfer_s) for ctx, c in runs
-               if ctx.dp * ctx.cp > 1 and c.dp_transfer_s), None)
+    dp = next(((ctx, dp_figure(ctx, c, fit)) for ctx, c in runs
+               if ctx.dp * ctx.cp > 1 and dp_figure(ctx, c, fit)), None)
     if tp is None or dp is None:
         return None
     return _link(fit, tp, dp)
@@ -196,8 +196,8 @@ def solve_joint(items: Sequence[tuple[Summary, Any]]) -> Fitted:
     fit = with_probe(_initial(runs[0][1], runs[0][0]), runs)
     for _ in range(60):
         new = _call_times(own, fit) or mean([_compute(ctx, c, fit) for ctx, c in own])
-        mates = [(ctx, c) for ctx, c in shared
-                 if tp_peers_share_a_core(ctx, breakdown(ctx, new).core_share)]
+        mates = [(ctx, c) for ctx, c in shared if tp_peers_share_a_core(
+            ctx, stage_core_share(ctx, breakdown(ctx, new).core_share))]
         if mates:  # where the sharing shows: in the ops or between them
             new = replace(new, shared_compute_share=fmean(
                 [_compute_share(ctx, c, new) for ctx, c in mates]))

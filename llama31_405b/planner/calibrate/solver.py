@@ -146,7 +146,7 @@ def _comm(ctx: Context, fit: Fitted, c: Summary, b: Breakdown) -> Fitted:
     measured kind's time ratio applied."""
     exposed = dict(c.exposed)
     target = {k: exposed.get(k) for k in KINDS}
-    target["DP"] = c.dp_transfer_s  # less the waiting for the slowest replica (`_peer_wait`)
+    target["DP"] = dp_figure(ctx, c, fit)
     present = {"TP": ctx.tp > 1, "CP": ctx.cp > 1, "PP": ctx.pp > 1, "DP": ctx.dp * ctx.cp > 1}
     link = _transport(ctx, fit, target)
     if link is not None:
@@ -180,6 +180,16 @@ def _comm(ctx: Context, fit: Fitted, c: Summary, b: Breakdown) -> Fitted:
             if k not in measured:
                 scale[k] = mean
     return replace(fit, comm_scale=tuple(sorted(scale.items())))
+
+
+def dp_figure(ctx: Context, c: Summary, fit: Fitted) -> float | None:
+    """The DP collectives' time the transport is fitted to: less the waiting for the slowest
+    replica where the model prices that waiting apart (`step.peer_wait_s`: DP groups spanning
+    cores or devices), the whole time where it does not (a group on one core: its members' turns,
+    1-3 ms on the 2-core machine, stay the transport's)."""
+    if dp_peers_on_one_core(ctx, core_share(ctx, fit)):
+        return c.dp_total_s
+    return c.dp_transfer_s
 
 
 def _peer_wait(runs: list[tuple[Context, Summary]], fit: Fitted) -> Fitted:

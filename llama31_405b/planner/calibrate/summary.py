@@ -98,8 +98,9 @@ class Summary:
 
     @property
     def dp_transfer_s(self) -> float | None:
-        """The DP collectives' time less the waiting for the slowest replica in them: what the
-        transport takes (model revision 11); the whole time where the waiting was not measured."""
+        """The DP collectives' time less the exposed waiting for the slowest replica in them (a
+        profile splits off only the exposed: profile/waits.py): what the transport takes (model
+        revision 11); the whole time where the waiting was not measured."""
         if self.dp_total_s is None:
             return None
         return max(0.0, self.dp_total_s - dict(self.waiting).get("DP", 0.0))
