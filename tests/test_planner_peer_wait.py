@@ -22,21 +22,13 @@ from llama31_405b.planner.context import Context
 from llama31_405b.planner.calibrate.solver import dp_figure
 from llama31_405b.planner.costs import dp_peers_on_one_core
 from llama31_405b.planner.step import breakdown
+from test_planner_core_share import config
 
 REPO = Path(__file__).resolve().parents[1]
 KNOWN = dict(attention_bf16_fraction=0.09, elementwise_passes=31.0, host_s_per_layer_pass=0.004,
              gemm_fraction=(("fp32", 0.3),), collective_latency_s=0.005,
              nvlink_bus_efficiency=0.2, shared_compute_share=0.6, dp_peer_wait=0.04)
 MEASURED = REPO / "docs" / "planner_proof" / "2026-12-06T0833Z" / "layouts" / "tp2dp2"
-
-
-def config(tmp: Path, name: str, ranks: int, tp: int, pp: int, minibs: int) -> Path:
-    """A tiny CPU config of `ranks` ranks in one rack (the CPU system: 2 cores, ranks pinned)."""
-    path = tmp / f"{name}.toml"
-    path.write_text(f'base = "{REPO / "configs" / "tiny_cpu.toml"}"\n\n[parallel]\ntp = {tp}\n'
-                    f'pp = {pp}\nvp = 1\n\n[batch]\nminibs = {minibs}\nmicro_batch_size = 1\n\n'
-                    f'[system]\ngpus_per_rack = {ranks}\nracks = 1\n')
-    return path
 
 
 @pytest.fixture(scope="module")
