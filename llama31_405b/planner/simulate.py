@@ -300,8 +300,8 @@ def _event_loop(plan: Plan, m: int,  # noqa: C901 (one event loop, kept in one p
     parts: list[list[tuple[float, float, float, float]]] = []   # (compute, TP, CP, host) per record
     for r in range(pp):
         rec: list[tuple] = []
-        part: list[tuple[float, float, float, float]] = []
-        parts.append(part)
+        own_parts: list[tuple[float, float, float, float]] = []
+        parts.append(own_parts)
         kf = kb = 0
         sent = {"f": 0, "b": 0}
         got = {"f": 0, "b": 0}
@@ -309,7 +309,7 @@ def _event_loop(plan: Plan, m: int,  # noqa: C901 (one event loop, kept in one p
             if isinstance(item, Exchange):
                 rec.append((-1, -1, 0.0, 0.0, 0.0, -1, -1, -1, False,
                             _operations(plan, r, item, sent, got)))
-                part.append((0.0, 0.0, 0.0, 0.0))
+                own_parts.append((0.0, 0.0, 0.0, 0.0))
                 continue
             fwd, mb, c = item
             cc = ch[r][c]
@@ -332,7 +332,7 @@ def _event_loop(plan: Plan, m: int,  # noqa: C901 (one event loop, kept in one p
                 if blocking:   # the input came with an earlier exchange
                     dep, hop = -1, 0.0
                 rec.append((own, dep, hop, work, infl[r][c][0], g, wait, -1, False, None))
-                part.append((cc.fwd.total + (cc.first_fwd_s if mb == 0 else 0.0), cc.tp_fwd,
+                own_parts.append((cc.fwd.total + (cc.first_fwd_s if mb == 0 else 0.0), cc.tp_fwd,
                              cc.cp_fwd, cc.host_fwd))
             else:
                 if r < pp - 1:
@@ -351,7 +351,7 @@ def _event_loop(plan: Plan, m: int,  # noqa: C901 (one event loop, kept in one p
                 if blocking:
                     dep, hop = -1, 0.0
                 rec.append((n + own, dep, hop, cc.work_bwd, infl[r][c][1], -1, -1, red, early, None))
-                part.append((cc.bwd.total, cc.tp_bwd, cc.cp_bwd, cc.host_bwd))
+                own_parts.append((cc.bwd.total, cc.tp_bwd, cc.cp_bwd, cc.host_bwd))
         recs.append(rec)
     ends = [-1.0] * (2 * n)
     posts: dict[tuple, float] = {}   # (channel, message, send?) -> when its rank posted it

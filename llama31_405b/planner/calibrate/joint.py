@@ -66,8 +66,8 @@ def _shared_link(runs: list[tuple[Context, Summary]], fit: Fitted) -> Fitted | N
         return None
     tp = next(((ctx, dict(c.exposed)["TP"]) for ctx, c in runs
                if ctx.tp > 1 and dict(c.exposed).get("TP")), None)
-    dp = next(((ctx, dp_figure(ctx, c, fit)) for ctx, c in runs
-               if ctx.dp * ctx.cp > 1 and dp_figure(ctx, c, fit)), None)
+    dp = next(((ctx, x) for ctx, c in runs if ctx.dp * ctx.cp > 1
+               for x in (dp_figure(ctx, c, fit),) if x), None)
     if tp is None or dp is None:
         return None
     return _link(fit, tp, dp)
