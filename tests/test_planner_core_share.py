@@ -26,11 +26,12 @@ KNOWN = dict(attention_bf16_fraction=0.09, elementwise_passes=31.0, host_s_per_l
              nvlink_bus_efficiency=0.2, comm_core_fraction=0.4, shared_compute_share=0.6)
 
 
-def config(tmp: Path, name: str, ranks: int, tp: int, pp: int, minibs: int) -> Path:
+def config(tmp: Path, name: str, ranks: int, tp: int, pp: int, minibs: int,
+           mbs: int = 1) -> Path:
     """A tiny CPU config of `ranks` ranks in one rack."""
     path = tmp / f"{name}.toml"
     path.write_text(f'base = "{REPO / "configs" / "tiny_cpu.toml"}"\n\n[parallel]\ntp = {tp}\n'
-                    f'pp = {pp}\nvp = 1\n\n[batch]\nminibs = {minibs}\nmicro_batch_size = 1\n\n'
+                    f'pp = {pp}\nvp = 1\n\n[batch]\nminibs = {minibs}\nmicro_batch_size = {mbs}\n\n'
                     f'[system]\ngpus_per_rack = {ranks}\nracks = 1\n')
     return path
 

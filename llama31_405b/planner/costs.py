@@ -189,9 +189,11 @@ def shared_compute_share(fit: Fitted) -> float:
 
 
 def host_pass_s(ctx: Context, fit: Fitted) -> float:
-    """Host time per layer and microbatch pass: fitted from a profile, else the system's prior."""
+    """Host time per layer and microbatch pass: its fixed part fitted from a profile (else the
+    system's prior), plus the system's growth with the rank's tokens of the microbatch."""
     h = fit.host_s_per_layer_pass
-    return ctx.system.host_s_per_layer_pass if h is None else h
+    fixed = ctx.system.host_s_per_layer_pass if h is None else h
+    return fixed + ctx.system.host_s_per_layer_token * ctx.tokens
 
 
 def chunk_cost(ctx: Context, rank: int, chunk: int, fit: Fitted) -> ChunkCost:
@@ -286,7 +288,9 @@ def _plan(ctx: Context, fit: Fitted) -> Plan:
                 overlap_grad=perf.overlap_grad_reduce,
                 overlap_param=perf.overlap_param_gather and dist, distributed=dist,
                 finalize_s=tuple(finalize), optimizer_s=opt, zero_s=stream_s(ctx, most * grad_b),
-                host_s=ASSUMED.host_step_overhead_s,
+                # the system's host time per step, at the step's end where every rank of a core
+                # runs its own: stretched by all of them (the core share)
+                host_s=ASSUMED.host_step_overhead_s + ctx.system.host_s_per_step * fit.core_share,
                 # the closed forms' bound where stages share a core: every pass stretched by
                 # their number (the simulation runs their turns)
                 busy_mb_s=turns * max(sum(c.work_fwd + c.work_bwd for c in row) for row in chunks),

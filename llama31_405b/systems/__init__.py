@@ -111,6 +111,16 @@ class SystemSpec:
     """Host time per layer and microbatch pass (forward or backward) with nothing running on the
     device, the prior a calibration replaces: 0 on GPUs (CUDA graphs, launches ahead of the
     kernels); on a CPU, Python between the ops."""
+    host_s_per_layer_token: float = 0.0
+    """Host time per layer pass that grows with the microbatch, per token of it on a rank (mbs x
+    sequence / CP), added to `host_s_per_layer_pass` (a calibration fits that one with this one
+    held): 0 on GPUs; on a CPU, 2-rank DP profiles took 0.19 ms more per pass for each sequence
+    of 256 tokens (bench/host_priors.py)."""
+    host_s_per_step: float = 0.0
+    """Host time per step outside the layer passes, beyond the planner's assumed host work per
+    step (the optimizer's gradient-norm read), stretched like the passes' where ranks share
+    cores: 0 on GPUs (CUDA graphs); on a CPU, the optimizer's and the step's Python
+    (bench/host_priors.py: 16 ms per step on 2-rank DP profiles, 2 of them the assumed)."""
 
     @property
     def node_nvlink_domain(self) -> bool:

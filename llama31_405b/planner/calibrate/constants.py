@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-MODEL_REVISION = 12
+MODEL_REVISION = 13
 """The calibrated model's revision: raised whenever the same measurements give other constants
 or predictions. A table derived from measurements (bench/planner_proof: docs/planner_proof/)
 records the revision that derived it and re-derives under that revision's code only.
@@ -69,7 +69,13 @@ several pipeline stages on one core (`costs.stages_per_core`: PP4 on the 2-core 
 stage's passes run at a share of the core only while another stage of its block runs (processor
 sharing, simulated: simulate.py `_ranks`), where every pass had been stretched by the ranks per
 core: GB200 settings at PP4 on 2 cores measured 0.70 of that prediction, stage 1 running alone
-while stage 0 waited for its gradients."""
+while stage 0 waited for its gradients. 13: the host time per layer pass grows with the rank's
+tokens of the microbatch (systems `host_s_per_layer_token`) and the step has host time outside
+the passes (systems `host_s_per_step`, stretched by the core share), both CPU priors fitted on
+the committed 2-rank DP profiles (bench/host_priors.py), the calibration fitting the passes'
+fixed part around them; where the fixed part per pass had carried both: TP2 x PP2 at
+microbatches of 4 (12 passes a step, where the fit layouts have 24-48 of 1) took 1.40x its
+predicted host time."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)

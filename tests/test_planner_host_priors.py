@@ -1,0 +1,101 @@
+"""The host time's growth with the microbatch and its part per step (model revision 13): on a
+CPU each layer pass takes `host_s_per_layer_token` more per token of the rank's microbatch, and
+each step `host_s_per_step` outside the passes (stretched by the ranks per core, which all run
+their step's end at once); both are system priors a calibration keeps, fitting the passes' fixed
+part around them. The priors themselves are bench/host_priors.py's fit of the committed 2-rank
+DP profiles: the test re-fits them, so a changed prior or a changed profile fails here."""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from llama31_405b.config.load import load_config
+from llama31_405b.planner import calibrate, predict
+from llama31_405b.planner.calibrate.constants import ASSUMED
+from llama31_405b.planner.calibrate.synthetic import synthetic_profile
+from llama31_405b.planner.context import Context
+from llama31_405b.planner.costs import chunk_cost, plan
+from llama31_405b.planner.step import breakdown
+from test_planner_core_share import config
+
+REPO = Path(__file__).resolve().parents[1]
+# the transport's latency left at the system's prior: one DP layout fits the bandwidth alone
+KNOWN = dict(host_s_per_layer_pass=0.004, nvlink_bus_efficiency=0.2)
+
+
+@pytest.fixture(scope="module")
+def layouts(tmp_path_factory):
+    """DP2 at microbatches of 1 and 4 sequences (2 ranks), DP4 (4 ranks on the 2 cores)."""
+    tmp = tmp_path_factory.mktemp("host_priors")
+    shapes = {"dp2": (2, 1, 1, 2, 1), "dp2mbs4": (2, 1, 1, 4, 4), "dp4": (4, 1, 1, 2, 1)}
+    return tmp, {k: load_config(config(tmp, k, *v)) for k, v in shapes.items()}
+
+
+def test_the_cpu_has_both_priors_and_a_gpu_neither(layouts):
+    _, cfgs = layouts
+    cpu = Context.of(cfgs["dp2"]).system
+    assert (cpu.host_s_per_layer_token, cpu.host_s_per_step) == (7.6e-7, 0.014)
+    gpu = Context.of(load_config(REPO / "configs" / "config_GB200_128x4x144xtp4pp8cp2.toml")).system
+    assert (gpu.host_s_per_layer_token, gpu.host_s_per_step, gpu.host_s_per_layer_pass) == (0, 0, 0)
+
+
+def test_a_pass_takes_more_host_time_per_token_of_the_microbatch(layouts):
+    _, cfgs = layouts
+    fit = replace(calibrate.fitted(), **KNOWN)
+    one, four = (Context.of(cfgs[k]) for k in ("dp2", "dp2mbs4"))
+    assert (one.tokens, four.tokens) == (256, 1024)
+    # the whole model on one stage: 4 layers, the embedding and the loss counted as layers
+    h1, h4 = (chunk_cost(c, 0, 0, fit).host_fwd for c in (one, four))
+    per_pass = 7.6e-7 * 256
+    assert h1 == pytest.approx(6 * (0.004 + per_pass), rel=1e-12)
+    assert h4 - h1 == pytest.approx(6 * 3 * per_pass, rel=1e-12)
+
+
+def test_the_host_time_per_step_stretches_with_the_ranks_per_core(layouts):
+    _, cfgs = layouts
+    fit = replace(calibrate.fitted(), **KNOWN)
+    ctx = Context.of(cfgs["dp4"])
+    for k in (1.0, 2.0):
+        assert plan(ctx, replace(fit, core_share=k)).host_s == pytest.approx(
+            ASSUMED.host_step_overhead_s + 0.014 * k, rel=1e-12)
+    # DP4 pins two ranks to each core: the breakdown resolves the share and uses it
+    b = breakdown(ctx, fit)
+    assert b.core_share == 2.0
+    assert b.optimizer_s >= ASSUMED.host_step_overhead_s + 0.028
+
+
+def test_a_calibration_fits_the_fixed_part_around_the_priors(layouts):
+    """A synthetic DP2 profile at microbatch 1 with the known constants: the fit gives the known
+    fixed part back, and the prediction at microbatch 4 is the known constants' (the growth
+    from the prior, not from the fit)."""
+    tmp, cfgs = layouts
+    fit = replace(calibrate.fitted(), **KNOWN)
+    folder = synthetic_profile(tmp / "profile_dp2", cfgs["dp2"], fit)
+    got = calibrate.solve(calibrate.from_profile(folder, cfgs["dp2"]), cfgs["dp2"])
+    assert got.host_s_per_layer_pass == pytest.approx(0.004, rel=1e-5)
+    want, have = predict(cfgs["dp2mbs4"], fit), predict(cfgs["dp2mbs4"], got)
+    assert have.step_time_s == pytest.approx(want.step_time_s, rel=1e-5)
+    assert have.step_time_s > predict(cfgs["dp2"], got).step_time_s
+
+
+def _host_priors():
+    spec = importlib.util.spec_from_file_location("host_priors", REPO / "bench" / "host_priors.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_priors_are_the_fit_of_the_committed_two_rank_dp_profiles():
+    import numpy as np
+    mod = _host_priors()
+    rows = mod.rows("2026-12-06T1400Z")
+    assert len(rows) == 31 and {(m, n) for *_, m, n, _ in rows} == {(1, 2), (2, 2), (4, 1), (1, 1)}
+    passes = np.array([n * 12 for *_, n, _ in rows], float)
+    mbs = np.array([m for *_, m, _, _ in rows], float)
+    design = np.stack([np.ones_like(passes), passes, passes * mbs], axis=1)
+    (f, _, b), *_ = np.linalg.lstsq(design, np.array([h for *_, h in rows]), rcond=None)
+    assert round(f - ASSUMED.host_step_overhead_s, 3) == 0.014
+    assert round(b / 256, 8) == 7.6e-7
