@@ -178,6 +178,13 @@ def dp_peers_on_one_core(ctx: Context, k: float) -> bool:
     return ctx.system.pin_ranks and k > 1 and k % stage == 0
 
 
+def dp_replicas_wait(ctx: Context, k: float) -> bool:
+    """The DP replicas wait for the slowest of them at the gradient collectives (the model's
+    `Fitted.dp_peer_wait`): a layout with DP (or CP) whose groups do not share one core
+    (`dp_peers_on_one_core`)."""
+    return ctx.dp * ctx.cp > 1 and not dp_peers_on_one_core(ctx, k)
+
+
 def shared_compute_share(fit: Fitted) -> float:
     """Where a core's ranks are TP peers (`tp_peers_share_a_core`): the share of the core
     sharing's stretch (k - 1) their ops take (compute stretches by 1 + share x (k - 1)); fitted,

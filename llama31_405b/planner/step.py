@@ -19,7 +19,7 @@ from . import compute, simulate
 from .calibrate.constants import ASSUMED, Fitted
 from .context import Context
 from .convergence import Schedule, convergence, schedule
-from .costs import dp_peers_on_one_core, plan
+from .costs import dp_replicas_wait, plan
 from .memory import memory
 from .pipeline import bubble_fraction
 
@@ -212,10 +212,10 @@ def _breakdown(ctx: Context, fit: Fitted, rank: int | None = None) -> Breakdown:
 def peer_wait_s(ctx: Context, fit: Fitted, rest_s: float) -> float:
     """The DP replicas' waiting for the slowest of them at the gradient collectives, exposed:
     `Fitted.dp_peer_wait` of the rest of the step `rest_s`, where the DP groups' ranks do not
-    share one core (costs.dp_peers_on_one_core); 0 without DP or where not measured. A replica's
+    share one core (costs.dp_replicas_wait); 0 without DP or where not measured. A replica's
     work between two synchronisations takes its own core's or device's time: the faster waits."""
     w = fit.dp_peer_wait
-    if not w or ctx.dp * ctx.cp == 1 or dp_peers_on_one_core(ctx, fit.core_share):
+    if not w or not dp_replicas_wait(ctx, fit.core_share):
         return 0.0
     return w * rest_s
 

@@ -36,7 +36,7 @@ from functools import cache
 
 from .. import compute
 from ..context import Context
-from ..costs import dp_peers_on_one_core, plan
+from ..costs import dp_peers_on_one_core, dp_replicas_wait, plan
 from ..memory import memory
 from ..spec import make_config
 from ..step import Breakdown, breakdown, core_share, rank_compute
@@ -195,12 +195,12 @@ def dp_figure(ctx: Context, c: Summary, fit: Fitted) -> float | None:
 def _peer_wait(runs: list[tuple[Context, Summary]], fit: Fitted) -> Fitted:
     """The DP replicas' waiting for the slowest per second of the rest of the step
     (`Fitted.dp_peer_wait`): the mean over the layouts whose DP groups span cores or devices
-    (costs.dp_peers_on_one_core) and whose summary measured it, of their waiting in DP over
+    (costs.dp_replicas_wait) and whose summary measured it, of their waiting in DP over
     their step less its exposed DP; `fit` unchanged where none did."""
     got = []
     for ctx, c in runs:
         wait = dict(c.waiting).get("DP")
-        if wait is None or ctx.dp * ctx.cp == 1 or dp_peers_on_one_core(ctx, core_share(ctx, fit)):
+        if wait is None or not dp_replicas_wait(ctx, core_share(ctx, fit)):
             continue
         rest = c.step_s - dict(c.exposed).get("DP", 0.0)
         if rest > 0:
