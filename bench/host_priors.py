@@ -14,7 +14,9 @@ microbatches x (layers + embedding + loss) x 2, as the planner counts them (`cos
 The layouts vary the microbatch (1, 2, 4) and the microbatches per step (1, 2), so the three are
 separate. Each layout of a run counts once (its rounds' median).
 
-The planner takes F less its own assumed host work per step (`Assumed.host_step_overhead_s`,
+F holds the world group's few small collectives of the step's end ("other comm exposed", some
+2 ms), which the planner also prices in the optimizer's time: a calibration's fixed part per
+pass absorbs the difference. The planner takes F less its own assumed host work per step (`Assumed.host_step_overhead_s`,
 added on every system) as `host_s_per_step` and b per token (b / sequence length) as
 `host_s_per_layer_token`; h is what a calibration fits (`host_s_per_layer_pass`). The committed
 priors come from the runs before `--before` (default: the folders that existed when they were
@@ -53,7 +55,7 @@ def rows(before: str) -> list[tuple[str, str, int, int, float]]:
         man = json.loads((rounds[0] / "profile.json").read_text())
         par, batch = man["layout"], man["batch"]
         if (man["world_size"] != 2 or man["precision"] != "fp32" or par["tp"] != 1
-                or par["pp"] != 1):
+                or par["pp"] != 1 or par.get("cp", 1) != 1):
             continue
         hosts = []
         for r in rounds:
@@ -65,6 +67,16 @@ def rows(before: str) -> list[tuple[str, str, int, int, float]]:
     return out
 
 
+def fit(data: list[tuple[str, str, int, int, float]]) -> tuple[float, float, float, np.ndarray]:
+    """(F, h, b) in seconds by least squares over `rows`' layouts, and each layout's fitted host."""
+    passes = np.array([n * (LAYERS + 2) * 2 for _, _, _, n, _ in data], float)
+    mbs = np.array([m for _, _, m, _, _ in data], float)
+    y = np.array([h for *_, h in data])
+    design = np.stack([np.ones_like(passes), passes, passes * mbs], axis=1)
+    (f, h, b), *_ = np.linalg.lstsq(design, y, rcond=None)
+    return float(f), float(h), float(b), design @ np.array([f, h, b])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--before", default="2026-12-06T1400Z",
@@ -74,12 +86,7 @@ def main() -> None:
     if len({(m, n) for _, _, m, n, _ in data}) < 3:
         raise SystemExit(f"under three distinct (mbs, microbatches) in {PROOF} before {a.before}: "
                          "the fit needs three")
-    passes = np.array([n * (LAYERS + 2) * 2 for _, _, _, n, _ in data], float)
-    mbs = np.array([m for _, _, m, _, _ in data], float)
-    y = np.array([h for *_, h in data])
-    design = np.stack([np.ones_like(passes), passes, passes * mbs], axis=1)
-    (f, h, b), *_ = np.linalg.lstsq(design, y, rcond=None)
-    fitted = design @ np.array([f, h, b])
+    f, h, b, fitted = fit(data)
     print(f"{len(data)} layouts of runs before {a.before} (2 ranks, DP, FP32):")
     for (run, name, m, n, got), pred in zip(data, fitted):
         print(f"  {run:28s} {name:8s} mbs {m} x {n}: {got * 1e3:6.1f} ms, fit {pred * 1e3:6.1f}")

@@ -83,6 +83,9 @@ class Plan:
     `stages_per_core`: the closed forms' bound where stages share a core)."""
     fwd_mb_s: float
     """Most forward work of one microbatch on any rank (times `stages_per_core`, as above)."""
+    host_step_s: float = 0.0
+    """The system's host time per step outside the passes (systems `host_s_per_step`, times the
+    core share), with nothing running: a profile's host gaps, so the breakdown's host time."""
     param_gather_s: float = 0.0
     """The parameter all-gather in `optimizer_s` (distributed optimizer, not overlapped): DP
     time as a profile counts it (`step.Breakdown.dp_exposed_s`)."""
@@ -295,9 +298,9 @@ def _plan(ctx: Context, fit: Fitted) -> Plan:
                 overlap_grad=perf.overlap_grad_reduce,
                 overlap_param=perf.overlap_param_gather and dist, distributed=dist,
                 finalize_s=tuple(finalize), optimizer_s=opt, zero_s=stream_s(ctx, most * grad_b),
-                # the system's host time per step, at the step's end where every rank of a core
-                # runs its own: stretched by all of them (the core share)
-                host_s=ASSUMED.host_step_overhead_s + ctx.system.host_s_per_step * fit.core_share,
+                host_s=ASSUMED.host_step_overhead_s,
+                # at the step's end every rank of a core runs its own: stretched by all of them
+                host_step_s=ctx.system.host_s_per_step * fit.core_share,
                 # the closed forms' bound where stages share a core: every pass stretched by
                 # their number (the simulation runs their turns)
                 busy_mb_s=turns * max(sum(c.work_fwd + c.work_bwd for c in row) for row in chunks),

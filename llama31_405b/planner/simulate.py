@@ -83,7 +83,8 @@ class Sim:
     """Waiting at the step's end for the last rank to finish (the gradient-norm all-reduce
     synchronises the ranks): zero on the critical rank."""
     host_s: float = 0.0
-    """Host time of this rank's passes (nothing running: a CPU's Python between ops)."""
+    """Host time of this rank's passes and of its step outside them (Plan.host_step_s): nothing
+    running, a CPU's Python between ops."""
     turns_s: float = 0.0
     """Extra compute while another pipeline stage on this rank's core ran (Plan.stages_per_core;
     its TP, CP and host time's stretch is in tp_s, cp_s and host_s)."""
@@ -431,16 +432,17 @@ def _event_loop(plan: Plan, m: int,  # noqa: C901 (one event loop, kept in one p
             reduce(r, c, t[r])
         fin.append(max(t[r], free[r]) + plan.finalize_s[r])
     crit = max(range(pp), key=lambda r: fin[r])
-    tail = plan.optimizer_s + plan.zero_s + plan.host_s
+    tail = plan.optimizer_s + plan.zero_s + plan.host_s  # the host time per step apart (host_s)
     out = []
     for r in range(pp):
         row = ch[r]
         comp = m * sum(c.fwd.total + c.bwd.total for c in row) + sum(c.first_fwd_s for c in row)
         tc, tt, tcp, th = turns[r]
-        out.append(Sim(step_s=fin[crit] + tail, critical_rank=crit, compute_s=comp,
+        out.append(Sim(step_s=fin[crit] + tail + plan.host_step_s, critical_rank=crit,
+                       compute_s=comp,
                        slowdown_s=slow[r], tp_s=m * sum(c.tp_fwd + c.tp_bwd for c in row) + tt,
                        cp_s=m * sum(c.cp_fwd + c.cp_bwd for c in row) + tcp, pp_s=wait_pp[r],
-                       host_s=m * sum(c.host_fwd + c.host_bwd for c in row) + th,
+                       host_s=m * sum(c.host_fwd + c.host_bwd for c in row) + th + plan.host_step_s,
                        bubble_s=wait_bub[r], dp_wait_s=wait_dp[r],
                        dp_drain_s=max(0.0, free[r] - t[r]), finalize_s=plan.finalize_s[r],
                        optimizer_s=tail, dp_total_s=sum(e - s for s, e in busy[r]),

@@ -59,7 +59,8 @@ class Breakdown:
     recompute_s: float = 0.0
     """Forward recomputation (full recompute), included in compute_s parts."""
     host_s: float = 0.0
-    """Host time of the passes with nothing running (systems/fitted `host_s_per_layer_pass`)."""
+    """Host time with nothing running: of the passes (systems/fitted `host_s_per_layer_pass`, the
+    systems' `host_s_per_layer_token`) and of the step outside them (systems `host_s_per_step`)."""
     core_share: float = 1.0
     """Ranks per core where ranks share cores (`shared_cores`): their stretch of compute and
     host time is included (a stage's own peers throughout, other stages on the core in turns:
@@ -232,7 +233,7 @@ def estimate_step_s(ctx: Context, fit: Fitted) -> float:
     exposed = first.reduce_s + simulate.first_gather_s(first, ctx.vp > 1 and p.overlap_param)
     slowdown = max(0.0, dp_total - exposed) * p.inflation(c.bwd, c.work_bwd)
     return ((1 + bubble_fraction(ctx)) * busy + exposed + slowdown
-            + max(p.finalize_s) + p.optimizer_s + p.zero_s + p.host_s)
+            + max(p.finalize_s) + p.optimizer_s + p.zero_s + p.host_s + p.host_step_s)
 
 
 def eval_time_s(ctx: Context, fit: Fitted, samples: int) -> float:
