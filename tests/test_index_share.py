@@ -109,27 +109,32 @@ def test_a_waiter_names_a_failed_copy_and_a_file_the_job_did_not_make(tmp_path):
         index_share._map(name, f"{prefix}.idx", stamp, 10, False)
 
 
-def test_a_second_copier_keeps_the_first_copy_and_release_tolerates_the_other_unlink(tmp_path):
+def test_a_second_copier_keeps_the_first_copy_and_is_not_its_maker(tmp_path):
     """Two processes of a node can both copy: the second finds no NAME before the first links it
     and opens NAME.part after the first removed it. Its link then finds NAME: it keeps the first
-    copy and removes its own .part; both unlink NAME at release, the later one finds it gone."""
+    copy, removes its own .part and is not the maker (`created` False: the two-process test saw
+    both report True once in four runs); only the maker unlinks NAME at release, and an unlink
+    that finds it gone is tolerated."""
     prefix = _write(tmp_path / "a", 30)
     idx, ix = f"{prefix}.idx", _dataset(prefix)
     n, d = ix.index.sequence_count, ix.index.document_count
     stamp = FileStamp.of(idx)
     name = index_share.shared_name(str(tmp_path), "t1", idx, stamp)
 
-    def copy():
+    def copy() -> bool:
         fd = os.open(name + ".part", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        index_share._create(name, fd, idx, stamp, n, d, False)
+        return index_share._create(name, fd, idx, stamp, n, d, False)
 
-    copy()
+    assert copy() is True
     first = os.stat(name).st_ino
-    copy()                                   # the second process's link finds NAME
+    assert copy() is False                   # the second process's link finds NAME
     assert os.stat(name).st_ino == first and not os.path.exists(name + ".part")
     m, ino = index_share._map(name, idx, stamp, n, False)
-    s = index_share.SharedIndex(idx, name, True, m, ino)
-    index_share.release([s, s])              # each copier unlinks; the second finds no name
+    maker = index_share.SharedIndex(idx, name, True, m, ino)
+    other = index_share.SharedIndex(idx, name, False, m, ino)
+    index_share.release([other])             # not the maker: NAME stays
+    assert os.path.exists(name)
+    index_share.release([maker, maker])      # the maker unlinks; a second unlink finds it gone
     assert not os.path.exists(name)
     m.close()
 

@@ -184,7 +184,11 @@ def _fill(idx_path: str, stamp: FileStamp, sequences: int, document_entries: int
 
 
 def _create(name: str, part_fd: int, idx_path: str, stamp: FileStamp, sequences: int,
-            document_entries: int, multimodal: bool) -> None:
+            document_entries: int, multimodal: bool) -> bool:
+    """Fill `part_fd` (this process's `name`.part) and link it as `name`: True where this process
+    made `name`, False where another process of the launch linked it first (it made its copy
+    after this one found no `name` and before this one's .part existed: only the maker unlinks
+    the name, `release`)."""
     part = name + ".part"
     try:
         size = copy_bytes(sequences, multimodal)
@@ -195,7 +199,7 @@ def _create(name: str, part_fd: int, idx_path: str, stamp: FileStamp, sequences:
             os.fchmod(part_fd, stat.S_IRUSR)
             os.link(part, name)
         except FileExistsError:
-            pass   # another process of this launch on this node made the same copy
+            return False   # another process of this launch on this node made the same copy
         except OSError as e:
             raise DataError(f"{os.path.dirname(name)}: cannot hold the {size:,}-byte copy of "
                             f"{idx_path}'s read-time arrays ({e.strerror}): give the node's "
@@ -207,6 +211,7 @@ def _create(name: str, part_fd: int, idx_path: str, stamp: FileStamp, sequences:
             os.unlink(part)
         except FileNotFoundError:
             pass
+    return True
 
 
 def _wait(name: str, idx_path: str) -> None:
@@ -320,8 +325,7 @@ def share(indexed: list, stamps: dict[str, FileStamp], *,
                 raise DataError(f"{shm_dir}: cannot create the copy of {idx_path}'s read-time "
                                 f"arrays ({e.strerror})") from None
             else:
-                _create(name, fd, idx_path, stamp, n, d, multimodal)
-                created = True
+                created = _create(name, fd, idx_path, stamp, n, d, multimodal)
         m, ino = _map(name, idx_path, stamp, n, multimodal)
         _use(index, m, n, multimodal)
         out.append(SharedIndex(idx_path, name, created, m, ino))
