@@ -16,13 +16,14 @@ separate. Each layout of a run counts once (its rounds' median).
 
 F holds the world group's few small collectives of the step's end ("other comm exposed", some
 2 ms), which the planner also prices in the optimizer's time: a calibration's fixed part per
-pass absorbs the difference. The planner takes F less its own assumed host work per step (`Assumed.host_step_overhead_s`,
-added on every system) as `host_s_per_step` and b per token (b / sequence length) as
+pass absorbs the difference. The planner takes F less its own assumed host work per step
+(`Assumed.host_step_overhead_s`, added on every system) as `host_s_per_step` and b per token
+(b / sequence length) as
 `host_s_per_layer_token`; h is what a calibration fits (`host_s_per_layer_pass`). The committed
 priors come from the runs before `--before` (default: the folders that existed when they were
 set); later runs change the fit, which this script shows. Never part of `make test`.
 
-    .venv/bin/python bench/host_priors.py [--before 2026-12-06T1400Z]
+    PYTHONPATH=. .venv/bin/python bench/host_priors.py [--before 2026-12-06T1400Z]
 """
 from __future__ import annotations
 
@@ -33,10 +34,11 @@ from pathlib import Path
 
 import numpy as np
 
+from llama31_405b.planner.calibrate.constants import ASSUMED
+
 ROOT = Path(__file__).resolve().parents[1]
 PROOF = ROOT / "docs" / "planner_proof"
 LAYERS, SEQUENCE = 4, 256  # configs/tiny_cpu.toml
-ASSUMED_STEP_S = 2e-3  # planner calibrate/constants.py Assumed.host_step_overhead_s
 
 
 def run_time(folder: str) -> str:
@@ -92,7 +94,7 @@ def main() -> None:
         print(f"  {run:28s} {name:8s} mbs {m} x {n}: {got * 1e3:6.1f} ms, fit {pred * 1e3:6.1f}")
     print(f"F (per step) {f * 1e3:.2f} ms; h (per layer pass) {h * 1e3:.3f} ms; "
           f"b (per pass and sequence) {b * 1e3:.3f} ms")
-    print(f"systems/cpu.toml: host_s_per_step = {f - ASSUMED_STEP_S:.4f}, "
+    print(f"systems/cpu.toml: host_s_per_step = {f - ASSUMED.host_step_overhead_s:.4f}, "
           f"host_s_per_layer_token = {b / SEQUENCE:.3g}")
 
 
