@@ -27,6 +27,10 @@ CALL_PARTS = ("qkv", "attention", "proj", "ffn", "logits", "elementwise")
 """The parts with a time that TP does not split (`Fitted.call_s`): per layer and sequence for the
 GEMMs and the attention, per layer pass for the elementwise work; the FFN's two GEMMs as one (the
 profile's FFN share), the LM head per sequence of each microbatch."""
+ELEMENTWISE_TP = "elementwise_tp"
+"""`Fitted.call_s`'s time a TP rank's layer pass adds to the elementwise work's (TP > 1 only; model
+revision 14): TP's own non-GEMM work, which TP2 against DP2 would read as a time per pass of
+every layout (calibrate/joint.py `_call_times`)."""
 
 # Bytes per element of a GEMM operand in each compute precision (NVFP4: 4 bits + an E4M3 scale
 # per 16 elements).
@@ -255,7 +259,8 @@ def chunk_parts(ctx: Context, layers: int, embedding: bool, logits: bool,
           / (ctx.system.hbm_tbs * 1e12)) * f["elementwise"]
     # forward 1/3 of it, backward 2/3 (one GEMM, then two); per sequence of the microbatch for
     # the GEMMs and the attention, per pass for the elementwise work (`Fitted.call_s`)
-    call = {k: v * (1 if k == "elementwise" else ctx.mbs) for k, v in fit.call_s}
+    call = {k: v * (1 if k.startswith("elementwise") else ctx.mbs) for k, v in fit.call_s}
+    call["elementwise"] = call.get("elementwise", 0.0) + call.get(ELEMENTWISE_TP, 0.0) * (ctx.tp > 1)
     ffn = call.get("ffn", 0.0) / 2
     out = []
     for lo, hi, share in ((0, 1, 1 / 3), (1, 3, 2 / 3)):

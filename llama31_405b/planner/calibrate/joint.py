@@ -123,13 +123,25 @@ def _call_times(own: list[tuple[Context, Summary]], fit: Fitted) -> Fitted | Non
     time. Only layouts whose passes differ in size for their work separate the two
     (TP2 against DP2: the same work per rank in twice the passes); a part where none do keeps
     no such time (its rate from all of them), and None where no part has them (the fit is then
-    `solver._compute`'s mean). A time per pass solved below 0 (or below a billionth of the
+    `solver._compute`'s mean). The elementwise work's time per pass and rate come from the
+    layouts without TP where the fit has any (from DP2 at two microbatch sizes, say; from DP2
+    alone its rate only), and the time a TP rank's pass adds to them from the layouts with TP
+    (`compute.ELEMENTWISE_TP`, the least-squares time per pass of their residual; 0 where
+    negative): contrasted with DP2 at one microbatch size, TP2's passes read as a time per pass
+    of 2.25 ms and a rate of 0.82 of the committed 2-rank runs' median, where DP2 alone at
+    microbatches of 1, 2 and 4 gives 0.88 ms and 1.70, TP2 alone 1.59 ms and 1.59 (model
+    revision 14). A time per pass solved below 0 (or below a billionth of the
     measured part) is 0."""
-    figs = [_part_figures(ctx, c, fit) for ctx, c in own]
+    figs = [(_part_figures(ctx, c, fit), ctx.tp > 1) for ctx, c in own]
     scale: dict[str, float] = {}
     call: dict[str, float] = {}
     for p in compute.CALL_PARTS:
-        rows = [(n[p], u[p], m[p]) for m, u, n in figs if u.get(p, 0.0) > 0 and m[p] > 0]
+        # a TP rank's passes hold non-GEMM work of TP's own (model revision 14): the elementwise
+        # part's time per pass and rate from the layouts without TP where the fit has some,
+        # what TP adds per pass from the others (`compute.ELEMENTWISE_TP`)
+        every = [(n[p], u[p], m[p], tp and p == "elementwise") for (m, u, n), tp in figs
+                 if u.get(p, 0.0) > 0 and m[p] > 0]
+        rows = [r[:3] for r in every if not r[3]] or [r[:3] for r in every]
         if not rows:
             continue
         nn, nu, uu = (sum(n * n for n, _, _ in rows), sum(n * u for n, u, _ in rows),
@@ -143,6 +155,10 @@ def _call_times(own: list[tuple[Context, Summary]], fit: Fitted) -> Fitted | Non
         if s <= 0:
             c, s = 0.0, um / uu
         call[p], scale[p] = c, s
+        tp_rows = [r[:3] for r in every if r[3]] if len(rows) < len(every) else []
+        extra = (sum(n * (m - n * c - u * s) for n, u, m in tp_rows)
+                 / max(sum(n * n for n, _, _ in tp_rows), 1e-30))
+        call |= {compute.ELEMENTWISE_TP: extra} if extra > 0 else {}
     if not any(call.values()) or "ffn" not in scale:
         return None
     prec = compute.gemm_precision(own[0][0])
