@@ -28,9 +28,10 @@ CALL_PARTS = ("qkv", "attention", "proj", "ffn", "logits", "elementwise")
 GEMMs and the attention, per layer pass for the elementwise work; the FFN's two GEMMs as one (the
 profile's FFN share), the LM head per sequence of each microbatch."""
 ELEMENTWISE_TP = "elementwise_tp"
-"""`Fitted.call_s`'s time a TP rank's layer pass adds to the elementwise work's (TP > 1 only; model
-revision 14): TP's own non-GEMM work, which TP2 against DP2 would read as a time per pass of
-every layout (calibrate/joint.py `_call_times`)."""
+"""`Fitted.call_s`'s time a TP rank's layer pass adds to the elementwise work's (TP > 1 only;
+model revision 14): work of TP's passes that the model's elementwise width does not count,
+which TP2 against DP2 would read as a time per pass of every layout (calibrate/joint.py
+`_call_times`)."""
 
 # Bytes per element of a GEMM operand in each compute precision (NVFP4: 4 bits + an E4M3 scale
 # per 16 elements).

@@ -75,7 +75,13 @@ the passes (systems `host_s_per_step`, stretched by the core share), both CPU pr
 the committed 2-rank DP profiles (bench/host_priors.py), the calibration fitting the passes'
 fixed part around them; where the fixed part per pass had carried both: TP2 x PP2 at
 microbatches of 4 (12 passes a step, where the fit layouts have 24-48 of 1) took 1.40x its
-predicted host time."""
+predicted host time. 14: the elementwise work's time per layer pass and its rate fitted on the
+fit layouts without TP, and the time a TP rank's pass adds (`compute.ELEMENTWISE_TP`) on those
+with TP (calibrate/joint.py `_call_times`), where TP2 against DP2 had given every layout's time
+per pass: read on TP2 and DP2 at one microbatch size, the work TP's passes add became a time per
+pass of 2.25 ms at a rate of 0.82 of the model's, where the committed DP2 profiles at
+microbatches of 1, 2 and 4 give 0.88 ms and 1.70 (TP2's alone 1.59 ms and 1.59), and layouts at
+microbatches of 2 and 4 took 1.3-2.9x their predicted elementwise time."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -190,7 +196,9 @@ class Fitted:
     elementwise work per layer pass (operator dispatch). Measured where a fit has two layouts whose
     ranks each have a core and whose operators differ in size for the same work per rank (TP2 and
     DP2: split GEMMs take longer per FLOP; calibrate/joint.py `_call_times`); () where none does
-    (the published calibration's and a single profile's)."""
+    (the published calibration's and a single profile's). The elementwise work's time per pass
+    from layouts without TP only; `compute.ELEMENTWISE_TP` ("elementwise_tp", per layer pass of
+    a TP rank) what TP adds to it (model revision 14)."""
     comm_scale: tuple[tuple[str, float], ...] = ()
     """Measured / modelled time of each communication kind (TP, CP, PP, DP), 1 when absent."""
     collective_latency_s: float | None = None

@@ -136,9 +136,9 @@ def _call_times(own: list[tuple[Context, Summary]], fit: Fitted) -> Fitted | Non
     scale: dict[str, float] = {}
     call: dict[str, float] = {}
     for p in compute.CALL_PARTS:
-        # a TP rank's passes hold non-GEMM work of TP's own (model revision 14): the elementwise
-        # part's time per pass and rate from the layouts without TP where the fit has some,
-        # what TP adds per pass from the others (`compute.ELEMENTWISE_TP`)
+        # a TP rank's passes hold elementwise work the model does not count (model revision 14):
+        # the elementwise part's time per pass and rate from the layouts without TP where the
+        # fit has some, what TP adds per pass from the others (`compute.ELEMENTWISE_TP`)
         every = [(n[p], u[p], m[p], tp and p == "elementwise") for (m, u, n), tp in figs
                  if u.get(p, 0.0) > 0 and m[p] > 0]
         rows = [r[:3] for r in every if not r[3]] or [r[:3] for r in every]
