@@ -31,6 +31,11 @@ in `make test`.
     ... --derive RUN            re-derive RUN's table from its summaries, print it, and exit 1
                                 where it differs from RUN/table.json (no profiling); exit 2
                                 for a table of another model revision (its commit named)
+    ... --derive DIR --calibration CAL
+                                an --extra folder's layouts predicted from another
+                                calibration CAL (of this model revision), printed, nothing
+                                written: a diagnosis of how much a prediction owes to the run
+                                its calibration came from, never the folder's own report
     ... --extra FILE --calibration CAL [--out DIR]
                                 profile the [layouts] of FILE (the proof file's format) and
                                 predict them from CAL: reported apart (extra.md, extra.json in
@@ -317,6 +322,29 @@ def rederive_extra(folder: Path) -> int:
     return _compare(folder, "extra", t, committed, render.extra_markdown(t))
 
 
+def diagnose_extra(folder: Path, calibration: Path) -> int:
+    """`--derive FOLDER --calibration CAL`: the --extra folder's summaries predicted from CAL
+    instead of the calibration its header fixed, printed and never written (exit 2 for a
+    calibration of another model revision or a folder that is not an --extra one)."""
+    from llama31_405b.planner import calibrate
+    if not (folder / "extra.json").is_file():
+        print(f"{folder}: not an --extra folder (no extra.json); --calibration with --derive "
+              "predicts an --extra folder's layouts", file=sys.stderr)
+        return 2
+    rev = calibrate.read(calibration).model_revision
+    if rev != calibrate.MODEL_REVISION:
+        print(f"{calibration}: fitted by model revision {rev}, this code is revision "
+              f"{calibrate.MODEL_REVISION}", file=sys.stderr)
+        return 2
+    committed = json.loads((folder / "extra.json").read_text())
+    t = derive.derive_extra(folder, committed["layouts_file"], str(calibration), calibration)
+    print(render.extra_markdown(t))
+    print(f"A diagnosis: {folder}'s measurements predicted from {calibration}, not from the "
+          f"calibration its layouts file fixed ({committed['calibration']}: its extra.md). "
+          "Nothing written.")
+    return 0
+
+
 def extra(a) -> None:
     """Layouts outside the proof, profiled and predicted from a given calibration, apart. The
     folder keeps what re-derives extra.json without profiling (`--derive FOLDER`): the layouts
@@ -370,12 +398,15 @@ def main() -> None:
     ap.add_argument("--derive", type=Path, metavar="RUN",
                     help="re-derive RUN's table (or an --extra folder's)")
     ap.add_argument("--extra", type=Path, metavar="FILE", help="layouts outside the proof")
-    ap.add_argument("--calibration", type=Path, help="with --extra: the calibration to use")
+    ap.add_argument("--calibration", type=Path,
+                    help="with --extra: the calibration to use; with --derive DIR: predict the "
+                         "--extra folder DIR from it instead (printed only)")
     a = ap.parse_args()
     if a.reuse and not a.work:
         sys.exit("--reuse needs --work DIR")
     if a.derive:
-        sys.exit(rederive(a.derive))
+        sys.exit(diagnose_extra(a.derive, a.calibration) if a.calibration
+                 else rederive(a.derive))
     try:
         extra(a) if a.extra else proof_run(a)
     except FileExistsError as e:

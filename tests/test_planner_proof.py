@@ -413,6 +413,52 @@ def test_the_bench_writes_an_extra_folder_that_rederives(synthetic_run, tmp_path
     assert bench.rederive_extra(out) == 2
 
 
+def _tree(folder: Path) -> dict:
+    return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_derive_with_another_calibration_predicts_an_extra_folder_and_writes_nothing(
+        synthetic_run, tmp_path, capsys):
+    """`--derive FOLDER --calibration CAL` (a diagnosis): the folder's measurements predicted
+    from CAL, printed as such, the folder unchanged; the predictions are CAL's (a calibration
+    with twice the host time per pass predicts a longer step); a calibration of another model
+    revision, or a folder that is not an --extra one, exits 2."""
+    import argparse
+    from llama31_405b.planner.calibrate import MODEL_REVISION
+    from llama31_405b.planner.calibrate.synthetic import synthetic_profile
+    from llama31_405b.config.load import load_config
+    bench = _bench()
+    lfile = tmp_path / "extra.toml"
+    lfile.write_text('[layouts.pp2m8]\nlabel = "PP2, 8 microbatches"\nbase = "tiny"\nranks = 2\n'
+                     "tp = 1\npp = 2\nvp = 1\nminibs = 8\nmbs = 1\n")
+    cfg = load_config(spec.committed_config(spec.load_layouts(lfile)["pp2m8"], tmp_path / "cfg"))
+    for r in range(1, 4):
+        synthetic_profile(tmp_path / "work" / f"profile_pp2m8_r{r}", cfg, made_up())
+    out, given = tmp_path / "extra", synthetic_run / "calibration" / "two_rank.toml"
+    bench.extra(argparse.Namespace(proof=spec.PROOF, extra=lfile, out=out, work=tmp_path / "work",
+                                   reuse=True, calibration=given))
+    other = tmp_path / "other.toml"
+    text = given.read_text()
+    line = next(x for x in text.splitlines() if x.startswith("host_s_per_layer_pass = "))
+    value = float(line.split("= ")[1])
+    other.write_text(text.replace(line, f"host_s_per_layer_pass = {2 * value!r}"))
+    before = _tree(out)
+    capsys.readouterr()
+    assert bench.diagnose_extra(out, other) == 0
+    printed = capsys.readouterr().out
+    assert f"predicted from {other}" in printed and "A diagnosis" in printed
+    assert _tree(out) == before
+    committed = json.loads((out / "extra.json").read_text())["rows"][0]["predicted"]["step"]
+    step = float(printed.split("| PP2, 8 microbatches | ")[1].split("(")[1].split(")")[0]) / 1e3
+    assert step > committed * 1.01
+    old = tmp_path / "old.toml"
+    old.write_text(text.replace(f"model_revision = {MODEL_REVISION}",
+                                f"model_revision = {MODEL_REVISION - 1}"))
+    assert bench.diagnose_extra(out, old) == 2
+    assert bench.diagnose_extra(synthetic_run, other) == 2
+    assert _tree(out) == before
+
+
 def test_extra_refuses_a_calibration_of_another_model_revision(synthetic_run, tmp_path):
     """A calibration from a run folder whose table another model revision derived reads its
     constants otherwise (revision 3 counts the time per pass per sequence): --extra refuses it,

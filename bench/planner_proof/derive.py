@@ -239,12 +239,15 @@ def differences(a, b, where: str = "table", rel: float = 1e-9) -> list[str]:
     return [] if a == b else [f"{where}: {a!r} against {b!r}"]
 
 
-def derive_extra(folder: Path, layouts_file: str, calibration: str) -> dict:
+def derive_extra(folder: Path, layouts_file: str, calibration: str,
+                 given: Path | None = None) -> dict:
     """The extra.json of a `--extra` folder from it alone: its layouts' summaries predicted from
     its copy of the given calibration (calibration/given.toml), judged with the proof file's
     tolerances and rounds. The layouts and the proof file are the folder's copies (layouts.toml,
     proof.toml); a folder written before the bench kept them (the two of 2026-12-05T1200Z) reads
-    `layouts_file` and the repository's proof file, whose tolerances and rounds were theirs."""
+    `layouts_file` and the repository's proof file, whose tolerances and rounds were theirs.
+    `given`: another calibration file to predict them from instead (a diagnosis, never the
+    folder's extra.json)."""
     from llama31_405b.planner import calibrate as cal
     from llama31_405b.planner.calibrate import MODEL_REVISION
     folder = Path(folder)
@@ -252,7 +255,7 @@ def derive_extra(folder: Path, layouts_file: str, calibration: str) -> dict:
     layouts = load_layouts(lfile if lfile.is_file() else ROOT / layouts_file)
     proof = load(folder / "proof.toml" if (folder / "proof.toml").is_file() else PROOF)
     records = read_all(folder)
-    fit = cal.read(folder / "calibration" / "given.toml").fit
+    fit = cal.read(given or folder / "calibration" / "given.toml").fit
     rows = [layout_row(folder, proof, lay, "extra", fit, records)
             for lay in layouts.values()]
     return {"layouts_file": layouts_file, "calibration": calibration,
