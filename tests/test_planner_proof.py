@@ -368,24 +368,30 @@ def test_committed_extra_folders_rederive(capsys):
             assert (folder / "extra.md").read_text() == render.extra_markdown(t), folder
 
 
+def _pp2m8_profiled(tmp_path: Path) -> tuple[Path, Path]:
+    """(a layouts file of one layout outside the proof, PP2 at 8 microbatches of 1, and a work
+    folder holding three rounds of its synthetic profiles) for `--extra --reuse`."""
+    from llama31_405b.config.load import load_config
+    from llama31_405b.planner.calibrate.synthetic import synthetic_profile
+    lfile = tmp_path / "extra.toml"
+    lfile.write_text('[layouts.pp2m8]\nlabel = "PP2, 8 microbatches"\nbase = "tiny"\nranks = 2\n'
+                     "tp = 1\npp = 2\nvp = 1\nminibs = 8\nmbs = 1\n")
+    cfg = load_config(spec.committed_config(spec.load_layouts(lfile)["pp2m8"], tmp_path / "cfg"))
+    work = tmp_path / "work"
+    for r in range(1, 4):
+        synthetic_profile(work / f"profile_pp2m8_r{r}", cfg, made_up())
+    return lfile, work
+
+
 def test_the_bench_writes_an_extra_folder_that_rederives(synthetic_run, tmp_path, capsys):
     """--extra --reuse on synthetic profiles of a layout outside the proof, predicted from the
     synthetic run's 2-rank calibration: the folder keeps the layouts file, the proof file, the
     given calibration and run.json, and re-derives; an edited extra.json is found, a folder of
     another model revision is not re-derived."""
     import argparse
-    from llama31_405b.config.load import load_config
     from llama31_405b.planner.calibrate import MODEL_REVISION
-    from llama31_405b.planner.calibrate.synthetic import synthetic_profile
     bench = _bench()
-    lfile = tmp_path / "extra.toml"
-    lfile.write_text('[layouts.pp2m8]\nlabel = "PP2, 8 microbatches"\nbase = "tiny"\nranks = 2\n'
-                     "tp = 1\npp = 2\nvp = 1\nminibs = 8\nmbs = 1\n")
-    layout = spec.load_layouts(lfile)["pp2m8"]
-    cfg = load_config(spec.committed_config(layout, tmp_path / "cfg"))
-    work = tmp_path / "work"
-    for r in range(1, 4):
-        synthetic_profile(work / f"profile_pp2m8_r{r}", cfg, made_up())
+    lfile, work = _pp2m8_profiled(tmp_path)
     out = tmp_path / "extra"
     seen = []  # the tree's state is read before the folder exists (its files are untracked)
     real = bench._commit
@@ -425,17 +431,10 @@ def test_derive_with_another_calibration_predicts_an_extra_folder_and_writes_not
     revision, or a folder that is not an --extra one, exits 2."""
     import argparse
     from llama31_405b.planner.calibrate import MODEL_REVISION
-    from llama31_405b.planner.calibrate.synthetic import synthetic_profile
-    from llama31_405b.config.load import load_config
     bench = _bench()
-    lfile = tmp_path / "extra.toml"
-    lfile.write_text('[layouts.pp2m8]\nlabel = "PP2, 8 microbatches"\nbase = "tiny"\nranks = 2\n'
-                     "tp = 1\npp = 2\nvp = 1\nminibs = 8\nmbs = 1\n")
-    cfg = load_config(spec.committed_config(spec.load_layouts(lfile)["pp2m8"], tmp_path / "cfg"))
-    for r in range(1, 4):
-        synthetic_profile(tmp_path / "work" / f"profile_pp2m8_r{r}", cfg, made_up())
+    lfile, work = _pp2m8_profiled(tmp_path)
     out, given = tmp_path / "extra", synthetic_run / "calibration" / "two_rank.toml"
-    bench.extra(argparse.Namespace(proof=spec.PROOF, extra=lfile, out=out, work=tmp_path / "work",
+    bench.extra(argparse.Namespace(proof=spec.PROOF, extra=lfile, out=out, work=work,
                                    reuse=True, calibration=given))
     other = tmp_path / "other.toml"
     text = given.read_text()

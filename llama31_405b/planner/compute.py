@@ -261,7 +261,8 @@ def chunk_parts(ctx: Context, layers: int, embedding: bool, logits: bool,
     # forward 1/3 of it, backward 2/3 (one GEMM, then two); per sequence of the microbatch for
     # the GEMMs and the attention, per pass for the elementwise work (`Fitted.call_s`)
     call = {k: v * (1 if k.startswith("elementwise") else ctx.mbs) for k, v in fit.call_s}
-    call["elementwise"] = call.get("elementwise", 0.0) + call.get(ELEMENTWISE_TP, 0.0) * (ctx.tp > 1)
+    call["elementwise"] = (call.get("elementwise", 0.0)
+                           + call.get(ELEMENTWISE_TP, 0.0) * (ctx.tp > 1))
     ffn = call.get("ffn", 0.0) / 2
     out = []
     for lo, hi, share in ((0, 1, 1 / 3), (1, 3, 2 / 3)):

@@ -139,9 +139,11 @@ def _call_times(own: list[tuple[Context, Summary]], fit: Fitted) -> Fitted | Non
         # a TP rank's passes hold elementwise work the model does not count (model revision 14):
         # the elementwise part's time per pass and rate from the layouts without TP where the
         # fit has some, what TP adds per pass from the others (`compute.ELEMENTWISE_TP`)
-        every = [(n[p], u[p], m[p], tp and p == "elementwise") for (m, u, n), tp in figs
+        every = [((n[p], u[p], m[p]), tp and p == "elementwise") for (m, u, n), tp in figs
                  if u.get(p, 0.0) > 0 and m[p] > 0]
-        rows = [r[:3] for r in every if not r[3]] or [r[:3] for r in every]
+        plain = [r for r, on_tp in every if not on_tp]
+        tp_rows = [r for r, on_tp in every if on_tp] if plain else []
+        rows = plain or [r for r, _ in every]
         if not rows:
             continue
         nn, nu, uu = (sum(n * n for n, _, _ in rows), sum(n * u for n, u, _ in rows),
@@ -155,7 +157,6 @@ def _call_times(own: list[tuple[Context, Summary]], fit: Fitted) -> Fitted | Non
         if s <= 0:
             c, s = 0.0, um / uu
         call[p], scale[p] = c, s
-        tp_rows = [r[:3] for r in every if r[3]] if len(rows) < len(every) else []
         extra = (sum(n * (m - n * c - u * s) for n, u, m in tp_rows)
                  / max(sum(n * n for n, _, _ in tp_rows), 1e-30))
         call |= {compute.ELEMENTWISE_TP: extra} if extra > 0 else {}
