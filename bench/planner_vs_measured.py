@@ -46,7 +46,9 @@ The first run writes the tiny data and both initial checkpoints into --work (a f
 --reuse summarises the profile folders a previous run left in --work instead of profiling again.
 Never part of `make test`. 18-19 minutes on the quiet 2-core machine (2026-12-05: 9 layouts, 3
 rounds, the two initial checkpoints included; docs/planner_proof/2026-12-05T0308Z and T0440Z);
-21 and 29 minutes with 4 and 15 profiles taken again (2026-12-06T0424Z, T0459Z).
+21 and 29 minutes with 4 and 15 profiles taken again (2026-12-06T0424Z, T0459Z). Under the
+fourth proof file (16 profiled steps) 16 minutes, none taken again, on the faster machine of
+2026-12-06 evening (AVX512; docs/planner_proof/2026-12-06T2132Z, T2150Z).
 """
 from __future__ import annotations
 
