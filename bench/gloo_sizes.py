@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.gloo_dp_groups import _port  # noqa: E402  (a free port for torchrun's rendezvous)
 SIZES = [32 << 10, 64 << 10, 128 << 10, 256 << 10, 512 << 10, 1 << 20, 2 << 20, 7 << 20]
 """Message sizes in bytes (FP32 elements x 4): the tiny model's TP all-reduce at microbatches of
 1, 2 and 4 is 128, 256 and 512 KB; its gradient buffer about 7 MB."""
@@ -52,12 +54,6 @@ def worker(ops: int) -> None:
             times.append(time.perf_counter() - t0)
         print(f"size {size} rank {rank} ms {statistics.median(times) * 1e3:.4f}", flush=True)
     dist.destroy_process_group()
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run(ops: int) -> dict[int, float]:
@@ -99,12 +95,11 @@ def main() -> int:
     med = {s: statistics.median(r[s] for r in rounds) for s in SIZES}
     lat, per_byte = line_through(med, a.low, a.high)
     print(f"line through {a.low} and {a.high} bytes: {lat:.3f} ms + {per_byte * 1e6:.3f} ms/MB")
-    print(f"{'bytes':>9s} {'ms (each round)':>20s} {'line ms':>8s} {'measured / line':>16s}")
-    for s in SIZES:
-        line = lat + per_byte * s
-        print(f"{s:9d} {', '.join(f'{r[s]:7.3f}' for r in rounds):>20s} {line:8.3f} "
-              f"{med[s] / line:16.2f}")
-    print(f"{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f}")
+    rows = [f"{'bytes':>9s} {'ms (each round)':>20s} {'line ms':>8s} {'measured / line':>16s}"]
+    rows += [f"{s:9d} {', '.join(f'{r[s]:7.3f}' for r in rounds):>20s} "
+             f"{lat + per_byte * s:8.3f} {med[s] / (lat + per_byte * s):16.2f}" for s in SIZES]
+    rows.append(f"{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f}")
+    print("\n".join(rows))
     return 0
 
 
