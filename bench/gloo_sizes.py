@@ -95,9 +95,10 @@ def main() -> int:
     med = {s: statistics.median(r[s] for r in rounds) for s in SIZES}
     lat, per_byte = line_through(med, a.low, a.high)
     print(f"line through {a.low} and {a.high} bytes: {lat:.3f} ms + {per_byte * 1e6:.3f} ms/MB")
+    line = {s: lat + per_byte * s for s in SIZES}
     rows = [f"{'bytes':>9s} {'ms (each round)':>20s} {'line ms':>8s} {'measured / line':>16s}"]
     rows += [f"{s:9d} {', '.join(f'{r[s]:7.3f}' for r in rounds):>20s} "
-             f"{lat + per_byte * s:8.3f} {med[s] / (lat + per_byte * s):16.2f}" for s in SIZES]
+             f"{line[s]:8.3f} {med[s] / line[s]:16.2f}" for s in SIZES]
     rows.append(f"{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f}")
     print("\n".join(rows))
     return 0
