@@ -119,7 +119,12 @@ def dp_reduce_s(ctx: Context, params: float, fit: Fitted, buckets: int = 1) -> f
     sp = dp_cp_span(ctx)
     t = collective_s(ctx, params * grad_bytes_per_param(ctx), sp, fit.nvlink_bus_efficiency)
     # a profile's DP scale is of the collective; more buckets add the prior latency each
-    t = t * fit.scale("comm_scale", "DP") + (buckets - 1) * latency(group_link(sp), ctx)
+    # where ranks share cores (core_share > 1, resolved per layout) the chunk's collective takes a
+    # fixed time beyond its latency and bytes, once whatever its buckets: `Fitted.shared_core_dp_s`
+    # (model revision 15)
+    shared = (fit.shared_core_dp_s or 0.0) if fit.core_share > 1 else 0.0
+    t = (t * fit.scale("comm_scale", "DP") + (buckets - 1) * latency(group_link(sp), ctx)
+         + shared)
     return t if ctx.cfg.optimizer.distributed else 2 * t
 
 
@@ -133,7 +138,9 @@ def dp_gather_s(ctx: Context, params: float, fit: Fitted, buckets: int = 1,
     sp = dp_cp_span(ctx)
     nbytes = (params - high_params) * param_gather_bytes_per_param(ctx) + high_params * 2.0
     t = collective_s(ctx, nbytes, sp, fit.nvlink_bus_efficiency)
-    return t * fit.scale("comm_scale", "DP") + (buckets - 1) * latency(group_link(sp), ctx)
+    shared = (fit.shared_core_dp_s or 0.0) if fit.core_share > 1 else 0.0  # as dp_reduce_s
+    return (t * fit.scale("comm_scale", "DP") + (buckets - 1) * latency(group_link(sp), ctx)
+            + shared)
 
 
 def dp_hbm_share(ctx: Context) -> float:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-MODEL_REVISION = 14
+MODEL_REVISION = 15
 """The calibrated model's revision: raised whenever the same measurements give other constants
 or predictions. A table derived from measurements (bench/planner_proof: docs/planner_proof/)
 records the revision that derived it and re-derives under that revision's code only.
@@ -81,7 +81,19 @@ with TP (calibrate/joint.py `_call_times`), where TP2 against DP2 had given ever
 per pass: read on TP2 and DP2 at one microbatch size, the work TP's passes add became a time per
 pass of 2.25 ms at a rate of 0.82 of the model's, where the committed DP2 profiles at
 microbatches of 1, 2 and 4 give 0.88 ms and 1.70 (TP2's alone 1.59 ms and 1.59), and layouts at
-microbatches of 2 and 4 took 1.3-2.9x their predicted elementwise time."""
+microbatches of 2 and 4 took 1.3-2.9x their predicted elementwise time. 15: where the ranks
+share cores, a chunk's DP gradient reduce-scatter and its parameter all-gather each take a fixed
+time beyond their latency and bytes (`Fitted.shared_core_dp_s`; once per chunk, not per bucket:
+tiny_cpu_gb200's 32,768-parameter buckets measured 21 ms of DP in all on 4 ranks), and a joint
+fit takes the transport's bandwidth from its layouts whose ranks each have a core (DP2's DP, with
+the latency from TP2 x DP2's TP), the fixed time from TP2 x DP2's DP, where the latency and the
+bandwidth had both come from TP2 x DP2: its DP collectives moved half DP2's bytes per rank in as
+long, so the transport priced every byte at 4 ranks 2.4x slower than at 2, and DP4's transfer
+(three times TP2 x DP2's bytes per rank) came out 1.4-1.7x its measured time. Measured apart on
+the 2-core machine (gloo's reduce-scatter and all-gather over the four proof layouts' groups at
+1/8 to 2x the tiny model's buffer, 2026-12-07, bench/gloo_dp_groups.py `--scales`): the time
+grows with the bytes per rank at one rate within 20 % in every layout, 2 ranks or 4, and at 4 ranks each
+collective takes 3.5-6 ms at any size (1-2 ms at 2 ranks)."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -226,6 +238,14 @@ class Fitted:
     layouts whose DP groups span cores (calibrate/solver.py `_peer_wait`; the 2-core machine:
     TP2 x DP2's 24-26 ms of a 730 ms step, 3.7 %); None: not measured (a summary without the
     waiting, the published one: the transport then carries it, as before model revision 11)."""
+    shared_core_dp_s: float | None = None
+    """Where ranks share cores (`core_share` > 1): the time a chunk's DP gradient reduce-scatter,
+    and again its parameter all-gather, take beyond their latency and bytes, once per chunk
+    whatever its buckets (planner comm.dp_reduce_s, comm.dp_gather_s): the turns a synchronous
+    collective waits for on cores its ranks' core-mates also run. Fitted where a joint fit has
+    layouts whose ranks each have a core, which give the bytes' rate, and a layout with DP whose
+    ranks share cores (calibrate/joint.py `_shared_link`: TP2 x DP2 next to TP2 and DP2 on the
+    2-core machine); None: 0 (model revision 15)."""
     comm_core_fraction: float | None = None
     """Where ranks share cores: the share of its communication time (TP, CP and PP exposed, a
     DP collective's whole duration, overlapped or not) during which a rank keeps a core busy

@@ -20,7 +20,12 @@ each have a core (the kernels without waiting), and what the sharing does beyond
 core (the ranks are pinned: step.core_share) to the transport and the host time from the
 others; where a 4-rank layout's core-mates are TP peers, the share of the stretch their ops
 take (`Fitted.shared_compute_share`, `_compute_share`: its modelled compute made its measured
-compute). Model revisions 2-9 also solved the share of its communication time a rank keeps a
+compute). Since model revision 15 the transport comes from both kinds of layout: its latency
+from the TP of a layout whose ranks share cores (TP2 x DP2: the core-mates' turns are in every TP
+call), its bandwidth from the DP of a layout whose ranks each have a core (DP2: the bytes' rate
+per rank, within 20 % at 2 ranks and 4 when measured apart), and what a core's sharing adds to each
+DP collective (`Fitted.shared_core_dp_s`) from the DP of a layout whose ranks share cores
+(`_shared_link`). Model revisions 2-9 also solved the share of its communication time a rank keeps a
 core busy (`Fitted.comm_core_fraction`) from the 4-rank layouts' compute; pinned ranks
 (revision 10) leave nothing for it to describe.
 """
@@ -37,8 +42,9 @@ from ..costs import plan, stage_core_share, tp_peers_share_a_core
 from ..step import breakdown, rank_compute
 from .constants import Fitted
 from .precisions import with_probe
-from .solver import (LINEAR, _close_step, _comm, _compute, _initial, _link, _peer_wait, _pp_scale,
-                     _same, _slowdown, compared_rank, config_of, dp_figure, fit_memory, solve)
+from .solver import (LINEAR, _close_step, _comm, _compute, _initial, _link, _modelled, _peer_wait,
+                     _pp_scale, _same, _slowdown, compared_rank, config_of, dp_figure, fit_memory,
+                     solve)
 from .summary import Summary
 
 
@@ -58,19 +64,33 @@ def mean(fits: list[Fitted]) -> Fitted:
     return replace(fits[0], **out)
 
 
-def _shared_link(runs: list[tuple[Context, Summary]], fit: Fitted) -> Fitted | None:
-    """The one transport's latency and bandwidth from TP's figure of the first layout with TP and
-    DP's of the first with DP (the same layout where one has both); None on a system with
-    several transports or where no fit layout has one of the two kinds."""
+def _shared_link(runs: list[tuple[Context, Summary]], fit: Fitted,
+                 shared: Sequence[tuple[Context, Summary]] = ()) -> Fitted | None:
+    """The one transport's latency and bandwidth from TP's figure of the first layout with TP
+    (of `shared`, else of `runs`) and DP's of the first layout of `runs` with DP (the same layout
+    where one has both); then, where `shared` (layouts whose ranks share cores) has one with DP,
+    the fixed time a chunk's DP collective takes among ranks sharing cores
+    (`Fitted.shared_core_dp_s`, model revision 15) for which the first such layout's modelled DP
+    is its figure (linear in it; 0 where the transport alone reaches it). None on a system with
+    several transports, or where no layout gives TP's figure or none of `runs` DP's."""
     if not runs[0][0].system.one_transport:
         return None
-    tp = next(((ctx, dict(c.exposed)["TP"]) for ctx, c in runs
+    tp = next(((ctx, dict(c.exposed)["TP"]) for ctx, c in [*shared, *runs]
                if ctx.tp > 1 and dict(c.exposed).get("TP")), None)
     dp = next(((ctx, x) for ctx, c in runs if ctx.dp * ctx.cp > 1
                for x in (dp_figure(ctx, c, fit),) if x), None)
     if tp is None or dp is None:
         return None
-    return _link(fit, tp, dp)
+    link = _link(fit, tp, dp)
+    figures = [(ctx, x) for ctx, c in shared if ctx.dp * ctx.cp > 1
+               for x in (dp_figure(ctx, c, fit),) if x]
+    for ctx, target in ([] if link is None else figures[:1]):
+        assert link is not None  # the loop runs only with a transport
+        # the modelled DP at no fixed time and at 1 ms: linear in it (a chunk's two collectives)
+        at = [_modelled(ctx, f, breakdown(ctx, f), "DP") for f in
+              (replace(link, shared_core_dp_s=0.0), replace(link, shared_core_dp_s=1e-3))]
+        link = replace(link, shared_core_dp_s=max(0.0, (target - at[0]) / (at[1] - at[0]) * 1e-3))
+    return link
 
 
 def _with_pp(runs: list[tuple[Context, Summary]], fit: Fitted) -> Fitted:
@@ -219,7 +239,9 @@ def solve_joint(items: Sequence[tuple[Summary, Any]]) -> Fitted:
             new = replace(new, shared_compute_share=fmean(
                 [_compute_share(ctx, c, new) for ctx, c in mates]))
         new = _peer_wait(rest, new)
-        link = _shared_link(rest, new)
+        # the bytes' rate from the layouts whose ranks each have a core (every layout where none
+        # shares), the latency and what the sharing adds to DP from the others (revision 15)
+        link = _shared_link(own, new, shared)
         if link is not None:
             new = _with_pp(rest, link)
         else:

@@ -94,7 +94,7 @@ def _modelled(ctx: Context, fit: Fitted, b: Breakdown, kind: str) -> float:
     """The model's time of a communication kind, as the profile measures it (DP: the
     collectives' total, with the parameter gather the optimizer runs when it is not overlapped)."""
     if kind == "DP":
-        p = plan(ctx, fit)
+        p = plan(ctx, replace(fit, core_share=b.core_share))  # the layout's own, as `b`'s
         gather = 0.0 if p.overlap_param else sum(c.gather_s for c in p.chunks[b.rank])
         return b.dp_total_s + gather
     return {"TP": b.tp_s, "CP": b.cp_s, "PP": b.pp_s + b.bubble_s}[kind]

@@ -3,7 +3,7 @@ measurement, what the calibration's round trip is tested on (tests/test_planner_
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .read_profile import REPLAYED
@@ -42,7 +42,7 @@ def synthetic_profile(folder: str | Path, cfg, fit, with_memory: bool = False,
     folder.mkdir(parents=True, exist_ok=False)
     ctx = Context.of(cfg)
     b = breakdown(ctx, fit)
-    p = plan(ctx, fit)
+    p = plan(ctx, replace(fit, core_share=b.core_share))  # the layout's own, as `b`'s
     gather = 0.0 if p.overlap_param else sum(c.gather_s for c in p.chunks[b.rank])
     comp = {f"compute_{k}_s": v for k, v in b.compute_s.items()}
     values = {"GEMM QKV": comp["compute_qkv_s"], "attention core": comp["compute_attention_s"],
