@@ -21,14 +21,19 @@ layouts move what their runs move:
 Prints per layout the time of one reduce-scatter + all-gather (mean over the operations, the
 slowest rank's) and its ratio to DP2's, next to the ratio a transport priced by bytes alone
 gives ((n - 1) / n of the buffer each way, as the planner's `topology.collective_s`): the
-comparison is the result, not any figure alone. Never part of `make test`.
+comparison is the result, not any figure alone. With `--scales` (model revision 15) it times the
+reduce-scatter and the all-gather apart at each given share of the buffer (1/8 to 2x, say) and
+prints per layout the least-squares line of their sum against the bytes each rank sends
+((n - 1) / n of its buffer, each way): the time that does not grow with the bytes (ms) and the
+time per MB a rank sends. Never part of `make test`.
 
-    .venv/bin/python bench/gloo_dp_groups.py [--ops 20] [--params 1787008]
+    .venv/bin/python bench/gloo_dp_groups.py [--ops 20] [--params 1787008] [--scales 0.125,1,2]
 """
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import socket
 import statistics
 import subprocess
@@ -42,7 +47,7 @@ LAYOUTS = {  # name: (tp, pp, dp, the buffer's share of the parameters)
     "PP2xDP2": (1, 2, 2, 0.5)}
 
 
-def worker(name: str, ops: int, params: int) -> None:
+def worker(name: str, ops: int, params: int, scales: list[float]) -> None:
     import torch
     import torch.distributed as dist
 
@@ -58,19 +63,30 @@ def worker(name: str, ops: int, params: int) -> None:
     dist.init_process_group("gloo")
     groups = {tuple(g): dist.new_group(g) for g in layout.groups("dp")}   # every rank creates each
     group = groups[tuple(layout.group_of("dp", rank))]
-    n = int(params * share) // (dp * 64) * dp * 64          # divisible by the group
-    buf, shard = torch.ones(n), torch.empty(n // dp)
 
-    def step() -> None:
-        dist.reduce_scatter_tensor(shard, buf, group=group)
-        dist.all_gather_into_tensor(buf, shard, group=group)
-    step()                                   # one untimed step first (allocations, caches)
-    dist.barrier()
-    t0 = time.perf_counter()
-    for _ in range(ops):
-        step()
-    ms = (time.perf_counter() - t0) / ops * 1e3
-    print(f"layout {name} rank {rank} core {core} ms {ms:.3f}", flush=True)
+    def timed(fn) -> float:
+        fn()                                 # one untimed first (allocations, caches)
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(ops):
+            fn()
+        return (time.perf_counter() - t0) / ops * 1e3
+    for scale in scales or [1.0]:
+        n = int(params * share * scale) // (dp * 64) * dp * 64   # divisible by the group
+        buf, shard = torch.ones(n), torch.empty(n // dp)
+
+        def rs() -> None:
+            dist.reduce_scatter_tensor(shard, buf, group=group)
+
+        def ag() -> None:
+            dist.all_gather_into_tensor(buf, shard, group=group)
+        if not scales:
+            ms = timed(lambda: (rs(), ag()))
+            print(f"layout {name} rank {rank} core {core} ms {ms:.3f}", flush=True)
+            continue
+        sent = n * 4 * (dp - 1) / dp / 1e6   # MB each rank sends, each way
+        print(f"scale {name} {scale} {sent:.6f} rank {rank} rs {timed(rs):.4f} "
+              f"ag {timed(ag):.4f}", flush=True)
     dist.destroy_process_group()
 
 
@@ -80,18 +96,74 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def run(name: str, ops: int, params: int) -> float:
-    """The slowest rank's time of one reduce-scatter + all-gather in layout `name`, ms."""
+def _ranks(name: str, ops: int, params: int, scales: list[float]) -> list[str]:
+    """The lines the ranks of layout `name` printed."""
     tp, pp, dp, _ = LAYOUTS[name]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run",
                         f"--nproc_per_node={tp * pp * dp}", f"--master_port={_port()}",
                         "--master_addr=127.0.0.1", __file__, "--worker", name,
-                        "--ops", str(ops), "--params", str(params)],
+                        "--ops", str(ops), "--params", str(params),
+                        "--scales", ",".join(map(str, scales))],
                        env=env, capture_output=True, text=True)
     if r.returncode:
         sys.exit(f"{name}: the ranks failed:\n{r.stderr[-3000:]}")
-    return max(float(x.split()[-1]) for x in r.stdout.splitlines() if x.startswith("layout "))
+    return r.stdout.splitlines()
+
+
+def run(name: str, ops: int, params: int) -> float:
+    """The slowest rank's time of one reduce-scatter + all-gather in layout `name`, ms."""
+    return max(float(x.split()[-1]) for x in _ranks(name, ops, params, [])
+               if x.startswith("layout "))
+
+
+def run_scales(name: str, ops: int, params: int, scales: list[float]) -> dict:
+    """Per share of the buffer: (MB each rank sends each way, the slowest rank's reduce-scatter
+    ms, its all-gather ms)."""
+    out: dict[float, tuple[float, float, float]] = {}
+    # the ranks print at once: their lines can run into each other, so match records, not lines
+    text = "\n".join(_ranks(name, ops, params, scales))
+    for m in re.finditer(r"scale \S+ ([0-9.]+) ([0-9.]+) rank \d+ rs ([0-9.]+) ag ([0-9.]+?\d)(?!\d)",
+                         text):
+        sc, mb, rs, ag = (float(x) for x in m.groups())
+        old = out.get(sc, (mb, 0.0, 0.0))
+        out[sc] = (mb, max(old[1], rs), max(old[2], ag))
+    if any(len([1 for m in re.finditer(rf"scale \S+ {sc} ", text)]) == 0 for sc in scales):
+        sys.exit(f"{name}: a share of the buffer is missing from the ranks' output:\n{text[-2000:]}")
+    return out
+
+
+def line_fit(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares (intercept, slope) of (x, y) points."""
+    n = len(points)
+    mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    slope = sum((x - mx) * (y - my) for x, y in points) / sxx
+    return my - slope * mx, slope
+
+
+def main_scales(ops: int, params: int, rounds: int, scales: list[float]) -> None:
+    """`--scales`: each layout's reduce-scatter and all-gather per share of the buffer (median
+    over the rounds) and the line of their sum against the MB each rank sends."""
+    got: dict[str, list[dict]] = {n: [] for n in LAYOUTS}
+    for _ in range(rounds):
+        for name in LAYOUTS:
+            got[name].append(run_scales(name, ops, params, scales))
+    print(f"{'layout':9s} {'share':>6s} {'MB sent':>8s} {'RS ms':>7s} {'AG ms':>7s} "
+          f"{'RS+AG':>7s}   (median of {rounds} rounds, the slowest rank)")
+    lines = {}
+    for name, rs in got.items():
+        pts = []
+        for sc in scales:
+            mb = rs[0][sc][0]
+            r = statistics.median(x[sc][1] for x in rs)
+            a = statistics.median(x[sc][2] for x in rs)
+            pts.append((2 * mb, r + a))     # sent each way: reduce-scatter and all-gather
+            print(f"{name:9s} {sc:6.3f} {mb:8.3f} {r:7.2f} {a:7.2f} {r + a:7.2f}")
+        lines[name] = line_fit(pts)
+    print(f"\n{'layout':9s} {'fixed ms':>9s} {'ms per MB a rank sends':>23s}")
+    for name, (fixed, per_mb) in lines.items():
+        print(f"{name:9s} {fixed:9.2f} {per_mb:23.3f}")
 
 
 def bytes_ratio(name: str) -> float:
@@ -106,10 +178,23 @@ def main() -> int:
     ap.add_argument("--params", type=int, default=1_787_008,
                     help="parameters of the whole model (the tiny CPU model's)")
     ap.add_argument("--rounds", type=int, default=2, help="each layout this many times, in turn")
+    ap.add_argument("--scales", default="",
+                    help="shares of the buffer, comma-separated: time the reduce-scatter and "
+                         "the all-gather apart at each and fit a line per layout")
     ap.add_argument("--worker", default="", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    try:
+        scales = [float(x) for x in a.scales.split(",") if x.strip()]
+    except ValueError:
+        sys.exit(f"--scales {a.scales!r}: give shares of the buffer, e.g. 0.125,0.5,1,2")
     if a.worker:
-        worker(a.worker, a.ops, a.params)
+        worker(a.worker, a.ops, a.params, scales)
+        return 0
+    if scales:
+        if len(set(scales)) < 2 or min(scales) <= 0:
+            sys.exit(f"--scales {a.scales!r}: at least two different positive shares")
+        main_scales(a.ops, a.params, a.rounds, scales)
+        print(f"{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f}")
         return 0
     times: dict[str, list[float]] = {n: [] for n in LAYOUTS}
     for _ in range(a.rounds):

@@ -91,9 +91,10 @@ bandwidth had both come from TP2 x DP2: its DP collectives moved half DP2's byte
 long, so the transport priced every byte at 4 ranks 2.4x slower than at 2, and DP4's transfer
 (three times TP2 x DP2's bytes per rank) came out 1.4-1.7x its measured time. Measured apart on
 the 2-core machine (gloo's reduce-scatter and all-gather over the four proof layouts' groups at
-1/8 to 2x the tiny model's buffer, 2026-12-07, bench/gloo_dp_groups.py `--scales`): the time
-grows with the bytes per rank at one rate within 20 % in every layout, 2 ranks or 4, and at 4 ranks each
-collective takes 3.5-6 ms at any size (1-2 ms at 2 ranks)."""
+1/8 to 2x the tiny model's buffer, 2026-12-07, bench/gloo_dp_groups.py `--scales`): a
+reduce-scatter + all-gather took 5.7-8.9 ms more than its bytes at 4 ranks (1.4 ms at 2), its
+bytes 1.28 ms per MB a rank sends at DP2 and 1.29 at DP4 (1.5-1.8 where two groups run at
+once)."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)

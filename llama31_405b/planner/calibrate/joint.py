@@ -23,7 +23,7 @@ take (`Fitted.shared_compute_share`, `_compute_share`: its modelled compute made
 compute). Since model revision 15 the transport comes from both kinds of layout: its latency
 from the TP of a layout whose ranks share cores (TP2 x DP2: the core-mates' turns are in every TP
 call), its bandwidth from the DP of a layout whose ranks each have a core (DP2: the bytes' rate
-per rank, within 20 % at 2 ranks and 4 when measured apart), and what a core's sharing adds to each
+per rank: 1.28 and 1.29 ms per MB at DP2 and DP4 when measured apart), and what a core's sharing adds to each
 DP collective (`Fitted.shared_core_dp_s`) from the DP of a layout whose ranks share cores
 (`_shared_link`). Model revisions 2-9 also solved the share of its communication time a rank keeps a
 core busy (`Fitted.comm_core_fraction`) from the 4-rank layouts' compute; pinned ranks
