@@ -23,7 +23,7 @@ pass absorbs the difference. The planner takes F less its own assumed host work 
 priors come from the runs before `--before` (default: the folders that existed when they were
 set); later runs change the fit, which this script shows. Never part of `make test`.
 
-    PYTHONPATH=. .venv/bin/python bench/host_priors.py [--before 2026-12-06T1400Z]
+    PYTHONPATH=. .venv/bin/python bench/host_priors.py [--before 2026-12-06T1400Z] [--after T]
 """
 from __future__ import annotations
 
@@ -46,13 +46,14 @@ def run_time(folder: str) -> str:
     return folder.removeprefix("extra_")[:16]
 
 
-def rows(before: str) -> list[tuple[str, str, int, int, float]]:
-    """(run, layout, mbs, microbatches, median host s) of every 2-rank FP32 DP layout."""
+def rows(before: str, after: str = "") -> list[tuple[str, str, int, int, float]]:
+    """(run, layout, mbs, microbatches, median host s) of every 2-rank FP32 DP layout of the
+    runs named from `after` (inclusive) to `before`."""
     out = []
     for lay in sorted(PROOF.glob("*/layouts/*")):
         run = lay.parent.parent.name
         rounds = sorted(p for p in lay.glob("r*") if (p / "analysis.json").is_file())
-        if not rounds or run_time(run) >= before:
+        if not rounds or run_time(run) >= before or run_time(run) < after:
             continue
         man = json.loads((rounds[0] / "profile.json").read_text())
         par, batch = man["layout"], man["batch"]
@@ -83,13 +84,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--before", default="2026-12-06T1400Z",
                     help="fit the runs named before this UTC time (default: the committed priors')")
+    ap.add_argument("--after", default="",
+                    help="and from this UTC time on (one machine's runs: 2026-12-06T2130Z for the "
+                         "AVX512 machine of the fourth proof file's)")
     a = ap.parse_args()
-    data = rows(a.before)
+    data = rows(a.before, a.after)
     if len({(m, n) for _, _, m, n, _ in data}) < 3:
-        raise SystemExit(f"under three distinct (mbs, microbatches) in {PROOF} before {a.before}: "
-                         "the fit needs three")
+        raise SystemExit(f"under three distinct (mbs, microbatches) in {PROOF} from "
+                         f"{a.after or 'the first'} to {a.before}: the fit needs three")
     f, h, b, fitted = fit(data)
-    print(f"{len(data)} layouts of runs before {a.before} (2 ranks, DP, FP32):")
+    print(f"{len(data)} layouts of runs from {a.after or 'the first'} to {a.before} "
+          "(2 ranks, DP, FP32):")
     for (run, name, m, n, got), pred in zip(data, fitted):
         print(f"  {run:28s} {name:8s} mbs {m} x {n}: {got * 1e3:6.1f} ms, fit {pred * 1e3:6.1f}")
     print(f"F (per step) {f * 1e3:.2f} ms; h (per layer pass) {h * 1e3:.3f} ms; "
