@@ -120,7 +120,7 @@ def dp_reduce_s(ctx: Context, params: float, fit: Fitted, buckets: int = 1) -> f
     t = collective_s(ctx, params * grad_bytes_per_param(ctx), sp, fit.nvlink_bus_efficiency)
     # a profile's DP scale is of the collective; more buckets add the prior latency each
     # where ranks share cores (core_share > 1, resolved per layout) the chunk's collective takes a
-    # fixed time beyond its latency and bytes, once whatever its buckets: `Fitted.shared_core_dp_s`
+    # fixed time beyond its latency and bytes, once per chunk: `Fitted.shared_core_dp_s`
     # (model revision 15)
     shared = (fit.shared_core_dp_s or 0.0) if fit.core_share > 1 else 0.0
     t = (t * fit.scale("comm_scale", "DP") + (buckets - 1) * latency(group_link(sp), ctx)

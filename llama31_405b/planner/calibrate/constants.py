@@ -83,8 +83,11 @@ pass of 2.25 ms at a rate of 0.82 of the model's, where the committed DP2 profil
 microbatches of 1, 2 and 4 give 0.88 ms and 1.70 (TP2's alone 1.59 ms and 1.59), and layouts at
 microbatches of 2 and 4 took 1.3-2.9x their predicted elementwise time. 15: where the ranks
 share cores, a chunk's DP gradient reduce-scatter and its parameter all-gather each take a fixed
-time beyond their latency and bytes (`Fitted.shared_core_dp_s`; once per chunk, not per bucket:
-tiny_cpu_gb200's 32,768-parameter buckets measured 21 ms of DP in all on 4 ranks), and a joint
+time beyond their latency and bytes (`Fitted.shared_core_dp_s`; once per chunk: per bucket it
+added over 100 ms to tiny_cpu_gb200's predicted step, for `costs.chunk_cost` counts 22 buckets on
+its first chunk where megatron-core's greedy layout, a parameter never split, closes 4, and the
+profiles show the time per collective on megatron-core's count: the bucket count is the next
+revision's), and a joint
 fit takes the transport's bandwidth from its layouts whose ranks each have a core (DP2's DP, with
 the latency from TP2 x DP2's TP), the fixed time from TP2 x DP2's DP, where the latency and the
 bandwidth had both come from TP2 x DP2: its DP collectives moved half DP2's bytes per rank in as
@@ -241,8 +244,9 @@ class Fitted:
     waiting, the published one: the transport then carries it, as before model revision 11)."""
     shared_core_dp_s: float | None = None
     """Where ranks share cores (`core_share` > 1): the time a chunk's DP gradient reduce-scatter,
-    and again its parameter all-gather, take beyond their latency and bytes, once per chunk
-    whatever its buckets (planner comm.dp_reduce_s, comm.dp_gather_s): the turns a synchronous
+    and again its parameter all-gather, take beyond their latency and bytes, once per chunk (the
+    planner's bucket count is not megatron-core's yet: model revision 15's note) (planner
+    comm.dp_reduce_s, comm.dp_gather_s): the turns a synchronous
     collective waits for on cores its ranks' core-mates also run. Fitted where a joint fit has
     layouts whose ranks each have a core, which give the bytes' rate, and a layout with DP whose
     ranks share cores (calibrate/joint.py `_shared_link`: TP2 x DP2 next to TP2 and DP2 on the
