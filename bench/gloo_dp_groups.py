@@ -123,12 +123,11 @@ def run_scales(name: str, ops: int, params: int, scales: list[float]) -> dict:
     out: dict[float, tuple[float, float, float]] = {}
     # the ranks print at once: their lines can run into each other, so match records, not lines
     text = "\n".join(_ranks(name, ops, params, scales))
-    for m in re.finditer(r"scale \S+ ([0-9.]+) ([0-9.]+) rank \d+ rs ([0-9.]+) ag ([0-9.]+?\d)(?!\d)",
-                         text):
+    for m in re.finditer(r"scale \S+ ([0-9.]+) ([0-9.]+) rank \d+ rs ([0-9.]+) ag ([0-9.]*\d)", text):
         sc, mb, rs, ag = (float(x) for x in m.groups())
         old = out.get(sc, (mb, 0.0, 0.0))
         out[sc] = (mb, max(old[1], rs), max(old[2], ag))
-    if any(len([1 for m in re.finditer(rf"scale \S+ {sc} ", text)]) == 0 for sc in scales):
+    if set(scales) - set(out):
         sys.exit(f"{name}: a share of the buffer is missing from the ranks' output:\n{text[-2000:]}")
     return out
 
@@ -152,12 +151,12 @@ def main_scales(ops: int, params: int, rounds: int, scales: list[float]) -> None
     print(f"{'layout':9s} {'share':>6s} {'MB sent':>8s} {'RS ms':>7s} {'AG ms':>7s} "
           f"{'RS+AG':>7s}   (median of {rounds} rounds, the slowest rank)")
     lines = {}
-    for name, rs in got.items():
+    for name, rounds_of in got.items():
         pts = []
         for sc in scales:
-            mb = rs[0][sc][0]
-            r = statistics.median(x[sc][1] for x in rs)
-            a = statistics.median(x[sc][2] for x in rs)
+            mb = rounds_of[0][sc][0]
+            r = statistics.median(x[sc][1] for x in rounds_of)
+            a = statistics.median(x[sc][2] for x in rounds_of)
             pts.append((2 * mb, r + a))     # sent each way: reduce-scatter and all-gather
             print(f"{name:9s} {sc:6.3f} {mb:8.3f} {r:7.2f} {a:7.2f} {r + a:7.2f}")
         lines[name] = line_fit(pts)

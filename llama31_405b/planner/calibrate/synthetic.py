@@ -3,7 +3,7 @@ measurement, what the calibration's round trip is tested on (tests/test_planner_
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from .read_profile import REPLAYED
@@ -35,15 +35,13 @@ def synthetic_profile(folder: str | Path, cfg, fit, with_memory: bool = False,
     the replayed steps (those after the eager ones higher by `eager.activations_gb`). It holds
     no trace: not an MLPerf run, and nothing to re-analyse."""
     from ..context import Context
-    from ..costs import plan
     from ..memory import memory
     from ..step import breakdown
+    from .solver import _modelled
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=False)
     ctx = Context.of(cfg)
     b = breakdown(ctx, fit)
-    p = plan(ctx, replace(fit, core_share=b.core_share))  # the layout's own, as `b`'s
-    gather = 0.0 if p.overlap_param else sum(c.gather_s for c in p.chunks[b.rank])
     comp = {f"compute_{k}_s": v for k, v in b.compute_s.items()}
     values = {"GEMM QKV": comp["compute_qkv_s"], "attention core": comp["compute_attention_s"],
               "GEMM attention out proj": comp["compute_proj_s"],
@@ -53,7 +51,7 @@ def synthetic_profile(folder: str | Path, cfg, fit, with_memory: bool = False,
               "PP exposed (incl. bubble)": b.pp_s + b.bubble_s, "DP exposed": b.dp_exposed_s,
               "other comm exposed": 0.0, "host gaps": b.host_s}
     # the replicas' waiting for the slowest is in the DP collectives' time, as a trace shows it
-    step, dp_total = b.step_s, b.dp_total_s + gather + b.dp_peer_wait_s
+    step, dp_total = b.step_s, _modelled(ctx, fit, b, "DP") + b.dp_peer_wait_s
     if eager is not None:
         extra = dict(eager.exposed)
         for k, v in extra.items():
