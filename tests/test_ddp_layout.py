@@ -37,3 +37,16 @@ def test_the_layout_is_the_one_megatron_would_compute(ranks):
     assert [r["buckets"] for r in ranks][0][0] >= 2
     assert all(n == 1 for r in ranks for n in r["buckets"][1:])
     assert all(n == 1 for r in (ranks[1], ranks[3]) for n in r["buckets"])
+
+
+def test_the_planner_lays_out_the_first_chunks_buckets_as_megatron_did(ranks):
+    """Model revision 16: the planner's buckets of pipeline rank 0's first chunk are the ones the
+    real model got (embedding and one layer: four, the embedding's the last)."""
+    from llama31_405b.config import load_config
+    from llama31_405b.planner import comm, costs
+    from llama31_405b.planner.context import Context
+    from llama31_405b.planner.pipeline import chunk_layers
+    ctx = Context.of(load_config(REPO / "configs" / "tiny_cpu_gb200.toml"))
+    sizes = costs.chunk_param_sizes(ctx, chunk_layers(ctx, 0, 0), True, False)
+    planned = comm.dp_bucket_sizes(sizes, comm.dp_bucket_params(ctx))
+    assert list(planned) == ranks[0]["first_chunk"] and len(planned) == 4

@@ -25,8 +25,9 @@ def test_the_evaluation_time_includes_the_exposed_gather():
     exposed = step.eval_gather_exposed_s(ctx, fit, n_mb, p.fwd_mb_s)
     first = p.chunks[0][0]
     # with 720 microbatches per replica every later chunk's gather hides behind the forwards:
-    # only chunk 0's first bucket is waited for, a sliver of the whole gather
-    assert exposed == first.gather_s / first.buckets
+    # only chunk 0's first bucket used is waited for (its layout's last, the embedding's), a
+    # sliver of the whole gather
+    assert exposed == first.gather_s * first.last_bucket_share
     assert 0 < exposed < sum(c.gather_s for c in p.chunks[0]) / 10
     fill = (ctx.pp - 1) / ctx.vp
     assert step.eval_time_s(ctx, fit, 5760) == (n_mb + fill) * p.fwd_mb_s + exposed
@@ -38,7 +39,7 @@ def test_a_gather_longer_than_the_forwards_before_its_chunk_is_exposed():
     first = p.chunks[0][0]
     # one microbatch: chunk i-1 runs one forward (1/VP of a microbatch) before chunk i starts
     per_chunk = p.fwd_mb_s / len(p.chunks[0])
-    hidden_at_most = first.gather_s / first.buckets + per_chunk * (len(p.chunks[0]) - 1)
+    hidden_at_most = first.gather_s * first.last_bucket_share + per_chunk * (len(p.chunks[0]) - 1)
     exposed = step.eval_gather_exposed_s(ctx, fit, 1, p.fwd_mb_s)
     gathers = sum(c.gather_s for c in p.chunks[0])
     assert exposed >= gathers - hidden_at_most - 1e-12
@@ -51,4 +52,5 @@ def test_at_vp1_the_chain_hides_all_but_the_first_bucket():
     p = plan(one, fit)
     first = p.chunks[0][0]
     assert len(p.chunks[0]) == 1
-    assert step.eval_gather_exposed_s(one, fit, 8, p.fwd_mb_s) == first.gather_s / first.buckets
+    assert (step.eval_gather_exposed_s(one, fit, 8, p.fwd_mb_s)
+            == first.gather_s * first.last_bucket_share)

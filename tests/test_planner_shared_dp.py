@@ -1,6 +1,6 @@
 """The fixed time of a DP collective among ranks sharing cores (model revision 15,
-`Fitted.shared_core_dp_s`): added once to a chunk's gradient reduce-scatter and once to its
-parameter all-gather where the layout's ranks share cores, nowhere else, and fitted by a joint
+`Fitted.shared_core_dp_s`): added to each bucket's gradient reduce-scatter and parameter
+all-gather (once per chunk under revision 15) where the layout's ranks share cores, nowhere else, and fitted by a joint
 fit from its layout whose ranks share cores (TP2 x DP2) once the transport's latency and
 bandwidth come from TP2 x DP2's TP and DP2's DP (the bytes' rate per rank of a layout whose
 ranks each have a core). Round trips on synthetic profiles the planner writes of its own
@@ -33,7 +33,7 @@ def _fit(f: float | None):
     return replace(calibrate.fitted(), **KNOWN, shared_core_dp_s=f)
 
 
-def test_the_fixed_time_is_added_once_per_collective_where_ranks_share_cores(cfgs):
+def test_the_fixed_time_is_added_per_bucket_collective_where_ranks_share_cores(cfgs):
     _, c = cfgs
     ctx, fit = Context.of(c["dp4"]), _fit(0.003)
     params = 1e6
@@ -43,11 +43,10 @@ def test_the_fixed_time_is_added_once_per_collective_where_ranks_share_cores(cfg
         none = f(ctx, params, replace(fit, core_share=2.0, shared_core_dp_s=None))
         assert shared - none == pytest.approx(0.003, rel=1e-12), f.__name__
         assert alone == pytest.approx(none, rel=1e-12), f.__name__
-        # more buckets add the transport's latency each, the fixed time still once (the
-        # planner's bucket count is not megatron-core's yet: model revision 15's note)
+        # each bucket's collective takes it (model revision 16: the buckets megatron-core lays)
         more = f(ctx, params, replace(fit, core_share=2.0), buckets=5)
         fewer = f(ctx, params, replace(fit, core_share=2.0, shared_core_dp_s=None), buckets=5)
-        assert more - fewer == pytest.approx(0.003, rel=1e-12), f.__name__
+        assert more - fewer == pytest.approx(5 * 0.003, rel=1e-12), f.__name__
     # the breakdown resolves the layout's core share: DP4 on the 2 cores shares, DP2 does not
     assert breakdown(ctx, fit).dp_total_s > breakdown(ctx, _fit(None)).dp_total_s
     two = Context.of(c["dp2"])

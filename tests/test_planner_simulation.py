@@ -44,7 +44,8 @@ def uniform_plan(pp: int, vp: int, tf: float = 1.0, tb: float = 2.0) -> Plan:
     """Every pass of every chunk takes tf / tb seconds; no communication at all."""
     zero = PartTimes(0, 0, 0, 0, 0, 0, 0)
     c = ChunkCost(fwd=replace(zero, qkv=tf), bwd=replace(zero, qkv=tb), tp_fwd=0, tp_bwd=0, cp_fwd=0,
-                  cp_bwd=0, params=0, reduce_s=0, gather_s=0, buckets=1, first_fwd_s=0, work_fwd=tf,
+                  cp_bwd=0, params=0, reduce_s=0, gather_s=0, buckets=1, first_bucket_share=1.0,
+                  last_bucket_share=1.0, first_fwd_s=0, work_fwd=tf,
                   work_bwd=tb)
     return Plan(pp=pp, vp=vp, chunks=tuple(tuple(c for _ in range(vp)) for _ in range(pp)),
                 p2p=(0.0,) * pp, sm_share=0, hbm_share=0, nvlink_share=0, overlap_grad=True,

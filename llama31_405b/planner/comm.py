@@ -11,6 +11,8 @@ reduce-scatter and parameter all-gather over the DP x CP ranks, hierarchical acr
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from .calibrate.constants import ASSUMED, Fitted
 from .context import Context
 from .topology import (NVLINK, bandwidth, collective_s, cp_span, dp_cp_span, group_link, latency,
@@ -107,8 +109,31 @@ def grad_bytes_per_param(ctx: Context) -> float:
 
 
 def dp_bucket_params(ctx: Context) -> float:
-    """Megatron DDP's bucket size in parameters (its default: max(40M, 1M x DP size))."""
-    return ctx.cfg.performance.ddp_bucket_size or max(40e6, 1e6 * ctx.dp * ctx.cp)
+    """Megatron DDP's bucket size in parameters: the config's, else megatron-core 0.19.2's default
+    (`DistributedDataParallel.__init__`: max(40M, 1M x the size of the DP group without CP, the
+    `dp_group` of `ProcessGroupCollection.setup_process_groups_for_ddp`; model.builder resolves
+    it the same way)."""
+    return ctx.cfg.performance.ddp_bucket_size or max(40e6, 1e6 * ctx.dp)
+
+
+def dp_bucket_sizes(sizes: Sequence[float], bucket: float) -> tuple[float, ...]:
+    """The buckets megatron-core 0.19.2 lays a chunk's parameters into, in parameters, first
+    bucket first: `sizes` in registration order are taken in reverse (the order the backward
+    produces their gradients), a parameter is never split, and a bucket closes as soon as it
+    holds `bucket` or more (`DistributedOptimizer._compute_per_buffer_param_layout`, as
+    `_compute_default_per_buffer_param_layout` in distributed/param_and_grad_buffer.py; the
+    64-element alignment of each parameter's start is left out). The first bucket's gradients
+    are reduced first and its parameters used last in the forward."""
+    out: list[float] = []
+    acc = 0.0
+    for n in reversed(sizes):
+        acc += n
+        if acc >= bucket:
+            out.append(acc)
+            acc = 0.0
+    if acc > 0 or not out:
+        out.append(acc)
+    return tuple(out)
 
 
 def dp_reduce_s(ctx: Context, params: float, fit: Fitted, buckets: int = 1) -> float:
@@ -119,12 +144,12 @@ def dp_reduce_s(ctx: Context, params: float, fit: Fitted, buckets: int = 1) -> f
     sp = dp_cp_span(ctx)
     t = collective_s(ctx, params * grad_bytes_per_param(ctx), sp, fit.nvlink_bus_efficiency)
     # a profile's DP scale is of the collective; more buckets add the prior latency each
-    # where ranks share cores (core_share > 1, resolved per layout) the chunk's collective takes a
-    # fixed time beyond its latency and bytes, once per chunk: `Fitted.shared_core_dp_s`
-    # (model revision 15)
+    # where ranks share cores (core_share > 1, resolved per layout) each bucket's collective takes
+    # a fixed time beyond its latency and bytes: `Fitted.shared_core_dp_s` (model revision 15,
+    # per bucket of megatron-core's layout since revision 16)
     shared = (fit.shared_core_dp_s or 0.0) if fit.core_share > 1 else 0.0
     t = (t * fit.scale("comm_scale", "DP") + (buckets - 1) * latency(group_link(sp), ctx)
-         + shared)
+         + buckets * shared)
     return t if ctx.cfg.optimizer.distributed else 2 * t
 
 
@@ -140,7 +165,7 @@ def dp_gather_s(ctx: Context, params: float, fit: Fitted, buckets: int = 1,
     t = collective_s(ctx, nbytes, sp, fit.nvlink_bus_efficiency)
     shared = (fit.shared_core_dp_s or 0.0) if fit.core_share > 1 else 0.0  # as dp_reduce_s
     return (t * fit.scale("comm_scale", "DP") + (buckets - 1) * latency(group_link(sp), ctx)
-            + shared)
+            + buckets * shared)
 
 
 def dp_hbm_share(ctx: Context) -> float:

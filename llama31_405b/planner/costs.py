@@ -10,7 +10,6 @@ simulation's (simulate.py).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields, replace
 
 from . import comm, compute
@@ -38,6 +37,12 @@ class ChunkCost:
     """Its parameter all-gather (distributed optimizer)."""
     buckets: int
     """DDP buckets: Megatron buckets only the first chunk of pipeline rank 0."""
+    first_bucket_share: float
+    """The first bucket's share of the chunk's parameters (comm.dp_bucket_sizes): the first
+    gradients the backward makes ready, the last parameters the forward uses; 1 unbucketed."""
+    last_bucket_share: float
+    """The last bucket's: the first parameters the forward uses (the embedding's, on the first
+    chunk), the last gradients the backward makes ready; 1 unbucketed."""
     first_fwd_s: float
     """Extra work of the chunk's first forward in a step: the transformer layers' weight casts
     (`weight_cast_bytes_per_param`; with NVFP4 parameters gathered only the transposed copy,
@@ -141,6 +146,24 @@ def chunk_params(ctx: Context, layers: int, embedding: bool, logits: bool) -> fl
             + (h if logits else 0))
 
 
+def chunk_param_sizes(ctx: Context, layers: int, embedding: bool,
+                      logits: bool) -> list[float]:
+    """The chunk's parameters on one GPU, one entry per tensor, in megatron-core 0.19.2's
+    registration order (GPTModel: the embedding, the decoder's layers, its final norm, the output
+    layer; a layer of the local spec: input_layernorm, self_attention.linear_proj, linear_qkv,
+    pre_mlp_layernorm, mlp.linear_fc1, linear_fc2, the norms not split by TP). Transformer
+    Engine's spec holds each norm inside the linear after it (linear_qkv.layer_norm_weight,
+    linear_fc1.layer_norm_weight): the same tensors with the first norm after linear_proj, which
+    moves a bucket boundary by at most the hidden size. Sums to `chunk_params` but for the norms,
+    which that counts split by TP."""
+    m, t = ctx.model, ctx.tp
+    h, q, kv = m.hidden_size, m.num_attention_heads * m.kv_channels, m.num_query_groups * m.kv_channels
+    layer = [h, q * h / t, (q + 2 * kv) * h / t, h, 2 * m.ffn_hidden_size * h / t,
+             m.ffn_hidden_size * h / t]
+    return ([ctx.vocab * h / t] if embedding else []) + layer * layers + (
+        [h, ctx.vocab * h / t] if logits else [])
+
+
 def tp_peers_share_a_core(ctx: Context, k: float) -> bool:
     """The ranks pinned to one core (systems `pin_ranks`, k of them) are TP peers: a pipeline
     stage's ranks in blocks of k (parallel/cores.py), TP the fastest-varying dimension. Each
@@ -232,15 +255,18 @@ def chunk_cost(ctx: Context, rank: int, chunk: int, fit: Fitted) -> ChunkCost:
     # built outside it and GPTModel's output layer is tensor_parallel.ColumnParallelLinear)
     quantized = chunk_params(ctx, layers, False, False)
     first = stream_s(ctx, quantized * weight_cast_bytes_per_param(ctx))
-    buckets = 1
-    if rank == 0 and chunk == 0:
-        buckets = max(1, math.ceil(params / comm.dp_bucket_params(ctx)))
+    sizes: tuple[float, ...] = (1.0,)
+    if rank == 0 and chunk == 0:    # DDP leaves later chunks and pipeline ranks unbucketed
+        sizes = comm.dp_bucket_sizes(chunk_param_sizes(ctx, layers, emb, logits),
+                                     comm.dp_bucket_params(ctx))
+    buckets, total = len(sizes), sum(sizes)
     host = host_pass_s(ctx, fit) * (layers + emb + logits) * k  # embedding and loss as layers
     host_b = host * (2 if ctx.cfg.performance.recompute == "full" else 1)
     return ChunkCost(fwd=fwd, bwd=bwd, tp_fwd=tp_f, tp_bwd=tp_b, cp_fwd=cp_f, cp_bwd=cp_b,
                      params=params, reduce_s=comm.dp_reduce_s(ctx, params, fit, buckets),
                      gather_s=comm.dp_gather_s(ctx, params, fit, buckets,
                                                high_params=params - quantized), buckets=buckets,
+                     first_bucket_share=sizes[0] / total, last_bucket_share=sizes[-1] / total,
                      first_fwd_s=first, work_fwd=fwd.total + tp_f + cp_f + host,
                      work_bwd=bwd.total + tp_b + cp_b + host_b, host_fwd=host, host_bwd=host_b)
 

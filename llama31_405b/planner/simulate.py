@@ -21,7 +21,8 @@ DP runs on a second stream per rank, one collective at a time in launch order:
 * gradient reduce-scatter of a chunk when Megatron's grad_sync_func fires (the backward whose
   virtual id minus the pipeline rank is the chunk's last microbatch; chunks left at the end are
   launched after the last backward); without interleaving, pipeline rank 0 starts its buckets
-  during the last backward, the others after it;
+  during the last backward (all but the last from when the first bucket's share of the pass is
+  done, the last when it ends), the others after it;
 * parameter all-gather of chunks 0 and 1 at the step's start and of chunk c+1 before the forward
   whose virtual id plus the pipeline rank is chunk c's first microbatch (param_sync_func,
   align_param_gather); the first forward of a chunk waits for its gather (`first_gather_s`: for
@@ -52,9 +53,10 @@ def first_gather_s(chunk: ChunkCost, aligned: bool) -> float:
     bucket its first forward uses has arrived: the whole chunk's gather when its bucket groups
     are dispatched together in megatron-core 0.19.2's order (`aligned`: the interleaved
     schedule's param_sync_func, DistributedDataParallel.start_param_sync over `bucket_groups`,
-    which DDP builds in reverse order of use), one bucket's share otherwise (the forward
-    pre-hooks' chain, `next_param_gather_bucket_group`, runs in order of use)."""
-    return chunk.gather_s if aligned else chunk.gather_s / chunk.buckets
+    which DDP builds in reverse order of use), the share of the bucket used first otherwise
+    (the last of the layout: the forward pre-hooks' chain, `next_param_gather_bucket_group`,
+    runs in order of use)."""
+    return chunk.gather_s if aligned else chunk.gather_s * chunk.last_bucket_share
 
 
 @dataclass(frozen=True, slots=True)
@@ -402,10 +404,12 @@ def _event_loop(plan: Plan, m: int,  # noqa: C901 (one event loop, kept in one p
                     if g0 > start:
                         wait_dp[r] += g0 - start
                         start = g0
-                    tail = gather_end[r][wait] + work / ch[r][wait].buckets
-                if early:
+                    # the forward's work on the bucket whose parameters arrive last
+                    tail = gather_end[r][wait] + work * ch[r][wait].first_bucket_share
+                if early:   # every bucket but the last, from when the first one's gradients are ready
                     cc = ch[r][0]
-                    launch(r, start + work / cc.buckets, cc.reduce_s)
+                    launch(r, start + work * cc.first_bucket_share,
+                           cc.reduce_s * (1.0 - cc.last_bucket_share))
                     reduced[r][0] = True
                 while lo[r] < len(br) and br[lo[r]][1] <= start:
                     lo[r] += 1
@@ -420,6 +424,8 @@ def _event_loop(plan: Plan, m: int,  # noqa: C901 (one event loop, kept in one p
                 ends[own] = end
                 if red >= 0:
                     reduce(r, red, end)
+                if early:   # the last bucket's gradients are ready when the backward ends
+                    launch(r, end, ch[r][0].reduce_s * ch[r][0].last_bucket_share)
                 tr = end
                 p += 1
                 progress = True

@@ -249,13 +249,14 @@ def eval_time_s(ctx: Context, fit: Fitted, samples: int) -> float:
 
 def eval_gather_exposed_s(ctx: Context, fit: Fitted, n_mb: int, fwd_mb_s: float) -> float:
     """The evaluation's parameter all-gather that its forward passes do not hide, on pipeline
-    rank 0 (train.evaluation.GatherAhead): chunk 0's first bucket before any forward; chunk i's
+    rank 0 (train.evaluation.GatherAhead): chunk 0's first bucket used (its layout's last) before
+    any forward; chunk i's
     gather, dispatched when chunk i-1's first forward starts and queued behind the earlier ones,
     against the min(PP, microbatches) forwards of chunk i-1 the interleaved forward-only schedule
     runs before chunk i's first (one chunk at VP 1: its bucket chain overlaps the rest)."""
     chunks = plan(ctx, fit).chunks[0]
     per_chunk = fwd_mb_s / len(chunks) * (min(ctx.pp, n_mb) if len(chunks) > 1 else n_mb)
-    exposed = start = chunks[0].gather_s / chunks[0].buckets
+    exposed = start = chunks[0].gather_s * chunks[0].last_bucket_share
     done = chunks[0].gather_s
     for c in chunks[1:]:
         done = max(done, start) + c.gather_s        # dispatched at chunk i-1's first forward

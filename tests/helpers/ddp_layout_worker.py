@@ -62,7 +62,8 @@ def main() -> int:
             for i, w in enumerate(wrapped)]
     auto_warned = [m for m in records.messages if "full_param_layout not provided" in m]
     mine = {"warned": len(warned), "auto_warned": len(auto_warned),
-            "same": given == auto, "buckets": [len(b["buckets"]) for g in given for b in g]}
+            "same": given == auto, "buckets": [len(b["buckets"]) for g in given for b in g],
+            "first_chunk": [k[1] for k in given[0][0]["buckets"]]}   # unpadded bucket sizes
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
     if dist.get_rank() == 0:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-MODEL_REVISION = 15
+MODEL_REVISION = 16
 """The calibrated model's revision: raised whenever the same measurements give other constants
 or predictions. A table derived from measurements (bench/planner_proof: docs/planner_proof/)
 records the revision that derived it and re-derives under that revision's code only.
@@ -97,7 +97,17 @@ the 2-core machine (gloo's reduce-scatter and all-gather over the four proof lay
 1/8 to 2x the tiny model's buffer, 2026-12-07, bench/gloo_dp_groups.py `--scales`): a
 reduce-scatter + all-gather took 5.7-8.9 ms more than its bytes at 4 ranks (1.4 ms at 2), its
 bytes 1.28 ms per MB a rank sends at DP2 and 1.29 at DP4 (1.5-1.8 where two groups run at
-once)."""
+once). 16: a bucketed chunk's buckets are megatron-core's (planner comm.dp_bucket_sizes: its
+parameters in reverse, none split, a bucket closed once it holds the bucket size), where
+ceil(parameters / bucket size) had counted 22 on tiny_cpu_gb200's first chunk and 33 on GB200
+TP2 x DP2 (megatron-core: 4 and 13); the fixed time of revision 15 is taken per bucket's
+collective (the profiles: 3.6-5.3 ms per collective on megatron-core's count); the first
+bucket's gather that the first forward waits for, the backward's work before the first bucket's
+gradients are ready and the forward's after the last bucket's parameters arrive are the buckets'
+shares of the chunk's parameters (they had been 1 / buckets: the embedding's bucket is 77 % of
+tiny_cpu_gb200's first chunk), the last bucket's reduce-scatter starting when the backward ends;
+and the default bucket size grows with the DP group without CP, as megatron-core's (1M x DP x CP
+before)."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -244,9 +254,9 @@ class Fitted:
     waiting, the published one: the transport then carries it, as before model revision 11)."""
     shared_core_dp_s: float | None = None
     """Where ranks share cores (`core_share` > 1): the time a chunk's DP gradient reduce-scatter,
-    and again its parameter all-gather, take beyond their latency and bytes, once per chunk (the
-    planner's bucket count is not megatron-core's yet: model revision 15's note) (planner
-    comm.dp_reduce_s, comm.dp_gather_s): the turns a synchronous
+    and again its parameter all-gather, take beyond their latency and bytes, per bucket of
+    megatron-core's layout (planner comm.dp_reduce_s, comm.dp_gather_s; once per chunk under
+    model revision 15): the turns a synchronous
     collective waits for on cores its ranks' core-mates also run. Fitted where a joint fit has
     layouts whose ranks each have a core, which give the bytes' rate, and a layout with DP whose
     ranks share cores (calibrate/joint.py `_shared_link`: TP2 x DP2 next to TP2 and DP2 on the
