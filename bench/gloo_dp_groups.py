@@ -25,9 +25,15 @@ comparison is the result, not any figure alone. With `--scales` (model revision 
 reduce-scatter and the all-gather apart at each given share of the buffer (1/8 to 2x, say) and
 prints per layout the least-squares line of their sum against the bytes each rank sends
 ((n - 1) / n of its buffer, each way): the time that does not grow with the bytes (ms) and the
-time per MB a rank sends. Never part of `make test`.
+time per MB a rank sends. With `--busy K` (after the tenth set, 2026-12-07) each rank launches K
+reduce-scatters then K all-gathers of `--bucket` elements asynchronously, as DDP's overlapped
+buckets do, once on quiet cores and once while every rank computes (the tiny model's FC1 GEMM in a
+loop on a second thread until its collectives are done, on the core the rank is pinned to): it prints per layout the
+slowest rank's time per collective each way and their ratio, a collective's cost in training
+against on quiet cores. Never part of `make test`.
 
     .venv/bin/python bench/gloo_dp_groups.py [--ops 20] [--params 1787008] [--scales 0.125,1,2]
+                                             [--busy 13 --bucket 70000]
 """
 from __future__ import annotations
 
@@ -38,6 +44,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -47,7 +54,38 @@ LAYOUTS = {  # name: (tp, pp, dp, the buffer's share of the parameters)
     "PP2xDP2": (1, 2, 2, 0.5)}
 
 
-def worker(name: str, ops: int, params: int, scales: list[float]) -> None:
+def overlapped(group, dp: int, k: int, bucket: int, busy: bool) -> float:
+    """ms per collective of K async reduce-scatters then K async all-gathers of `bucket`
+    elements, waited for at the end (quiet) or while this rank runs GEMMs until they are done."""
+    import torch
+    import torch.distributed as dist
+    n = max(dp * 64, bucket // (dp * 64) * dp * 64)
+    bufs = [torch.ones(n) for _ in range(k)]
+    shards = [torch.empty(n // dp) for _ in range(k)]
+    x, w = torch.randn(256, 128), torch.randn(128, 704)     # the tiny model's FC1, one sequence
+    stop = threading.Event()
+
+    def compute() -> None:      # a gloo work's is_completed() stays False until waited for
+        while not stop.is_set():
+            x @ w
+    dist.barrier()
+    t0 = time.perf_counter()
+    th = threading.Thread(target=compute) if busy else None
+    if th is not None:
+        th.start()
+    for launch in (lambda b, s: dist.reduce_scatter_tensor(s, b, group=group, async_op=True),
+                   lambda b, s: dist.all_gather_into_tensor(b, s, group=group, async_op=True)):
+        for h in [launch(b, sh) for b, sh in zip(bufs, shards)]:
+            h.wait()
+    t = (time.perf_counter() - t0) / (2 * k) * 1e3
+    stop.set()
+    if th is not None:
+        th.join()
+    return t
+
+
+def worker(name: str, ops: int, params: int, scales: list[float], busy: int = 0,
+           bucket: int = 70_000) -> None:
     import torch
     import torch.distributed as dist
 
@@ -71,6 +109,12 @@ def worker(name: str, ops: int, params: int, scales: list[float]) -> None:
         for _ in range(ops):
             fn()
         return (time.perf_counter() - t0) / ops * 1e3
+    if busy:
+        for mode in ("quiet", "busy") * ops:
+            print(f"busy {name} {mode} rank {rank} ms "
+                  f"{overlapped(group, dp, busy, bucket, mode == 'busy'):.4f}", flush=True)
+        dist.destroy_process_group()
+        return
     for scale in scales or [1.0]:
         n = int(params * share * scale) // (dp * 64) * dp * 64   # divisible by the group
         buf, shard = torch.ones(n), torch.empty(n // dp)
@@ -96,7 +140,8 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _ranks(name: str, ops: int, params: int, scales: list[float]) -> list[str]:
+def _ranks(name: str, ops: int, params: int, scales: list[float],
+           extra: tuple[str, ...] = ()) -> list[str]:
     """The lines the ranks of layout `name` printed."""
     tp, pp, dp, _ = LAYOUTS[name]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
@@ -104,7 +149,7 @@ def _ranks(name: str, ops: int, params: int, scales: list[float]) -> list[str]:
                         f"--nproc_per_node={tp * pp * dp}", f"--master_port={_port()}",
                         "--master_addr=127.0.0.1", __file__, "--worker", name,
                         "--ops", str(ops), "--params", str(params),
-                        "--scales", ",".join(map(str, scales))],
+                        "--scales", ",".join(map(str, scales)), *extra],
                        env=env, capture_output=True, text=True)
     if r.returncode:
         sys.exit(f"{name}: the ranks failed:\n{r.stderr[-3000:]}")
@@ -130,6 +175,29 @@ def run_scales(name: str, ops: int, params: int, scales: list[float]) -> dict:
     if set(scales) - set(out):
         sys.exit(f"{name}: a share of the buffer is missing from the ranks' output:\n{text[-2000:]}")
     return out
+
+
+def main_busy(ops: int, rounds: int, k: int, bucket: int) -> None:
+    """`--busy`: per layout, the slowest rank's ms per overlapped collective, quiet and while
+    the ranks compute (median over the rounds of each round's median over `ops` repeats)."""
+    got: dict[str, dict[str, list[float]]] = {n: {"quiet": [], "busy": []} for n in LAYOUTS}
+    for _ in range(rounds):
+        for name in LAYOUTS:
+            text = "\n".join(_ranks(name, ops, 0, [], ("--busy", str(k), "--bucket", str(bucket))))
+            per: dict[tuple[str, int], list[float]] = {}
+            for m in re.finditer(r"busy \S+ (quiet|busy) rank (\d+) ms ([0-9.]*\d)", text):
+                per.setdefault((m[1], int(m[2])), []).append(float(m[3]))
+            for mode in ("quiet", "busy"):
+                ranks = [statistics.median(v) for (md, _), v in per.items() if md == mode]
+                if not ranks:
+                    sys.exit(f"{name}: no {mode} figure in the ranks' output:\n{text[-2000:]}")
+                got[name][mode].append(max(ranks))
+    print(f"{k} reduce-scatters then {k} all-gathers of {bucket:,} FP32 elements, async "
+          f"(median of {rounds} rounds of {ops}, the slowest rank)")
+    print(f"{'layout':9s} {'quiet ms':>9s} {'computing ms':>13s} {'ratio':>6s}")
+    for name, g in got.items():
+        q, b = statistics.median(g["quiet"]), statistics.median(g["busy"])
+        print(f"{name:9s} {q:9.2f} {b:13.2f} {b / q:6.2f}")
 
 
 def line_fit(points: list[tuple[float, float]]) -> tuple[float, float]:
@@ -180,6 +248,11 @@ def main() -> int:
     ap.add_argument("--scales", default="",
                     help="shares of the buffer, comma-separated: time the reduce-scatter and "
                          "the all-gather apart at each and fit a line per layout")
+    ap.add_argument("--busy", type=int, default=0,
+                    help="K: time K overlapped bucket collectives each way, quiet and while "
+                         "the ranks compute")
+    ap.add_argument("--bucket", type=int, default=70_000,
+                    help="elements per bucket with --busy (the tiny GB200 chunk's mean)")
     ap.add_argument("--worker", default="", help=argparse.SUPPRESS)
     a = ap.parse_args()
     try:
@@ -187,7 +260,13 @@ def main() -> int:
     except ValueError:
         sys.exit(f"--scales {a.scales!r}: give shares of the buffer, e.g. 0.125,0.5,1,2")
     if a.worker:
-        worker(a.worker, a.ops, a.params, scales)
+        worker(a.worker, a.ops, a.params, scales, a.busy, a.bucket)
+        return 0
+    if a.busy:
+        if a.busy < 1 or a.bucket < 1:
+            sys.exit("--busy and --bucket: positive counts")
+        main_busy(a.ops, a.rounds, a.busy, a.bucket)
+        print(f"{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f}")
         return 0
     if scales:
         if len(set(scales)) < 2 or min(scales) <= 0:
