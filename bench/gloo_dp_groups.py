@@ -28,9 +28,9 @@ prints per layout the least-squares line of their sum against the bytes each ran
 time per MB a rank sends. With `--busy K` (after the tenth set, 2026-12-07) each rank launches K
 reduce-scatters then K all-gathers of `--bucket` elements asynchronously, as DDP's overlapped
 buckets do, once on quiet cores and once while every rank computes (the tiny model's FC1 GEMM in a
-loop on a second thread until its collectives are done, on the core the rank is pinned to): it prints per layout the
-slowest rank's time per collective each way and their ratio, a collective's cost in training
-against on quiet cores. Never part of `make test`.
+loop on a second thread until its collectives are done, on the core the rank is pinned to): it
+prints per layout the slowest rank's time per collective each way and their ratio, a collective's
+cost in training against on quiet cores. Never part of `make test`.
 
     .venv/bin/python bench/gloo_dp_groups.py [--ops 20] [--params 1787008] [--scales 0.125,1,2]
                                              [--busy 13 --bucket 70000]
@@ -65,7 +65,9 @@ def overlapped(group, dp: int, k: int, bucket: int, busy: bool) -> float:
     x, w = torch.randn(256, 128), torch.randn(128, 704)     # the tiny model's FC1, one sequence
     stop = threading.Event()
 
-    def compute() -> None:      # a gloo work's is_completed() stays False until waited for
+    # on a second thread, the main one waiting: polling is_completed() between GEMMs on the main
+    # thread never saw the works complete here (the run hung)
+    def compute() -> None:
         while not stop.is_set():
             x @ w
     dist.barrier()

@@ -104,7 +104,7 @@ TP2 x DP2 (megatron-core: 4 and 13); the fixed time of revision 15 is taken per 
 collective (the profiles: 3.6-5.3 ms per collective on megatron-core's count); the first
 bucket's gather that the first forward waits for, the backward's work before the first bucket's
 gradients are ready and the forward's after the last bucket's parameters arrive are the buckets'
-shares of the chunk's parameters (they had been 1 / buckets: the embedding's bucket is 77 % of
+shares of the chunk's parameters (they had been 1 / buckets: the embedding's bucket is 76 % of
 tiny_cpu_gb200's first chunk), the last bucket's reduce-scatter starting when the backward ends;
 and the default bucket size grows with the DP group without CP, as megatron-core's (1M x DP x CP
 before)."""
