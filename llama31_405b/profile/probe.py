@@ -38,13 +38,13 @@ Model revision 8 adds the FFN's up-projection as one linear layer, forward and b
 (precision/linear.py `nvfp4_linear`, its default recipe, on BF16 operands as an NVFP4 run's
 parameters are): what the emulation's quantisation adds to a linear layer on this CPU.
 
-From 2026-12-07 06:00 UTC (under model revision 16; the model is unchanged, the probe's figures
+From 2026-12-07 05:20 UTC (under model revision 16; the model is unchanged, the probe's figures
 are measurements a summary keeps) the three linears ("ffn_*") are timed in bursts of `BURST`
 calls back to back,
 keeping the fastest call: alone among the probe's operations, the emulated NVFP4 linear (some
 twenty small operations around its GEMM) ran 1.3-2.0x the FP32 linear when called once after
 the other operations (the probes of the proof's fit layouts, 2026-12-07: 1.44-2.32 ms against
-0.74-1.46 ms) and 1.2x when called again at once (a standalone probe, 2026-12-07 05:45 UTC), and
+0.74-1.46 ms) and 1.2x when called again at once (a standalone probe, 2026-12-07 05:17 UTC), and
 a training step runs it as the latter: tiny_cpu_gb200 at DP2 with microbatches of 2 spent 7 ms
 a step in its quantisation (its "other" compute 13.1-13.5 ms against 5.8-6.5 ms with BF16
 linears, one profile each, 8 steps), where the single-call ratio priced 59 ms and the burst's
