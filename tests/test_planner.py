@@ -359,3 +359,19 @@ def test_other_systems_predict():
     assert all(p.tp * p.pp * p.cp > 8 for p in h100 if p.fits)  # 405B: pipelines span nodes
     gb300 = published_layout(128, 8, system="gb300-nvl72")
     assert gb300.step_time_s < published_layout(128, 8).step_time_s  # 1.5x NVFP4 peak
+
+
+def test_activations_on_the_wire_take_the_parameters_bytes():
+    """TP's collectives and the pipeline's sends carry activations in the parameters' dtype (the
+    model builder's `params_dtype` and `pipeline_dtype`): the CPU's FP32 tiny runs send twice
+    the bytes of a BF16 run of the same shape (model revision 17); the GPU configs stay BF16."""
+    from llama31_405b.config.load import load_config
+    from llama31_405b.planner import comm
+    fp32 = load_config(REPO / "configs" / "tiny_cpu.toml")
+    bf16 = replace(fp32, precision=replace(fp32.precision, params="bf16"))
+    a, b = Context.of(fp32), Context.of(bf16)
+    assert comm.act_bytes(a) == 4.0 and comm.act_bytes(b) == 2.0
+    assert comm.tp_bytes(a) == 2 * comm.tp_bytes(b) == a.tokens * a.model.hidden_size * 4.0
+    assert comm.p2p_bytes(a) == 2 * comm.p2p_bytes(b)
+    gpu = Context.of(make_config(GB200, 128, tp=4, pp=8, vp=8, cp=2, minibs=8))
+    assert gpu.cfg.precision.params == "bf16" and comm.act_bytes(gpu) == comm.ACT_BYTES == 2.0

@@ -19,6 +19,16 @@ from .topology import (NVLINK, bandwidth, collective_s, cp_span, dp_cp_span, gro
                        p2p_link, tp_span)
 
 ACT_BYTES = 2.0  # BF16 activations on the wire
+
+
+def act_bytes(ctx: Context) -> float:
+    """Bytes of one activation element on the wire (TP, CP, pipeline sends): the parameters'
+    dtype, which the model builder gives megatron-core 0.19.2 as `params_dtype` and
+    `pipeline_dtype` (`TransformerConfig`; the embedding's output and every layer's activations
+    are in it, the low-precision recipes quantize only inside the linears): 4 bytes for the CPU's
+    FP32 runs, 2 (BF16) for every GPU config. Model revision 17: the CPU's FP32 runs had been
+    priced at 2 bytes, half what they send."""
+    return 4.0 if ctx.cfg.precision.params == "fp32" else ACT_BYTES
 TP_FORWARD = 4
 """TP collectives of one layer's forward (sequence parallel: 2 all-gathers + 2 reduce-scatters;
 without it 2 all-reduces, each counted as two)."""
@@ -33,7 +43,7 @@ def tp_collectives_per_layer(ctx: Context) -> int:
 
 def tp_bytes(ctx: Context) -> float:
     """Bytes each GPU gathers or scatters in one TP collective (the full activation)."""
-    return ctx.tokens * ctx.model.hidden_size * ACT_BYTES
+    return ctx.tokens * ctx.model.hidden_size * act_bytes(ctx)
 
 
 def tp_collective_s(ctx: Context, fit: Fitted) -> float:
@@ -63,7 +73,7 @@ def cp_layer_s(ctx: Context, attention_s: float, fit: Fitted) -> tuple[float, fl
         return 0.0, 0.0
     m = ctx.model
     kv_heads = max(m.num_query_groups // ctx.tp, 1)
-    kv = ctx.tokens * 2 * kv_heads * m.kv_channels * ACT_BYTES
+    kv = ctx.tokens * 2 * kv_heads * m.kv_channels * act_bytes(ctx)
     sp = cp_span(ctx)
     bw = bandwidth(ctx, group_link(sp), fit.nvlink_bus_efficiency)
     steps = ctx.cp - 1
@@ -77,7 +87,7 @@ def cp_layer_s(ctx: Context, attention_s: float, fit: Fitted) -> tuple[float, fl
 def p2p_bytes(ctx: Context) -> float:
     """One pipeline send (with sequence parallelism each TP rank sends its 1/TP shard)."""
     shard = ctx.tp if ctx.cfg.parallel.sequence_parallel else 1
-    return ctx.tokens * ctx.model.hidden_size * ACT_BYTES / shard
+    return ctx.tokens * ctx.model.hidden_size * act_bytes(ctx) / shard
 
 
 def p2p_s(ctx: Context, rank: int, fit: Fitted) -> float:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-MODEL_REVISION = 16
+MODEL_REVISION = 17
 """The calibrated model's revision: raised whenever the same measurements give other constants
 or predictions. A table derived from measurements (bench/planner_proof: docs/planner_proof/)
 records the revision that derived it and re-derives under that revision's code only.
@@ -107,7 +107,14 @@ gradients are ready and the forward's after the last bucket's parameters arrive 
 shares of the chunk's parameters (they had been 1 / buckets: the embedding's bucket is 76 % of
 tiny_cpu_gb200's first chunk), the last bucket's reduce-scatter starting when the backward ends;
 and the default bucket size grows with the DP group without CP, as megatron-core's (1M x DP x CP
-before)."""
+before). 17: an activation on the wire (TP's collectives, CP's ring, the pipeline's sends) takes
+the parameters' bytes (`comm.act_bytes`: 4 for the CPU's FP32 runs, as megatron-core is given
+`params_dtype` and `pipeline_dtype`), where every run had been priced at BF16's 2 (the GPU
+configs, all BF16, are unchanged; the proof's TP2 fit then takes its latency from 128 KB
+all-reduces, not 64 KB). Under revision 17 the CPU profile's precision probe also times its
+linears in bursts (profile/probe.py `BURST`; a measurement, so the summaries of earlier runs
+re-derive as they were): the emulated NVFP4 quantisation had been priced 59 ms a step where
+tiny_cpu_gb200 at DP2 with microbatches of 2 spent 7 (docs/planner_proof/quantisation/)."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
