@@ -9,11 +9,16 @@ about 7 MB). The TP collectives of larger microbatches (256 KB at 2, 512 KB at 4
 their prediction on 2 ranks (docs/planner.md, "Where it stands"): this measures the curve between
 the two sizes without a model, against the line through its two ends that such a fit draws.
 
+With `--dtype bf16` (after the eleventh set, 2026-12-07) the messages are BF16 (twice the elements
+for the same bytes): the GB200 settings' TP all-reduces and gradient buckets are BF16, and their
+TP at 2 ranks with microbatches of 4 took 1.82x the prediction that FP32 fit layouts drew.
+
 Prints per size the time of one all-reduce (median over `--ops`, the slower rank's, each round),
 the line through the `--low` and `--high` sizes (latency + bytes / bandwidth) and measured / line:
 the comparison is the result, not any figure alone. Never part of `make test`.
 
     .venv/bin/python bench/gloo_sizes.py [--ops 40] [--rounds 2] [--low 131072] [--high 7340032]
+                                         [--dtype fp32|bf16]
 """
 from __future__ import annotations
 
@@ -34,7 +39,7 @@ SIZES = [32 << 10, 64 << 10, 128 << 10, 256 << 10, 512 << 10, 1 << 20, 2 << 20, 
 1, 2 and 4 is 128, 256 and 512 KB; its gradient buffer about 7 MB."""
 
 
-def worker(ops: int) -> None:
+def worker(ops: int, dtype: str) -> None:
     import torch
     import torch.distributed as dist
 
@@ -44,7 +49,8 @@ def worker(ops: int) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     for size in SIZES:
-        buf = torch.ones(size // 4)
+        buf = (torch.ones(size // 4) if dtype == "fp32"
+               else torch.ones(size // 2, dtype=torch.bfloat16))
         dist.all_reduce(buf)                 # one untimed first (allocations, caches)
         times = []
         for _ in range(ops):
@@ -56,12 +62,12 @@ def worker(ops: int) -> None:
     dist.destroy_process_group()
 
 
-def run(ops: int) -> dict[int, float]:
+def run(ops: int, dtype: str = "fp32") -> dict[int, float]:
     """Per size the slower rank's median all-reduce, ms."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
                         f"--master_port={_port()}", "--master_addr=127.0.0.1", __file__,
-                        "--worker", "--ops", str(ops)], env=env, capture_output=True, text=True)
+                        "--worker", "--ops", str(ops), "--dtype", dtype], env=env, capture_output=True, text=True)
     if r.returncode:
         sys.exit(f"the ranks failed:\n{r.stderr[-3000:]}")
     out: dict[int, float] = {}
@@ -84,17 +90,19 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2, help="the whole sweep this many times")
     ap.add_argument("--low", type=int, default=128 << 10, help="the line's small end (bytes)")
     ap.add_argument("--high", type=int, default=7 << 20, help="the line's large end (bytes)")
+    ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+                    help="the messages' element type (the same bytes either way)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
-        worker(a.ops)
+        worker(a.ops, a.dtype)
         return 0
     if a.low not in SIZES or a.high not in SIZES or a.low >= a.high:
         sys.exit(f"--low and --high must be two of the sizes {SIZES}, the low one first")
-    rounds = [run(a.ops) for _ in range(a.rounds)]
+    rounds = [run(a.ops, a.dtype) for _ in range(a.rounds)]
     med = {s: statistics.median(r[s] for r in rounds) for s in SIZES}
     lat, per_byte = line_through(med, a.low, a.high)
-    print(f"line through {a.low} and {a.high} bytes: {lat:.3f} ms + {per_byte * 1e6:.3f} ms/MB")
+    print(f"{a.dtype} messages; line through {a.low} and {a.high} bytes: {lat:.3f} ms + {per_byte * 1e6:.3f} ms/MB")
     line = {s: lat + per_byte * s for s in SIZES}
     rows = [f"{'bytes':>9s} {'ms (each round)':>20s} {'line ms':>8s} {'measured / line':>16s}"]
     rows += [f"{s:9d} {', '.join(f'{r[s]:7.3f}' for r in rounds):>20s} "
