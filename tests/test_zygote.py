@@ -46,6 +46,17 @@ def test_a_failing_rank_is_reported_and_the_others_killed():
         zygote.spawn(zygote_probe.fail_on_one, (), 2, timeout=300, check=True)
 
 
+def test_the_first_failure_is_the_earliest_not_the_first_exit():
+    """A rank whose process outlives its failure (a slow teardown) is still the one that failed
+    first: `make test` in a fresh clone once read "rank 2 failed first" where rank 2 had only
+    seen rank 1's sockets close and exited before rank 1's process ended."""
+    r = zygote.spawn(zygote_probe.fail_first_exit_last, (), 3, timeout=60)
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 1 and "rank 1 failed first (exit status 1)" in last, last
+    assert "also failed: [(2, 'exit status 1')]" in last
+    assert "first failure, on rank 1" in r.stderr and "second failure, on rank 2" in r.stderr
+
+
 def test_a_hanging_rank_is_killed_at_the_timeout():
     r = zygote.spawn(zygote_probe.hang, (), 2, timeout=5)
     assert r.returncode == 124 and "timed out after 5 s: ranks [0] still running" in r.stderr

@@ -182,9 +182,25 @@ def _child(entry, args, pass_rank: bool, rank: int, env: dict, cwd: str, logs: s
         fn = getattr(mod, func)
     else:
         fn = entry
-    rc = fn(rank, *args) if pass_rank else fn()
+    try:
+        rc = fn(rank, *args) if pass_rank else fn()
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            _mark_failed(logs, rank)
+        raise
+    except BaseException:
+        _mark_failed(logs, rank)
+        raise
     if isinstance(rc, int) and not isinstance(rc, bool) and rc != 0:
+        _mark_failed(logs, rank)
         sys.exit(rc)
+
+
+def _mark_failed(logs: str, rank: int) -> None:
+    """When a rank failed, on the system-wide monotonic clock: which rank failed first is the
+    earliest such time, not the first exit the harness sees (a peer that sees the failing rank's
+    sockets close can exit before that rank's own teardown ends)."""
+    Path(f"{logs}/{rank}.failed").write_text(repr(time.monotonic()))
 
 
 def _kill(p) -> None:
@@ -249,6 +265,10 @@ def spawn(entry, args=(), nprocs: int = 1, *, pass_rank: bool = True, launcher: 
             if p.exitcode is None:
                 _kill(p)
                 p.join()
+        marks = {r: float(t) for r in range(len(procs)) if (t := _read(f"{logs}/{r}.failed"))}
+        marked = [r for r in marks if r not in killed and procs[r].exitcode not in (None, 0)]
+        if first_fail is not None and marked:
+            first_fail = (min(marked, key=lambda r: marks[r]), first_fail[1])
         ranks = [Rank(r, None if r in killed else procs[r].exitcode, _read(f"{logs}/{r}.out"),
                       _read(f"{logs}/{r}.err"),
                       json.loads(_read(f"{logs}/{r}.pre") or "[]")) for r in range(len(procs))]

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -39,6 +40,17 @@ def fail_on_one(rank: int) -> None:
         print("rank 1 about to fail", file=sys.stderr, flush=True)
         raise ValueError("boom on rank 1")
     dist.barrier()
+
+
+def fail_first_exit_last(rank: int) -> None:
+    """Rank 1 fails first but its process ends last (a thread that is not a daemon holds it 3 s,
+    as a slow teardown would); rank 2 fails a second later and ends at once."""
+    if rank == 1:
+        threading.Thread(target=time.sleep, args=(3,)).start()
+        raise ValueError("first failure, on rank 1")
+    if rank == 2:
+        time.sleep(1)
+        raise RuntimeError("second failure, on rank 2")
 
 
 def hang(rank: int) -> None:
