@@ -38,19 +38,21 @@ Model revision 8 adds the FFN's up-projection as one linear layer, forward and b
 (precision/linear.py `nvfp4_linear`, its default recipe, on BF16 operands as an NVFP4 run's
 parameters are): what the emulation's quantisation adds to a linear layer on this CPU.
 
-From 2026-12-07 05:20 UTC (under model revision 16; the model is unchanged, the probe's figures
-are measurements a summary keeps) the three linears ("ffn_*") are timed in bursts of `BURST`
-calls back to back,
-keeping the fastest call: alone among the probe's operations, the emulated NVFP4 linear (some
-twenty small operations around its GEMM) ran 1.3-2.0x the FP32 linear when called once after
-the other operations (the probes of the proof's fit layouts, 2026-12-07: 1.44-2.32 ms against
-0.74-1.46 ms) and 1.2x when called again at once (a standalone probe, 2026-12-07 05:17 UTC), and
-a training step runs it as the latter: tiny_cpu_gb200 at DP2 with microbatches of 2 spent 7 ms
-a step in its quantisation (its "other" compute 13.1-13.5 ms against 5.8-6.5 ms with BF16
-linears, one profile each, 8 steps), where the single-call ratio priced 59 ms and the burst's
-about 17. The other operations keep single calls: the elementwise work's BF16 / FP32 ratio was
-1.0 single and 1.35 in bursts, and a training step's (the norms, SwiGLU and the rest of the
-attention per layer and microbatch, tiny_cpu at DP2 against tiny_cpu_gb200 at DP2) about 0.97.
+From 2026-12-07 05:20 UTC (with model revision 17; the probe's figures are measurements a
+summary keeps, so earlier runs re-derive as they were) the three linears ("ffn_*") are timed in
+bursts of `BURST` calls back to back, keeping the fastest call: alone among the probe's
+operations, the emulated NVFP4 linear (some twenty small operations around its GEMM) ran
+1.5-2.1x the FP32 linear when called once after the other operations (the probes of the proof's
+fit layouts, 2026-12-07: 1.39-2.32 ms against 0.74-1.46 ms) and 1.2-1.3x when called again at
+once (a standalone probe, 2026-12-07 05:17 UTC), nearer what a training step pays:
+tiny_cpu_gb200 at DP2 with microbatches of 2 spent 7 ms a step in the quantisation's operations
+(`compute.other` 13.1-13.5 ms against 5.8-6.5 ms with BF16 linears, one profile each, 8 steps),
+where the single-call ratio of the fit layouts priced 59 ms and a burst's prices 13-23 (the
+emulation's Python shows as host time, which this does not price). The other operations keep
+single calls: the elementwise work's BF16 / FP32 ratio was 1.0-1.1 single and 1.3-1.45 in
+bursts, and a training step's (the norms, SwiGLU and the rest of the attention per layer pass,
+tiny_cpu at DP2 against tiny_cpu_gb200 at DP2) 0.96-0.97. The evidence:
+docs/planner_proof/quantisation/2026-12-07T0514Z/.
 
 The first version (model revision 6 as first committed, 2cbbc97: the proof runs T1815Z and
 T1846Z and the fourth set of layouts ran it) timed the attention without the query groups'
