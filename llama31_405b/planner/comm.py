@@ -26,8 +26,8 @@ def act_bytes(ctx: Context) -> float:
     dtype, which the model builder gives megatron-core 0.19.2 as `params_dtype` and
     `pipeline_dtype` (`TransformerConfig`; the embedding's output and every layer's activations
     are in it, the low-precision recipes quantize only inside the linears): 4 bytes for the CPU's
-    FP32 runs, 2 (BF16) for every GPU config. Model revision 17: the CPU's FP32 runs had been
-    priced at 2 bytes, half what they send."""
+    FP32 runs, 2 for BF16 parameters (every GPU config, and tiny_cpu_gb200 on the CPU). Model
+    revision 17: the CPU's FP32 runs had been priced at 2 bytes, half what they send."""
     return 4.0 if ctx.cfg.precision.params == "fp32" else ACT_BYTES
 TP_FORWARD = 4
 """TP collectives of one layer's forward (sequence parallel: 2 all-gathers + 2 reduce-scatters;
