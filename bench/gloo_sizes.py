@@ -67,7 +67,8 @@ def run(ops: int, dtype: str = "fp32") -> dict[int, float]:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
                         f"--master_port={_port()}", "--master_addr=127.0.0.1", __file__,
-                        "--worker", "--ops", str(ops), "--dtype", dtype], env=env, capture_output=True, text=True)
+                        "--worker", "--ops", str(ops), "--dtype", dtype],
+                       env=env, capture_output=True, text=True)
     if r.returncode:
         sys.exit(f"the ranks failed:\n{r.stderr[-3000:]}")
     out: dict[int, float] = {}
@@ -102,7 +103,8 @@ def main() -> int:
     rounds = [run(a.ops, a.dtype) for _ in range(a.rounds)]
     med = {s: statistics.median(r[s] for r in rounds) for s in SIZES}
     lat, per_byte = line_through(med, a.low, a.high)
-    print(f"{a.dtype} messages; line through {a.low} and {a.high} bytes: {lat:.3f} ms + {per_byte * 1e6:.3f} ms/MB")
+    print(f"{a.dtype} messages; line through {a.low} and {a.high} bytes: {lat:.3f} ms + "
+          f"{per_byte * 1e6:.3f} ms/MB")
     line = {s: lat + per_byte * s for s in SIZES}
     rows = [f"{'bytes':>9s} {'ms (each round)':>20s} {'line ms':>8s} {'measured / line':>16s}"]
     rows += [f"{s:9d} {', '.join(f'{r[s]:7.3f}' for r in rounds):>20s} "

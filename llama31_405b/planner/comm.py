@@ -29,6 +29,8 @@ def act_bytes(ctx: Context) -> float:
     FP32 runs, 2 for BF16 parameters (every GPU config, and tiny_cpu_gb200 on the CPU). Model
     revision 17: the CPU's FP32 runs had been priced at 2 bytes, half what they send."""
     return 4.0 if ctx.cfg.precision.params == "fp32" else ACT_BYTES
+
+
 TP_FORWARD = 4
 """TP collectives of one layer's forward (sequence parallel: 2 all-gathers + 2 reduce-scatters;
 without it 2 all-reduces, each counted as two)."""

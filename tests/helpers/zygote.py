@@ -184,12 +184,9 @@ def _child(entry, args, pass_rank: bool, rank: int, env: dict, cwd: str, logs: s
         fn = entry
     try:
         rc = fn(rank, *args) if pass_rank else fn()
-    except SystemExit as e:
-        if e.code not in (None, 0):
+    except BaseException as e:  # an exit with status 0 is no failure
+        if not (isinstance(e, SystemExit) and e.code in (None, 0)):
             _mark_failed(logs, rank)
-        raise
-    except BaseException:
-        _mark_failed(logs, rank)
         raise
     if isinstance(rc, int) and not isinstance(rc, bool) and rc != 0:
         _mark_failed(logs, rank)
