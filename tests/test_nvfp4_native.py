@@ -163,3 +163,22 @@ def test_the_flags_keep_ieee_arithmetic():
     (y + C) - C, which would change the rounding (the exactness of the kernel rests on it)."""
     assert "-ffp-contract=off" in native.FLAGS and "-fno-fast-math" in native.FLAGS
     assert not any(f.startswith(("-Ofast", "-ffast-math", "-funsafe")) for f in native.FLAGS)
+
+
+def test_the_kernels_calls_are_annotated_for_the_profile_only_while_it_runs():
+    """A profile counts the kernel's calls as compute (profile/attribution.py KERNEL_PREFIX): the
+    emulated linear's forward and backward each annotate their kernel calls under a profiler,
+    and the Python of the autograd Function around them (host time) is left unannotated."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from llama31_405b.precision.linear import nvfp4_linear
+    from llama31_405b.profile.attribution import KERNEL_PREFIX
+    x = torch.randn(32, 64, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(48, 64, dtype=torch.bfloat16, requires_grad=True)
+    nvfp4_linear(x, w).sum().backward()          # unprofiled: no annotation, nothing recorded
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        nvfp4_linear(x, w).sum().backward()
+    names = [e.key for e in prof.key_averages()]
+    kernels = {n for n in names if n.startswith(KERNEL_PREFIX)}
+    assert {KERNEL_PREFIX + "nvfp4_block_amax", KERNEL_PREFIX + "nvfp4_rowcol"} <= kernels
+    assert "NVFP4LinearFunction" in names and "NVFP4LinearFunctionBackward" in names

@@ -104,6 +104,24 @@ def test_host_gap_between_ops():
     assert st.compute == {"gemm_other": approx(200e-6)}
 
 
+def test_a_c_kernels_annotated_call_is_compute_and_its_functions_python_host():
+    """The emulated NVFP4 quantisation's C kernel runs inside an autograd Function, outside aten:
+    its annotated calls (attribution.KERNEL_PREFIX) are compute of the role they ran in, the
+    Function's own time host time, and a collective between the calls communication."""
+    _, st = analyse([
+        step(0, 1000),
+        ev("role:ffn_up", 0, 600, cat="user_annotation"),
+        ev("NVFP4LinearFunction", 0, 600),
+        ev("kernel::nvfp4_block_amax", 50, 100, cat="user_annotation"),
+        ev("c10d::allreduce_", 160, 40),
+        ev("kernel::nvfp4_rowcol", 250, 150, cat="user_annotation"),
+        ev("aten::mm", 450, 100),
+        ev("kernel::elsewhere", 700, 100, cat="cpu_op"),   # only annotations name a kernel
+    ])
+    assert st.compute == {"other": approx(250e-6), "gemm_ffn_up": approx(100e-6)}
+    assert st.host_gap_s == approx(1000e-6 - 350e-6)
+
+
 def test_self_time_and_backward_gemm_by_sequence_number():
     """Compute is aten's self time; a backward GEMM takes the role of its forward op."""
     # forward: FFN down linear (seq 7) with its mm; backward node of seq 7 with two mms

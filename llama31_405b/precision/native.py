@@ -13,6 +13,7 @@ no cache to go stale.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import shutil
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from ..profile.attribution import KERNEL_PREFIX
 from .rounding import scratch
 
 if TYPE_CHECKING:
@@ -44,6 +46,17 @@ exceptions are not observed; no value changes); -march=native: built where it ru
 
 ENABLED = True
 """nvfp4 uses the kernel when it can be built (tests switch it off to compare)."""
+
+
+
+def _annotated(name: str) -> contextlib.AbstractContextManager[object]:
+    """A profiler annotation around one kernel call (`attribution.KERNEL_PREFIX`: the profile
+    counts its time as compute; without it, as host time, for aten never sees the call); no
+    annotation when no profiler runs (4 us a call, against 0.05 for the check)."""
+    if torch.autograd._profiler_enabled():
+        return torch.autograd.profiler.record_function(KERNEL_PREFIX + name)
+    return contextlib.nullcontext()
+
 
 _LOCK = threading.Lock()
 _STATE: dict[str, object] = {}
@@ -118,8 +131,11 @@ def rowcol(kern: Kernel, x2d: torch.Tensor, work: RowColWork, out: torch.Tensor,
     rows, cols = x2d.shape
     xp, (amax_row, amax_col, s_b, enc) = x2d.data_ptr(), work.pointers
     nt = torch.get_num_threads()
-    amax, k, s_dec = encode(kern.block_amax(xp, rows, cols, amax_row, amax_col, nt))
-    kern.rowcol(xp, rows, cols, amax_row, k, s_dec, s_b, enc, out.data_ptr(), nt)
+    with _annotated("nvfp4_block_amax"):
+        bits = kern.block_amax(xp, rows, cols, amax_row, amax_col, nt)
+    amax, k, s_dec = encode(bits)    # outside: it may all-reduce the amax (communication)
+    with _annotated("nvfp4_rowcol"):
+        kern.rowcol(xp, rows, cols, amax_row, k, s_dec, s_b, enc, out.data_ptr(), nt)
     return amax
 
 
@@ -135,6 +151,9 @@ def rowwise(kern: Kernel, x2d: torch.Tensor, out_slot: str | None, encode: Encod
     out = (scratch(out_slot, (rows, cols), torch.float32, dev) if out_slot
            else torch.empty(rows, cols, device=dev))
     xp, ap, nt = x2d.data_ptr(), amax_b.data_ptr(), torch.get_num_threads()
-    amax, k, s_dec = encode(kern.block_amax(xp, rows, cols, ap, None, nt))
-    kern.row(xp, rows, cols, ap, k, s_dec, s_b.data_ptr(), enc.data_ptr(), out.data_ptr(), nt)
+    with _annotated("nvfp4_block_amax"):
+        bits = kern.block_amax(xp, rows, cols, ap, None, nt)
+    amax, k, s_dec = encode(bits)
+    with _annotated("nvfp4_row"):
+        kern.row(xp, rows, cols, ap, k, s_dec, s_b.data_ptr(), enc.data_ptr(), out.data_ptr(), nt)
     return out, amax

@@ -181,11 +181,16 @@ def _forward_roles(events) -> dict:
 
 def _host_label(e, ctx) -> str | None:
     """Compute category of a CPU trace's op self time; None for host time that is not compute.
-    Compute is the self time of aten's operators (the CPU's kernels); the self time of the
-    Python-level ops around them (autograd Functions such as megatron's
-    _ReduceFromModelParallelRegion, autograd's evaluate_function) is host time: e.g. the wait
-    for a synchronous collective called inside a Function."""
-    if ctx.comm or e.cat != "cpu_op" or not e.name.startswith("aten::"):
+    Compute is the self time of aten's operators (the CPU's kernels) and of the annotations around
+    a C kernel outside aten (`attribution.KERNEL_PREFIX`); the self time of the Python-level ops
+    around them (autograd Functions such as megatron's _ReduceFromModelParallelRegion, autograd's
+    evaluate_function) is host time: e.g. the wait for a synchronous collective called inside a
+    Function."""
+    if ctx.comm:
+        return None
+    if e.cat == "user_annotation" and e.name.startswith(at.KERNEL_PREFIX):   # a C kernel's call
+        return at.category(False, ctx.role, ctx.region)
+    if e.cat != "cpu_op" or not e.name.startswith("aten::"):
         return None
     return at.category(at.is_gemm_op(e.name), ctx.role, ctx.region)
 

@@ -75,6 +75,12 @@ MODULE_ROLES = (
 ROLE_PREFIX = "role:"
 OPTIMIZER_ANNOTATION = "profile:optimizer"
 LOSS_ANNOTATION = "profile:loss"
+KERNEL_PREFIX = "kernel::"
+"""An annotation around a C kernel that aten does not dispatch (the emulated NVFP4 quantisation's,
+precision/native.py, called through ctypes): its self time is compute, where the self time of a
+Python-level op (the autograd Function that calls it) is host time. Without it the profile
+counted the quantisation's kernel as host time: 19-24 ms a step per rank of the proof's
+tiny_cpu_gb200 layout, 2026-12-07 (docs/planner_proof/quantisation/)."""
 
 _GEMM_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_mm",
              "aten::mv", "aten::addmv", "aten::_int_mm"}
