@@ -79,8 +79,9 @@ KERNEL_PREFIX = "kernel::"
 """An annotation around a C kernel that aten does not dispatch (the emulated NVFP4 quantisation's,
 precision/native.py, called through ctypes): its self time is compute, where the self time of a
 Python-level op (the autograd Function that calls it) is host time. Without it the profile
-counted the quantisation's kernel as host time: 19-24 ms a step per rank of the proof's
-tiny_cpu_gb200 layout, 2026-12-07 (docs/planner_proof/quantisation/)."""
+counted the kernel's calls as host time: 10-14 ms a step per rank of the proof's tiny_cpu_gb200
+layout (one profile, 2026-12-07 07:59 UTC), of the 20-24 ms that the emulated linears' autograd
+Functions held as their own time (docs/planner_proof/quantisation/)."""
 
 _GEMM_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_mm",
              "aten::mv", "aten::addmv", "aten::_int_mm"}
