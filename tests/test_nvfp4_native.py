@@ -178,6 +178,7 @@ def test_the_kernels_calls_are_annotated_for_the_profile_only_while_it_runs():
     nvfp4_linear(x, w).sum().backward()          # unprofiled: no annotation, nothing recorded
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         nvfp4_linear(x, w).sum().backward()
+    assert native.ANNOTATION == KERNEL_PREFIX    # the profile's name for a kernel's call
     names = [e.key for e in prof.key_averages()]
     kernels = {n for n in names if n.startswith(KERNEL_PREFIX)}
     assert {KERNEL_PREFIX + "nvfp4_block_amax", KERNEL_PREFIX + "nvfp4_rowcol"} <= kernels

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from ..profile.attribution import KERNEL_PREFIX
 from .rounding import scratch
 
 if TYPE_CHECKING:
@@ -48,13 +47,18 @@ ENABLED = True
 """nvfp4 uses the kernel when it can be built (tests switch it off to compare)."""
 
 
+ANNOTATION = "kernel::"
+"""The prefix of the kernel's profiler annotations: profile/attribution.py's `KERNEL_PREFIX`, the
+annotations whose time a profile counts as compute (a test keeps the two equal; the profile is a
+higher layer, so this module names it instead of importing it)."""
+
 
 def _annotated(name: str) -> contextlib.AbstractContextManager[object]:
     """A profiler annotation around one kernel call (`attribution.KERNEL_PREFIX`: the profile
     counts its time as compute; without it, as host time, for aten never sees the call); no
     annotation when no profiler runs (4 us a call, against 0.05 for the check)."""
     if torch.autograd._profiler_enabled():
-        return torch.autograd.profiler.record_function(KERNEL_PREFIX + name)
+        return torch.autograd.profiler.record_function(ANNOTATION + name)
     return contextlib.nullcontext()
 
 
