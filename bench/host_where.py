@@ -1,0 +1,109 @@
+"""Where a CPU profile's host time goes: every piece of host gap (no compute, no collective:
+profile/analysis.py's partition) given to the innermost training-thread op that holds it, or to
+the innermost annotation (a module's role, the step) where no op does; per rank, ms per step.
+
+The planner prices host time per layer pass and per step (planner/costs.py `host_pass_s`,
+systems `host_s_per_step`); this says what the profile's host time is made of, so that a model of
+it can be checked against its parts: the autograd Functions' own Python (the emulated NVFP4
+linears', megatron-core's TP regions'), the collectives' calls (`c10d::*`: their own time where no
+gloo event runs, e.g. the caller waking after the collective ended), the Python between ops.
+
+    PYTHONPATH=$PWD .venv/bin/python bench/host_where.py PROFILE_FOLDER... [--top 8] [--json F]
+
+A PROFILE_FOLDER is a `profile` output (traces/ with each rank's trace and sidecar); a bench work
+folder's `profile_<layout>_r<k>` are such folders. Reads traces only, runs nothing; seconds per
+rank. Never part of `make test`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from bisect import bisect_left
+from pathlib import Path
+
+from llama31_405b.profile import trace as tr
+from llama31_405b.profile.analysis import RankAnalysis
+from llama31_405b.profile.intervals import partition, union
+
+OUTSIDE = "(no op: Python between ops)"
+
+
+def host_pieces(ra: RankAnalysis) -> list[list[tuple[float, float]]]:
+    """Per step window, the host-gap pieces (µs), as RankAnalysis._analyse partitions them."""
+    compute, comm, recv, windows = ra._collect()
+    labelled = sorted([(x, ("c", c)) for xs, c in _unions(compute) for x in xs]
+                      + [(x, ("m", d)) for xs, d in _unions([(x, d) for x, d, _ in comm])
+                         for x in xs]
+                      + [(x, ("b", None)) for x in union(recv)], key=lambda p: p[0])
+    starts = [x[0] for x, _ in labelled]
+    longest = max((x[1] - x[0] for x, _ in labelled), default=0.0)
+    out = []
+    for lo, hi in windows:
+        near = labelled[bisect_left(starts, lo - longest):bisect_left(starts, hi)]
+        out.append([(s, e) for s, e, labels in partition(near, lo, hi)
+                    if not any(k in ("c", "m") for k, _ in labels)])
+    return out
+
+
+def _unions(pairs):
+    by: dict = {}
+    for x, label in pairs:
+        by.setdefault(label, []).append(x)
+    return [(union(xs), label) for label, xs in by.items()]
+
+
+def holders(events, pieces: list[tuple[float, float]]) -> dict[str, float]:
+    """µs of `pieces` by the innermost main-thread event covering each piece's middle."""
+    evs = sorted((e for e in events if not e.name.startswith("gloo:")),
+                 key=lambda e: (e.ts, -e.dur))
+    out: dict[str, float] = {}
+    i, stack = 0, []
+    for s, e in sorted(pieces):
+        mid = (s + e) / 2
+        while i < len(evs) and evs[i].ts <= mid:
+            stack.append(evs[i])
+            i += 1
+        stack = [x for x in stack if x.end > mid]
+        ops = [x for x in stack if x.cat == "cpu_op"]
+        where = stack[-1].name.split("#")[0] if stack else ""   # profile_step#k: the step
+        name = ops[-1].name if ops else (f"{OUTSIDE} in {where}" if where else OUTSIDE)
+        if name.startswith("autograd::engine::evaluate_function: "):
+            name = "evaluate_function: " + name.split(": ", 1)[1]
+        out[name] = out.get(name, 0.0) + (e - s)
+    return out
+
+
+def folder(prof: Path, top: int) -> dict:
+    res = {}
+    for tf in sorted((prof / "traces").glob("*.trace.json.gz")):
+        meta = json.loads(Path(str(tf).replace(".trace.json.gz", ".meta.json")).read_text())
+        t = tr.load(tf)
+        ra = RankAnalysis(t, meta)
+        steps = host_pieces(ra)
+        main = [e for e in t.events if e.tid == ra.main_tid]
+        acc: dict[str, float] = {}
+        for pieces in steps:
+            for k, v in holders(main, pieces).items():
+                acc[k] = acc.get(k, 0.0) + v
+        n = len(steps) or 1
+        per = {k: v / n / 1e3 for k, v in sorted(acc.items(), key=lambda kv: -kv[1])}
+        total = sum(per.values())
+        res[tf.name.split(".")[0]] = {"host_ms": total, "top": dict(list(per.items())[:top])}
+        print(f"{prof.name} {tf.name.split('.')[0]}: host {total:.1f} ms a step; "
+              + ", ".join(f"{k} {v:.1f}" for k, v in list(per.items())[:top]), flush=True)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("folders", nargs="+", type=Path)
+    ap.add_argument("--top", type=int, default=8)
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+    out = {str(p): folder(p, a.top) for p in a.folders}
+    if a.json:
+        a.json.write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
