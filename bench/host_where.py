@@ -53,12 +53,19 @@ def _unions(pairs):
 
 
 def holders(events, pieces: list[tuple[float, float]]) -> dict[str, float]:
-    """µs of `pieces` by the innermost main-thread event covering each piece's middle."""
+    """µs of `pieces` by holder: each piece cut at the main-thread events' starts and ends, each
+    part given to the innermost event covering it (the latest started)."""
     evs = sorted((e for e in events if not e.name.startswith("gloo:")),
                  key=lambda e: (e.ts, -e.dur))
+    cuts = sorted({t for x in evs for t in (x.ts, x.end)})
+    subs = []   # each piece cut at every event's start and end: one holder per sub-piece
+    for s, e in pieces:
+        inner = cuts[bisect_left(cuts, s):bisect_left(cuts, e)]
+        edges = [s, *(t for t in inner if t > s), e]
+        subs.extend(zip(edges, edges[1:]))
     out: dict[str, float] = {}
     i, stack = 0, []
-    for s, e in sorted(pieces):
+    for s, e in sorted(subs):
         mid = (s + e) / 2
         while i < len(evs) and evs[i].ts <= mid:
             stack.append(evs[i])
