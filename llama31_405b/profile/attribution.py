@@ -79,9 +79,10 @@ KERNEL_PREFIX = "kernel::"
 """An annotation around a C kernel that aten does not dispatch (the emulated NVFP4 quantisation's,
 precision/native.py, called through ctypes): its self time is compute, where the self time of a
 Python-level op (the autograd Function that calls it) is host time. Without it the profile
-counted the kernel's calls as host time: 10-14 ms a step per rank of the proof's tiny_cpu_gb200
-layout (one profile, 2026-12-07 07:59 UTC), of the 20-24 ms that the emulated linears' autograd
-Functions held as their own time (docs/planner_proof/quantisation/)."""
+counted the kernel's calls as host time: 9-14 ms a step per rank of the proof's tiny_cpu_gb200
+layout (one profile, 2026-12-07 07:59 UTC), where the emulated linears' autograd Functions had
+held 19-24 ms a step of their own time (run T0635Z's profile of it;
+docs/planner_proof/quantisation/kernel_attribution_2026-12-07T0759Z/)."""
 
 _GEMM_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_mm",
              "aten::mv", "aten::addmv", "aten::_int_mm"}
