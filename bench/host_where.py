@@ -80,6 +80,19 @@ def holders(events, pieces: list[tuple[float, float]]) -> dict[str, float]:
     return out
 
 
+def calls_per_step(events, windows, names: set[str]) -> dict[str, float]:
+    """Of the ops among `names`, how many start in a step window, per step."""
+    n = len(windows) or 1
+    out: dict[str, float] = {}
+    for e in events:
+        key = e.name
+        if key.startswith("autograd::engine::evaluate_function: "):
+            key = "evaluate_function: " + key.split(": ", 1)[1]
+        if e.cat == "cpu_op" and key in names and any(lo <= e.ts < hi for lo, hi in windows):
+            out[key] = out.get(key, 0.0) + 1 / n
+    return out
+
+
 def folder(prof: Path, top: int) -> dict:
     res = {}
     for tf in sorted((prof / "traces").glob("*.trace.json.gz")):
@@ -94,10 +107,13 @@ def folder(prof: Path, top: int) -> dict:
                 acc[k] = acc.get(k, 0.0) + v
         n = len(steps) or 1
         per = {k: v / n / 1e3 for k, v in sorted(acc.items(), key=lambda kv: -kv[1])}
+        calls = calls_per_step(main, ra._windows(main), set(per))
         total = sum(per.values())
-        res[tf.name.split(".")[0]] = {"host_ms": total, "top": dict(list(per.items())[:top])}
+        res[tf.name.split(".")[0]] = {"host_ms": total, "top": dict(list(per.items())[:top]),
+                                      "all": per, "calls_per_step": calls}
         print(f"{prof.name} {tf.name.split('.')[0]}: host {total:.1f} ms a step; "
-              + ", ".join(f"{k} {v:.1f}" for k, v in list(per.items())[:top]), flush=True)
+              + ", ".join(f"{k} {v:.1f}" + (f" ({calls[k]:.0f} calls)" if k in calls else "")
+                          for k, v in list(per.items())[:top]), flush=True)
     return res
 
 

@@ -40,3 +40,11 @@ def test_host_pieces_are_the_host_gap_and_go_to_their_holder():
         "_ReduceFromModelParallelRegion": 20.0 + 30.0,
         "c10d::allreduce_": 10.0 + 90.0,
         f"{OUTSIDE} in profile_step": 100.0 + 300.0})
+
+
+def test_calls_are_counted_per_step_in_the_step_windows():
+    from bench.host_where import calls_per_step
+    events = parse({"traceEvents": [ev("c10d::allreduce_", t, 10) for t in (5, 50, 150, 250)]
+                    + [ev("aten::mm", 60, 5)]}).events
+    windows = [(0, 100), (100, 200)]            # the call at 250 is outside both
+    assert calls_per_step(events, windows, {"c10d::allreduce_"}) == {"c10d::allreduce_": 1.5}
