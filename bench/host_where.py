@@ -23,33 +23,19 @@ from pathlib import Path
 
 from llama31_405b.profile import trace as tr
 from llama31_405b.profile.analysis import RankAnalysis
-from llama31_405b.profile.intervals import partition, union
 
 OUTSIDE = "(no op: Python between ops)"
 
 
 def host_pieces(ra: RankAnalysis) -> list[list[tuple[float, float]]]:
-    """Per step window, the host-gap pieces (µs), as RankAnalysis._analyse partitions them."""
-    compute, comm, recv, windows = ra._collect()
-    labelled = sorted([(x, ("c", c)) for xs, c in _unions(compute) for x in xs]
-                      + [(x, ("m", d)) for xs, d in _unions([(x, d) for x, d, _ in comm])
-                         for x in xs]
-                      + [(x, ("b", None)) for x in union(recv)], key=lambda p: p[0])
-    starts = [x[0] for x, _ in labelled]
-    longest = max((x[1] - x[0] for x, _ in labelled), default=0.0)
-    out = []
-    for lo, hi in windows:
-        near = labelled[bisect_left(starts, lo - longest):bisect_left(starts, hi)]
-        out.append([(s, e) for s, e, labels in partition(near, lo, hi)
-                    if not any(k in ("c", "m") for k, _ in labels)])
-    return out
+    """Per step window, the host-gap pieces (µs) of the analysis' partition."""
+    return [st.host_pieces for st in ra.steps]
 
 
-def _unions(pairs):
-    by: dict = {}
-    for x, label in pairs:
-        by.setdefault(label, []).append(x)
-    return [(union(xs), label) for label, xs in by.items()]
+def _key(name: str) -> str:
+    """An op's name as reported (autograd's node names shortened)."""
+    prefix = "autograd::engine::evaluate_function: "
+    return "evaluate_function: " + name[len(prefix):] if name.startswith(prefix) else name
 
 
 def holders(events, pieces: list[tuple[float, float]]) -> dict[str, float]:
@@ -73,9 +59,7 @@ def holders(events, pieces: list[tuple[float, float]]) -> dict[str, float]:
         stack = [x for x in stack if x.end > mid]
         ops = [x for x in stack if x.cat == "cpu_op"]
         where = stack[-1].name.split("#")[0] if stack else ""   # profile_step#k: the step
-        name = ops[-1].name if ops else (f"{OUTSIDE} in {where}" if where else OUTSIDE)
-        if name.startswith("autograd::engine::evaluate_function: "):
-            name = "evaluate_function: " + name.split(": ", 1)[1]
+        name = _key(ops[-1].name) if ops else (f"{OUTSIDE} in {where}" if where else OUTSIDE)
         out[name] = out.get(name, 0.0) + (e - s)
     return out
 
@@ -85,9 +69,7 @@ def calls_per_step(events, windows, names: set[str]) -> dict[str, float]:
     n = len(windows) or 1
     out: dict[str, float] = {}
     for e in events:
-        key = e.name
-        if key.startswith("autograd::engine::evaluate_function: "):
-            key = "evaluate_function: " + key.split(": ", 1)[1]
+        key = _key(e.name)
         if e.cat == "cpu_op" and key in names and any(lo <= e.ts < hi for lo, hi in windows):
             out[key] = out.get(key, 0.0) + 1 / n
     return out
@@ -107,7 +89,7 @@ def folder(prof: Path, top: int) -> dict:
                 acc[k] = acc.get(k, 0.0) + v
         n = len(steps) or 1
         per = {k: v / n / 1e3 for k, v in sorted(acc.items(), key=lambda kv: -kv[1])}
-        calls = calls_per_step(main, ra._windows(main), set(per))
+        calls = calls_per_step(main, [(st.start_us, st.end_us) for st in ra.steps], set(per))
         total = sum(per.values())
         res[tf.name.split(".")[0]] = {"host_ms": total, "top": dict(list(per.items())[:top]),
                                       "all": per, "calls_per_step": calls}

@@ -65,6 +65,8 @@ class StepBreakdown:
     exposed_pieces: dict = field(default_factory=dict, repr=False)
     """waits.group_key -> [(start, end, share)]: where the group's time was exposed, its share of
     each piece (for waits.peer_waits; not in as_dict)."""
+    host_pieces: list = field(default_factory=list, repr=False)
+    """[(start, end)] µs: the pieces of host gap (for bench/host_where.py; not in as_dict)."""
 
     @property
     def step_s(self) -> float:
@@ -394,6 +396,7 @@ class RankAnalysis:
                         st.bubble_s += length
                 else:
                     st.host_gap_s += length
+                    st.host_pieces.append((s, e))
             out.append(st)
         return out
 
