@@ -229,10 +229,30 @@ def host_pass_s(ctx: Context, fit: Fitted) -> float:
     return fixed + ctx.system.host_s_per_layer_token * ctx.tokens
 
 
-def chunk_cost(ctx: Context, rank: int, chunk: int, fit: Fitted) -> ChunkCost:
+def chunk_slots(ctx: Context, rank: int, chunk: int) -> tuple[int, bool, bool]:
+    """(transformer layers, holds the embedding, holds the output layer and loss) of a pipeline
+    rank's model chunk."""
     layers = chunk_layers(ctx, rank, chunk) if ctx.pp > 1 else ctx.model.num_layers
-    emb = rank == 0 and chunk == 0
-    logits = rank == ctx.pp - 1 and chunk == ctx.vp - 1
+    return layers, rank == 0 and chunk == 0, rank == ctx.pp - 1 and chunk == ctx.vp - 1
+
+
+def emulated_linear_host_s(ctx: Context, layers: int) -> float:
+    """Host time the emulated low-precision linears of `layers` transformer layers add to one
+    pass beyond FP32 linears' (systems `host_s_per_emulated_linear`, 4 linears a layer: QKV,
+    output projection, FFN up and down): 0 where the GEMMs are not emulated."""
+    emulated = ctx.precision == "nvfp4" and ctx.system.nvfp4 == "emulated"
+    return 4 * layers * ctx.system.host_s_per_emulated_linear if emulated else 0.0
+
+
+def host_stretch(fit: Fitted, k: float) -> float:
+    """How much longer host time takes where `k` ranks share a core: their turns (k), and
+    `Fitted.shared_host_extra` of a rank's host time more for each core-mate (model revision
+    18); k where no calibration fitted it (and on GPUs, where k is 1)."""
+    return k + (fit.shared_host_extra or 0.0) * (k - 1)
+
+
+def chunk_cost(ctx: Context, rank: int, chunk: int, fit: Fitted) -> ChunkCost:
+    layers, emb, logits = chunk_slots(ctx, rank, chunk)
     fwd, bwd = compute.chunk_parts(ctx, layers, emb, logits, fit)
     # ranks sharing cores (systems `shared_cores`; 1 on GPUs): a stage's own ranks in step; the
     # other stages on its core slow it only while they run (simulate.py)
@@ -260,7 +280,9 @@ def chunk_cost(ctx: Context, rank: int, chunk: int, fit: Fitted) -> ChunkCost:
         sizes = comm.dp_bucket_sizes(chunk_param_sizes(ctx, layers, emb, logits),
                                      comm.dp_bucket_params(ctx))
     buckets, total = len(sizes), sum(sizes)
-    host = host_pass_s(ctx, fit) * (layers + emb + logits) * k  # embedding and loss as layers
+    # embedding and loss as layers, and the emulated linears' Python (model revision 18)
+    host = (host_pass_s(ctx, fit) * (layers + emb + logits)
+            + emulated_linear_host_s(ctx, layers)) * host_stretch(fit, k)
     host_b = host * (2 if ctx.cfg.performance.recompute == "full" else 1)
     return ChunkCost(fwd=fwd, bwd=bwd, tp_fwd=tp_f, tp_bwd=tp_b, cp_fwd=cp_f, cp_bwd=cp_b,
                      params=params, reduce_s=comm.dp_reduce_s(ctx, params, fit, buckets),
@@ -326,7 +348,7 @@ def _plan(ctx: Context, fit: Fitted) -> Plan:
                 finalize_s=tuple(finalize), optimizer_s=opt, zero_s=stream_s(ctx, most * grad_b),
                 host_s=ASSUMED.host_step_overhead_s,
                 # at the step's end every rank of a core runs its own: stretched by all of them
-                host_step_s=ctx.system.host_s_per_step * fit.core_share,
+                host_step_s=ctx.system.host_s_per_step * host_stretch(fit, fit.core_share),
                 # the closed forms' bound where stages share a core: every pass stretched by
                 # their number (the simulation runs their turns)
                 busy_mb_s=turns * max(sum(c.work_fwd + c.work_bwd for c in row) for row in chunks),

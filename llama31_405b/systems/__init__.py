@@ -114,13 +114,19 @@ class SystemSpec:
     host_s_per_layer_token: float = 0.0
     """Host time per layer pass that grows with the microbatch, per token of it on a rank (mbs x
     sequence / CP), added to `host_s_per_layer_pass` (a calibration fits that one with this one
-    held): 0 on GPUs; on a CPU, 2-rank DP profiles took 0.19 ms more per pass for each sequence
-    of 256 tokens (bench/host_priors.py)."""
+    held): 0 on GPUs; on a CPU, 2-rank FP32 profiles took 0.17 ms more per pass for each
+    sequence of 256 tokens (bench/host_priors.py)."""
     host_s_per_step: float = 0.0
     """Host time per step outside the layer passes, beyond the planner's assumed host work per
     step (the optimizer's gradient-norm read), stretched like the passes' where ranks share
     cores: 0 on GPUs (CUDA graphs); on a CPU, the optimizer's and the step's Python
-    (bench/host_priors.py: 16 ms per step on 2-rank DP profiles, 2 of them the assumed)."""
+    (bench/host_priors.py: 7.3 ms per step on 2-rank FP32 profiles, 2 of them the assumed)."""
+    host_s_per_emulated_linear: float = 0.0
+    """Host time of one emulated low-precision linear's autograd Function, forward or backward,
+    beyond an FP32 linear's (whose Python is in `host_s_per_layer_pass`), stretched like the
+    passes' where ranks share cores: where GEMMs are emulated (systems `nvfp4 = "emulated"`:
+    4 linears a transformer layer, the quantisation's Python around the C kernel); 0 elsewhere
+    (model revision 18)."""
 
     @property
     def node_nvlink_domain(self) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-MODEL_REVISION = 17
+MODEL_REVISION = 18
 """The calibrated model's revision: raised whenever the same measurements give other constants
 or predictions. A table derived from measurements (bench/planner_proof: docs/planner_proof/)
 records the revision that derived it and re-derives under that revision's code only.
@@ -114,7 +114,20 @@ configs, all BF16, are unchanged; the proof's TP2 fit then takes its latency fro
 all-reduces, not 64 KB). Under revision 17 the CPU profile's precision probe also times its
 linears in bursts (profile/probe.py `BURST`; a measurement, so the summaries of earlier runs
 re-derive as they were): the emulated NVFP4 quantisation had been priced 59 ms a step where
-tiny_cpu_gb200 at DP2 with microbatches of 2 spent 7 (docs/planner_proof/quantisation/)."""
+tiny_cpu_gb200 at DP2 with microbatches of 2 spent 7 (docs/planner_proof/quantisation/). 18: the
+host time, read per op on the profiles (bench/host_where.py): the CPU's host priors refitted on
+every committed 2-rank FP32 layout of the machine the proof runs on (bench/host_priors.py: DP, TP,
+PP and VP, the proof's unseen layout left out; per step 5.3 ms beyond the assumed, where the 2-rank
+DP profiles of the AVX2 machine had given 14: DP4's host had come out 0.70-0.79 of its prediction,
+TP2 at one microbatch of 8 0.74); the emulated NVFP4 linears' Python priced per call (systems
+`host_s_per_emulated_linear`, measured apart: 0.14 ms a forward and backward more than an FP32
+linear's); and where the ranks share cores the host time per layer pass is the one fitted on the
+fit layouts whose ranks each have a core, stretched by the ranks per core and by what each
+core-mate adds (`Fitted.shared_host_extra`), fitted on those whose ranks share cores
+(calibrate/joint.py), where the host time per pass had closed TP2 x DP2's step alone and carried
+its TP calls into every 4-rank layout: the committed profiles' host time at 2 ranks to a core was
+2.25-2.6 times their 2-rank twins' (DP4 2.4, PP2 x DP2 2.25, PP2 x VP2 x DP2 2.6, TP2 x DP2
+2.5), not 2."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -268,6 +281,14 @@ class Fitted:
     layouts whose ranks each have a core, which give the bytes' rate, and a layout with DP whose
     ranks share cores (calibrate/joint.py `_shared_link`: TP2 x DP2 next to TP2 and DP2 on the
     2-core machine); None: 0 (model revision 15)."""
+    shared_host_extra: float | None = None
+    """Where ranks share cores: the share of a rank's host time each of its core-mates adds on top
+    of their turns (host time stretches by k + extra x (k - 1) at k ranks to a core: planner
+    costs.host_stretch); the Python between ops slows more than the kernels where the ranks hand
+    the core to each other. Fitted where a joint fit has layouts whose ranks each have a core,
+    which give the host time per layer pass, and some whose ranks share cores, whose steps it
+    closes (calibrate/joint.py `_shared_host`; TP2 x DP2 next to TP2 and DP2 on the 2-core
+    machine); None: 0 (model revision 18)."""
     comm_core_fraction: float | None = None
     """Where ranks share cores: the share of its communication time (TP, CP and PP exposed, a
     DP collective's whole duration, overlapped or not) during which a rank keeps a core busy

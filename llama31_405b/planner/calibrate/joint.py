@@ -17,8 +17,11 @@ Where the ranks share cores (systems `shared_cores`) and the layouts include som
 each have a core and some whose ranks do not (one layout profiled at 2 ranks and, with a second
 replica, at 4: the same work per rank), the compute constants come from the layouts whose ranks
 each have a core (the kernels without waiting), and what the sharing does beyond the ranks per
-core (the ranks are pinned: step.core_share) to the transport and the host time from the
-others; where a 4-rank layout's core-mates are TP peers, the share of the stretch their ops
+core (the ranks are pinned: step.core_share) to the transport from the others; the host time
+per layer pass closes the steps of the layouts whose ranks each have a core, and what each
+core-mate adds to a rank's host time the others' (model revision 18; the host time per pass had
+closed the shared layouts' steps and carried TP2 x DP2's TP calls into every 4-rank layout);
+where a 4-rank layout's core-mates are TP peers, the share of the stretch their ops
 take (`Fitted.shared_compute_share`, `_compute_share`: its modelled compute made its measured
 compute). Since model revision 15 the transport comes from both kinds of layout: its latency
 from the TP of a layout whose ranks share cores (TP2 x DP2: the core-mates' turns are in every TP
@@ -43,8 +46,8 @@ from ..step import breakdown, rank_compute
 from .constants import Fitted
 from .precisions import with_probe
 from .solver import (LINEAR, _close_step, _comm, _compute, _initial, _link, _modelled, _peer_wait,
-                     _pp_scale, _same, _slowdown, compared_rank, config_of, dp_figure, fit_memory,
-                     solve)
+                     _pp_scale, _same, _secant, _slowdown, compared_rank, config_of, dp_figure,
+                     fit_memory, solve)
 from .summary import Summary
 
 
@@ -219,6 +222,18 @@ def _compute_share(ctx: Context, c: Summary, fit: Fitted) -> float:
     return min(1.0, max(0.0, (c.compute_s - at0) / (at1 - at0) if at1 > at0 else 1.0))
 
 
+def _shared_host(ctx: Context, c: Summary, fit: Fitted) -> float:
+    """What each core-mate adds to a rank's host time (`Fitted.shared_host_extra`) for which a
+    layout whose ranks share cores simulates its measured step, the host time per layer pass
+    held (fitted on the layouts whose ranks each have a core); 0 where the turns alone already
+    reach the step (the calibration's [check] shows the miss)."""
+    def f(x: float) -> float:
+        return breakdown(ctx, replace(fit, shared_host_extra=x)).step_s - c.step_s
+    if f(0.0) >= -1e-9:
+        return 0.0
+    return _secant(f, fit.shared_host_extra or 0.1, "host time's stretch per core-mate")
+
+
 def solve_joint(items: Sequence[tuple[Summary, Any]]) -> Fitted:
     """The constants of several measured layouts ((summary, config) each; one: `solver.solve`'s
     exact fit). The layouts must be of one system, model and precision (the caller checks)."""
@@ -228,7 +243,7 @@ def solve_joint(items: Sequence[tuple[Summary, Any]]) -> Fitted:
     own, shared = _core_split(runs)
     # where the cores are shared by some layouts only, those layouts alone give what the
     # sharing changes beyond compute: the transport (a peer waiting for a core lengthens every
-    # call) and the host time closing the step
+    # call) and what a core-mate adds to the host time
     rest = shared or runs
     fit = with_probe(_initial(runs[0][1], runs[0][0]), runs)
     for _ in range(60):
@@ -247,7 +262,13 @@ def solve_joint(items: Sequence[tuple[Summary, Any]]) -> Fitted:
         else:
             new = mean([_comm(ctx, new, c, breakdown(ctx, new)) for ctx, c in rest
                         if c.exposed or c.dp_total_s] or [new])
-        new = with_probe(mean([_close_step(ctx, new, c) for ctx, c in rest]), runs)
+        # the host time per layer pass closes the steps of the layouts whose ranks each have a
+        # core (every layout where none shares); what a core-mate adds to the host time closes
+        # the others' (model revision 18)
+        new = with_probe(mean([_close_step(ctx, new, c) for ctx, c in own]), runs)
+        if shared:
+            new = replace(new, shared_host_extra=fmean(
+                [_shared_host(ctx, c, new) for ctx, c in shared]))
         done = _same(new, fit)
         fit = new
         if done:
