@@ -108,7 +108,7 @@ def main() -> None:
     ap.add_argument("--after", default="2026-12-06T2130Z",
                     help="fit the runs named from this UTC time on (default: the AVX512 machine "
                          "of the fourth proof file's, the committed priors')")
-    ap.add_argument("--before", default="2026-12-07T1100Z",
+    ap.add_argument("--before", default="2026-12-07T1030Z",
                     help="and before this one (default: the committed priors')")
     a = ap.parse_args()
     data = rows(a.before, a.after)

@@ -102,7 +102,7 @@ def test_the_priors_are_the_fit_of_the_committed_two_rank_fp32_profiles(layouts)
     _, cfgs = layouts
     cpu = Context.of(cfgs["dp2"]).system
     mod = _host_priors()
-    rows = mod.rows("2026-12-07T1100Z", "2026-12-06T2130Z")
+    rows = mod.rows("2026-12-07T1030Z", "2026-12-06T2130Z")
     names = {name for name, *_ in rows}
     # one row per layout, DP, TP, PP and VP; the proof's unseen 2-rank layout (pp2) left out
     assert len(rows) == 13 and len({key for _, key, *_ in rows}) == 13
@@ -120,4 +120,4 @@ def test_the_priors_are_the_fit_of_the_committed_two_rank_fp32_profiles(layouts)
 def test_a_proof_run_folder_leaves_its_unseen_layouts_out_of_the_priors():
     mod = _host_priors()
     assert mod.unseen() >= {"pp2", "dp4", "gb200"}
-    assert all(name != "pp2" for name, *_ in mod.rows("2026-12-07T1100Z", "2026-12-05"))
+    assert all(name != "pp2" for name, *_ in mod.rows("2026-12-07T1030Z", "2026-12-05"))
