@@ -13,6 +13,7 @@
 #                                                 interleave (rack0 = n1,n3; rack1 = n2,n4)
 #   scripts/local_slurm_cluster.sh down           cancel jobs, stop every daemon started here
 #   scripts/local_slurm_cluster.sh status
+#   scripts/local_slurm_cluster.sh missing        the packages `up` would install, one a line
 #
 # Environment: SLURM_CI_NODES=4 SLURM_CI_RACKS=2 SLURM_CI_RACK_ORDER=block SLURM_CI_CPUS=2
 #   SLURM_CI_MEM=4000 (MB per node) SLURM_CI_DIR=/tmp/llama31_slurm
@@ -62,11 +63,18 @@ kill_node_leftovers() {  # slurmstepd and tasks left in a fake node's mount name
   if [ "${#victims[@]}" -gt 0 ]; then kill -9 "${victims[@]}" 2>/dev/null || true; fi
 }
 
-install_packages() {
-  local missing=() p
+missing_packages() {   # the Debian packages the cluster needs that are not installed, one a line
+  local p
   for p in slurmctld slurmd slurm-client munge; do
-    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+    # installed, not merely known: a package removed without --purge keeps its config files and
+    # `dpkg -s` still succeeds for it ("deinstall ok config-files")
+    [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" = "install ok installed" ] || echo "$p"
   done
+}
+
+install_packages() {
+  local missing=()
+  mapfile -t missing < <(missing_packages)
   [ "${#missing[@]}" -gt 0 ] || return 0
   [ "$(id -u)" = 0 ] || fail "Slurm packages missing (${missing[*]}) and not root to install them"
   say "apt-get install ${missing[*]} (output: $DIR/log/apt.log)"
@@ -279,5 +287,6 @@ case "${1:-up}" in
   down) down ;;
   racks) racks "${2:-}" ;;
   status) sinfo -N -o '%N %T %c %m'; squeue; cat "$ETC/topology.conf" ;;
-  *) echo "usage: $0 up|down|racks block|interleave|status" >&2; exit 2 ;;
+  missing) missing_packages ;;
+  *) echo "usage: $0 up|down|racks block|interleave|status|missing" >&2; exit 2 ;;
 esac
