@@ -17,18 +17,10 @@ from llama31_405b.planner.calibrate.synthetic import synthetic_profile
 from llama31_405b.planner.context import Context
 from llama31_405b.planner.costs import chunk_cost, chunk_slots, host_stretch, plan
 from llama31_405b.planner.step import breakdown
-from test_planner_core_share import config
 from test_planner_peer_wait import KNOWN
+from test_planner_shared_dp import cfgs  # noqa: F401  (its layouts, as a fixture)
 
 REPO = Path(__file__).resolve().parents[1]
-SHAPES = {"tp2": (2, 2, 1, 4), "dp2": (2, 1, 1, 2), "tp2dp2": (4, 2, 1, 4), "dp4": (4, 1, 1, 2),
-          "pp2dp2": (4, 1, 2, 4)}
-
-
-@pytest.fixture(scope="module")
-def cfgs(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("shared_host")
-    return tmp, {k: load_config(config(tmp, k, *v)) for k, v in SHAPES.items()}
 
 
 def _fit(extra: float | None):

@@ -84,6 +84,12 @@ def gemm_precision(ctx: Context) -> str:
     return executed_precision(ctx.precision, ctx.system)
 
 
+def emulated_gemms(ctx: Context) -> bool:
+    """The layout's NVFP4 GEMMs are emulated (`executed_precision` FP32): their quantisation is
+    priced apart, as compute and as host time."""
+    return gemm_precision(ctx) != ctx.precision
+
+
 LOW_PRECISION = ("fp8", "nvfp4")
 """Compute precisions applied by Transformer Engine's recipes (or the project's emulation of
 NVFP4) to the transformer layers' linears only."""
@@ -207,8 +213,8 @@ def part_factors(ctx: Context, fit: Fitted) -> dict[str, float]:
     out = {k: probe_factor(ctx, fit, "gemm", part_precision(ctx, k)) for k in PARTS if k != "attention"}
     out["attention"] = probe_factor(ctx, fit, "attention", ctx.cfg.precision.attention)
     out["elementwise"] = probe_factor(ctx, fit, "elementwise", ctx.cfg.precision.params)
-    emulated = ctx.precision == "nvfp4" and ctx.system.nvfp4 == "emulated"
-    out["quantisation"] = probe_factor(ctx, fit, "gemm", "nvfp4") - 1 if emulated else 0.0
+    quantised = emulated_gemms(ctx)
+    out["quantisation"] = probe_factor(ctx, fit, "gemm", "nvfp4") - 1 if quantised else 0.0
     return out
 
 

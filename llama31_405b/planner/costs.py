@@ -240,8 +240,8 @@ def emulated_linear_host_s(ctx: Context, layers: int) -> float:
     """Host time the emulated low-precision linears of `layers` transformer layers add to one
     pass beyond FP32 linears' (systems `host_s_per_emulated_linear`, 4 linears a layer: QKV,
     output projection, FFN up and down): 0 where the GEMMs are not emulated."""
-    emulated = ctx.precision == "nvfp4" and ctx.system.nvfp4 == "emulated"
-    return 4 * layers * ctx.system.host_s_per_emulated_linear if emulated else 0.0
+    per_call = ctx.system.host_s_per_emulated_linear
+    return 4 * layers * per_call if compute.emulated_gemms(ctx) else 0.0
 
 
 def host_stretch(fit: Fitted, k: float) -> float:
