@@ -102,16 +102,20 @@ def synthetic_run(tmp_path_factory) -> Path:
 
 def test_the_proof_file_fixes_the_proof():
     p = spec.load()
-    assert (p.date, p.step_tol, p.component_tol, p.negligible) == ("2026-12-06T2130Z", 0.15, 0.25,
+    assert (p.date, p.step_tol, p.component_tol, p.negligible) == ("2026-12-07T1252Z", 0.15, 0.25,
                                                                     0.05)
     assert (p.rounds, p.steps) == (3, 16)   # the fourth file: 16 profiled steps, 4 before
     assert "committed_before_measurement = true" in p.text
     four, two = p.sections
     # the 4-rank layout with both collective sizes, its 2-rank replica (core sharing fitted) and
     # DP2 (the kernels' time per pass apart from their rate)
-    assert (four.fit, four.unseen) == (("tp2dp2", "tp2", "dp2"),
+    # and (the fifth file, model revision 19) a twin with the GB200 settings' overlapped DP
+    assert (four.fit, four.unseen) == (("tp2dp2", "tp2", "dp2", "ovtp2dp2"),
                                        ("dp4", "pp2dp2", "pp2dp2vp2", "tp2pp2", "gb200"))
-    assert (sorted(two.fit), two.unseen) == (["dp2", "tp2"], ("pp2",))
+    assert (sorted(two.fit), two.unseen) == (["dp2", "ovdp2", "tp2"], ("pp2",))
+    for a, b in (("tp2dp2", "ovtp2dp2"), ("dp2", "ovdp2")):
+        assert dict(p.layouts[b].overrides) == dict(p.layouts[a].overrides) | {
+            "overlap": 1, "bucket": 32768}
     assert {p.layouts[n].ranks for n in two.layouts} == {2}
     assert all(p.layouts[a].ranks == 2 and p.layouts[b].ranks == 4 for a, b in p.core_pairs)
 
@@ -478,3 +482,22 @@ def test_extra_refuses_a_calibration_of_another_model_revision(synthetic_run, tm
     with pytest.raises(SystemExit, match=f"fitted by model revision {MODEL_REVISION - 1}"):
         _bench().extra(args)
     assert not out.exists()
+
+
+def test_a_layout_sets_the_dp_overlap_and_the_bucket_over_its_base(tmp_path):
+    """Model revision 19's fit layouts: `overlap` sets both of megatron-core's DP overlaps,
+    `bucket` the DDP bucket size, in the config the bench profiles and the prediction reads;
+    a layout without them keeps its base's; an unknown key is refused."""
+    from llama31_405b.config.load import load_config
+    lfile = tmp_path / "layouts.toml"
+    lfile.write_text('[layouts.ov]\nbase = "tiny"\nranks = 2\ntp = 1\npp = 1\nvp = 1\nminibs = 2\n'
+                     'mbs = 1\noverlap = true\nbucket = 32768\n\n'
+                     '[layouts.plain]\nbase = "tiny"\nranks = 2\nminibs = 2\n')
+    lay = spec.load_layouts(lfile)
+    ov = load_config(spec.committed_config(lay["ov"], tmp_path / "ov")).performance
+    assert ov.overlap_grad_reduce and ov.overlap_param_gather and ov.ddp_bucket_size == 32768
+    plain = load_config(spec.committed_config(lay["plain"], tmp_path / "plain")).performance
+    assert not plain.overlap_grad_reduce and plain.ddp_bucket_size is None
+    lfile.write_text('[layouts.bad]\nbase = "tiny"\nranks = 2\noverlapp = true\n')
+    with pytest.raises(ValueError, match="overlapp"):
+        spec.load_layouts(lfile)

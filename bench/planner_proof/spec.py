@@ -14,6 +14,11 @@ PROOF = ROOT / "bench" / "planner_proof.toml"
 BASES = {"tiny": "tiny_cpu.toml", "gb200": "tiny_cpu_gb200.toml"}
 PARALLEL = ("tp", "pp", "vp")
 BATCH = {"minibs": "minibs", "mbs": "micro_batch_size"}
+PERFORMANCE = {"overlap": ("overlap_grad_reduce", "overlap_param_gather"),
+               "bucket": ("ddp_bucket_size",)}
+"""Layout keys over the base config's [performance]: `overlap` (true or false) sets both of
+megatron-core's DP overlaps, `bucket` the DDP bucket size in elements (model revision 19's fit
+layouts with overlapped small buckets: the GB200 settings' DP in the tiny FP32 model)."""
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,10 @@ class Layout:
         bat = [f"{v} = {o[k]}" for k, v in BATCH.items() if k in o]
         if bat:
             out += ["[batch]", *bat, ""]
+        perf = [f"{v} = {str(bool(o[k])).lower() if k == 'overlap' else o[k]}"
+                for k, vs in PERFORMANCE.items() if k in o for v in vs]
+        if perf:
+            out += ["[performance]", *perf, ""]
         return "\n".join(out + ["[system]", f"gpus_per_rack = {self.ranks}", ""])
 
 
@@ -82,11 +91,11 @@ class Proof:
 def _layouts(d: dict, source: str) -> dict[str, Layout]:
     out = {}
     for name, v in d.items():
-        unknown = sorted(set(v) - {"label", "base", "ranks", *PARALLEL, *BATCH})
+        unknown = sorted(set(v) - {"label", "base", "ranks", *PARALLEL, *BATCH, *PERFORMANCE})
         if unknown or v.get("base") not in BASES or not isinstance(v.get("ranks"), int):
             raise ValueError(f"{source}: layout {name!r}: unknown keys {unknown}, or no base "
                              f"({sorted(BASES)}) or ranks")
-        over = tuple((k, int(v[k])) for k in (*PARALLEL, *BATCH) if k in v)
+        over = tuple((k, int(v[k])) for k in (*PARALLEL, *BATCH, *PERFORMANCE) if k in v)
         out[name] = Layout(name, str(v.get("label", name)), v["base"], v["ranks"], over)
     return out
 

@@ -192,6 +192,14 @@ class PerformanceConfig:
     """Accumulate weight gradients into the main-grad buffer inside the wgrad GEMM (Megatron's
     gradient_accumulation_fusion; GPU only, needs Apex's fused_weight_gradient_mlp_cuda)."""
 
+    def dp_overlap(self) -> dict:
+        """How the DP collectives meet the compute, as a profile's manifest records it:
+        megatron-core's two overlaps and the DDP bucket size (None: megatron-core's default).
+        Two layouts alike but for these are two calibration inputs (`plan --calibrate` matches
+        its folders by them too)."""
+        return dict(grad_reduce=self.overlap_grad_reduce, param_gather=self.overlap_param_gather,
+                    bucket=self.ddp_bucket_size)
+
 
 @dataclass(kw_only=True, slots=True)
 class DataConfig:

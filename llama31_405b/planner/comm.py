@@ -107,13 +107,21 @@ OPERAND_NVFP4 = 0.5625
 """Bytes per element of NVFP4 data: 4 bits plus an E4M3 scale per 16 elements."""
 
 
+def param_bytes(ctx: Context) -> float:
+    """Bytes of one parameter in the distributed optimizer's parameter buffer, which its
+    all-gather moves (megatron-core 0.19.2 `_ParamAndGradBuffer`: the parameters' dtype): 4 for
+    the CPU's FP32 runs, 2 for BF16 parameters. Model revision 19: FP32 parameters had been
+    gathered at 2 bytes, half what they move (as the activations before revision 17)."""
+    return 4.0 if ctx.cfg.precision.params == "fp32" else 2.0
+
+
 def param_gather_bytes_per_param(ctx: Context) -> float:
     perf = ctx.cfg.performance
     if perf.fp4_param_gather:
         return OPERAND_NVFP4
     if perf.fp8_param_gather:
         return 1.0
-    return 2.0
+    return param_bytes(ctx)
 
 
 def grad_bytes_per_param(ctx: Context) -> float:
@@ -148,6 +156,35 @@ def dp_bucket_sizes(sizes: Sequence[float], bucket: float) -> tuple[float, ...]:
     return tuple(out)
 
 
+def dp_waits_s(ctx: Context, fit: Fitted, buckets: int) -> tuple[float, float]:
+    """The fixed times a chunk's DP collectives take beyond their latency and bytes, (its
+    reduce-scatter's, its all-gather's), per bucket of megatron-core's layout: where ranks share
+    cores (core_share > 1, resolved per layout), `Fitted.shared_core_dp_s` (model revision 15,
+    per bucket since 16); where the collective is overlapped, dispatched while its rank computes
+    (megatron-core 0.19.2's `overlap_grad_reduce` for the reduce-scatters, launched by the
+    backward's gradient hooks; `overlap_param_gather` for the all-gathers, by the forward's
+    pre-hooks), `Fitted.overlap_dp_s` (model revision 19). Waits for a turn on a core or for a
+    wake-up, not a core's work: they do not slow the compute they overlap (`dp_work_share`)."""
+    shared = (fit.shared_core_dp_s or 0.0) if fit.core_share > 1 else 0.0
+    over = fit.overlap_dp_s or 0.0
+    perf = ctx.cfg.performance
+    return (buckets * (shared + (over if perf.overlap_grad_reduce else 0.0)),
+            buckets * (shared + (over if perf.overlap_param_gather else 0.0)))
+
+
+def dp_work_share(ctx: Context, fit: Fitted, chunks: Sequence) -> float:
+    """The share of a rank's DP collective time that is transfer (latency and bytes), the part
+    that takes cores or SMs from the compute it overlaps (`dp_sm_share`, `dp_hbm_share`): its
+    chunks' collectives less their waits (`dp_waits_s`); 1 without DP."""
+    total = sum(c.reduce_s + c.gather_s for c in chunks)
+    if total <= 0:
+        return 1.0
+    k = 1 if ctx.cfg.optimizer.distributed else 2   # dp_reduce_s: an all-reduce is twice
+    waits = sum(k * r + (g if c.gather_s > 0 else 0.0)
+                for c in chunks for r, g in (dp_waits_s(ctx, fit, c.buckets),))
+    return max(0.0, 1.0 - waits / total)
+
+
 def dp_reduce_s(ctx: Context, params: float, fit: Fitted, buckets: int = 1) -> float:
     """Gradient reduce-scatter of `params` parameters over the DP x CP group (an all-reduce,
     twice the traffic, without the distributed optimizer), seconds."""
@@ -155,29 +192,26 @@ def dp_reduce_s(ctx: Context, params: float, fit: Fitted, buckets: int = 1) -> f
         return 0.0
     sp = dp_cp_span(ctx)
     t = collective_s(ctx, params * grad_bytes_per_param(ctx), sp, fit.nvlink_bus_efficiency)
-    # a profile's DP scale is of the collective; more buckets add the prior latency each
-    # where ranks share cores (core_share > 1, resolved per layout) each bucket's collective takes
-    # a fixed time beyond its latency and bytes: `Fitted.shared_core_dp_s` (model revision 15,
-    # per bucket of megatron-core's layout since revision 16)
-    shared = (fit.shared_core_dp_s or 0.0) if fit.core_share > 1 else 0.0
+    # a profile's DP scale is of the collective; more buckets add the prior latency each, and
+    # each bucket's waits (dp_waits_s)
     t = (t * fit.scale("comm_scale", "DP") + (buckets - 1) * latency(group_link(sp), ctx)
-         + buckets * shared)
+         + dp_waits_s(ctx, fit, buckets)[0])
     return t if ctx.cfg.optimizer.distributed else 2 * t
 
 
 def dp_gather_s(ctx: Context, params: float, fit: Fitted, buckets: int = 1,
                 high_params: float = 0.0) -> float:
     """Parameter all-gather of `params` parameters over DP x CP (distributed optimizer only);
-    `high_params` of them are gathered at 2 bytes whatever the low-precision gather (the
-    embedding and the output layer, BF16: costs.chunk_cost), as every parameter is without one."""
+    `high_params` of them are gathered in the parameters' dtype whatever the low-precision
+    gather (the embedding and the output layer: costs.chunk_cost), as every parameter is without
+    one (`param_bytes`)."""
     if ctx.dp * ctx.cp == 1 or params <= 0 or not ctx.cfg.optimizer.distributed:
         return 0.0
     sp = dp_cp_span(ctx)
-    nbytes = (params - high_params) * param_gather_bytes_per_param(ctx) + high_params * 2.0
+    nbytes = (params - high_params) * param_gather_bytes_per_param(ctx) + high_params * param_bytes(ctx)
     t = collective_s(ctx, nbytes, sp, fit.nvlink_bus_efficiency)
-    shared = (fit.shared_core_dp_s or 0.0) if fit.core_share > 1 else 0.0  # as dp_reduce_s
     return (t * fit.scale("comm_scale", "DP") + (buckets - 1) * latency(group_link(sp), ctx)
-            + buckets * shared)
+            + dp_waits_s(ctx, fit, buckets)[1])
 
 
 def dp_hbm_share(ctx: Context) -> float:

@@ -103,17 +103,23 @@ class Plan:
     exchanges. False: sends in the background, a pass waits only for its own input (interleaved
     on GPUs, whose warm-up and cool-down exchanges block in megatron-core 0.19.2 all the same:
     not modelled)."""
+    dp_work_share: tuple[float, ...] = ()
+    """Per pipeline rank, the share of its DP collectives' time that is transfer and so takes
+    cores, SMs or bandwidth from the compute it overlaps (comm.dp_work_share); (): all of it."""
     stages_per_core: int = 1
     """Pipeline stages whose ranks share one core (`stages_per_core`: pinned ranks, fewer cores
     than stages): consecutive stages in blocks of this many, each stage's passes slowed while
     another stage of its block runs (simulate.py); 1: none."""
 
-    def inflation(self, parts: PartTimes, work: float) -> float:
-        """Extra time per unit of work while a DP collective runs: compute-bound parts lose
-        the SMs NCCL occupies, memory-bound parts its share of HBM bandwidth."""
+    def inflation(self, parts: PartTimes, work: float, rank: int = 0) -> float:
+        """Extra time per unit of work of pipeline rank `rank` while a DP collective runs:
+        compute-bound parts lose the SMs NCCL occupies, memory-bound parts its share of HBM
+        bandwidth, each for the share of the collectives' time that is transfer
+        (`dp_work_share`; model revision 19: their waits took nothing)."""
         if work <= 0:
             return 0.0
-        a, b, c = self.sm_share, self.hbm_share, self.nvlink_share
+        u = self.dp_work_share[rank] if self.dp_work_share else 1.0
+        a, b, c = self.sm_share * u, self.hbm_share * u, self.nvlink_share * u
         bound = parts.total - parts.elementwise
         comm_s = work - parts.total  # with the host time: both wait on the same links/cores
         return (bound * a / (1 - a) + parts.elementwise * b / (1 - b) + comm_s * c / (1 - c)) / work
@@ -354,6 +360,7 @@ def _plan(ctx: Context, fit: Fitted) -> Plan:
                 busy_mb_s=turns * max(sum(c.work_fwd + c.work_bwd for c in row) for row in chunks),
                 fwd_mb_s=turns * max(sum(c.work_fwd for c in row) for row in chunks),
                 param_gather_s=gather,
+                dp_work_share=tuple(comm.dp_work_share(ctx, fit, row) for row in chunks),
                 # model/builder.transformer_config: overlap_p2p_comm=gpu and vp > 1
                 blocking_p2p=pp > 1 and not (ctx.system.is_gpu and vp > 1),
                 stages_per_core=turns)

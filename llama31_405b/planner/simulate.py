@@ -90,6 +90,9 @@ class Sim:
     turns_s: float = 0.0
     """Extra compute while another pipeline stage on this rank's core ran (Plan.stages_per_core;
     its TP, CP and host time's stretch is in tp_s, cp_s and host_s)."""
+    host_under_dp_s: float = 0.0
+    """Of host_s, the passes' host time while a DP collective ran (`covered`): a profile counts
+    such a piece as exposed DP, not as a host gap (model revision 19)."""
 
     def scaled(self, other: "Sim", k: float) -> "Sim":
         """self + k x (self - other), field by field (linear extrapolation)."""
@@ -161,6 +164,16 @@ def _finish(start: float, work: float, infl: float, busy: list[tuple[float, floa
             w -= cap
             t = e
     return t + w
+
+
+def covered(busy: list[tuple[float, float]], lo: int, start: float, end: float) -> float:
+    """Seconds of [start, end] during which the DP stream ran (`busy[lo:]`, in time order)."""
+    out = 0.0
+    for s, e in busy[lo:]:
+        if s >= end:
+            break
+        out += max(0.0, min(e, end) - max(s, start))
+    return out
 
 
 def run(plan: Plan, m: int, cache: dict[int, tuple[Sim, ...]] | None = None,
@@ -258,8 +271,8 @@ def _event_loop(plan: Plan, m: int,  # noqa: C901 (one event loop, kept in one p
     blocking = plan.blocking_p2p and pp > 1
     orders = [(rank_program if blocking else rank_order)(pp, vp, m, r) for r in range(pp)]
     ch = plan.chunks
-    infl = [[(plan.inflation(c.fwd, c.work_fwd), plan.inflation(c.bwd, c.work_bwd))
-             for c in row] for row in ch]
+    infl = [[(plan.inflation(c.fwd, c.work_fwd, r), plan.inflation(c.bwd, c.work_bwd, r))
+             for c in row] for r, row in enumerate(ch)]
     n = pp * vp * m
     ptr, t = [0] * pp, [0.0] * pp
     busy: list[list[tuple[float, float]]] = [[] for _ in range(pp)]
@@ -361,6 +374,7 @@ def _event_loop(plan: Plan, m: int,  # noqa: C901 (one event loop, kept in one p
     lo = [0] * pp
     spans: list[list] = [[None] * len(rec) for rec in recs]
     turns = [[0.0, 0.0, 0.0, 0.0] for _ in range(pp)]   # extra compute, TP, CP, host
+    under = [0.0] * pp   # the passes' host time while the DP stream ran
     progress = True
     while progress:
         progress = False
@@ -415,6 +429,11 @@ def _event_loop(plan: Plan, m: int,  # noqa: C901 (one event loop, kept in one p
                     lo[r] += 1
                 done = _finish(start, work, inf, br, lo[r]) if lo[r] < len(br) else start + work
                 spans[r][p] = (start, done)
+                host = parts[r][p][3] * stretch
+                if host > 0 and done > start and lo[r] < len(br):
+                    # the host time spread over the pass: its share under a DP collective reads
+                    # as exposed DP in a profile (profile/analysis.py: communication, no compute)
+                    under[r] += host * covered(br, lo[r], start, done) / (done - start)
                 if stretch != 1.0:   # the pass ran: its parts' share of the stretch
                     for i, v in enumerate(parts[r][p]):
                         turns[r][i] += (stretch - 1.0) * v
@@ -452,5 +471,5 @@ def _event_loop(plan: Plan, m: int,  # noqa: C901 (one event loop, kept in one p
                        bubble_s=wait_bub[r], dp_wait_s=wait_dp[r],
                        dp_drain_s=max(0.0, free[r] - t[r]), finalize_s=plan.finalize_s[r],
                        optimizer_s=tail, dp_total_s=sum(e - s for s, e in busy[r]),
-                       sync_s=fin[crit] - fin[r], turns_s=tc))
+                       sync_s=fin[crit] - fin[r], turns_s=tc, host_under_dp_s=under[r]))
     return tuple(out), spans

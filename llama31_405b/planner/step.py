@@ -46,7 +46,8 @@ class Breakdown:
     that finishes last."""
     dp_exposed_s: float
     """Waiting for parameter gathers and for the last reduce-scatters, and for the parameter
-    all-gather after the optimizer where it is not overlapped (a profile counts it in DP)."""
+    all-gather after the optimizer where it is not overlapped (a profile counts it in DP); and
+    the passes' host time while a DP collective ran (`dp_host_s`)."""
     optimizer_s: float
     """End-of-step work: scaling the gradients, the optimizer, zeroing the gradient buffer, host."""
     dp_total_s: float
@@ -70,6 +71,11 @@ class Breakdown:
     core_turns_s: float = 0.0
     """Compute lost to the other pipeline stages on this rank's core (costs.stages_per_core),
     included in compute_s, as dp_slowdown_s is."""
+    dp_host_s: float = 0.0
+    """Of the exposed DP, the passes' host time while an overlapped DP collective ran, not in
+    host_s: a profile counts a piece with communication and no compute as exposed
+    communication (profile/analysis.py), so the Python between ops under a DP collective reads
+    as DP (model revision 19; simulate.covered)."""
 
     @property
     def compute_total_s(self) -> float:
@@ -90,7 +96,7 @@ class Breakdown:
         out.update(compute_total_s=self.compute_total_s, dp_slowdown_s=self.dp_slowdown_s,
                    tp_s=self.tp_s, cp_s=self.cp_s, pp_s=self.pp_s, bubble_s=self.bubble_s,
                    dp_s=self.dp_exposed_s, dp_peer_wait_s=self.dp_peer_wait_s,
-                   core_turns_s=self.core_turns_s,
+                   core_turns_s=self.core_turns_s, dp_host_s=self.dp_host_s,
                    optimizer_s=self.optimizer_s, host_s=self.host_s,
                    bubble_fraction=self.bubble_fraction, dp_unoverlapped_s=self.dp_total_s,
                    critical_rank=self.critical_rank, rank=self.rank)
@@ -160,7 +166,7 @@ def core_share(ctx: Context, fit: Fitted) -> float:
     def excess(k: float) -> float:
         b = _breakdown(ctx, replace(fit, core_share=k))
         comm = phi * (b.tp_s + b.cp_s + b.pp_s + b.dp_total_s)
-        demand = world * ((b.compute_total_s + b.host_s) / k + comm) / b.step_s / cores
+        demand = world * ((b.compute_total_s + b.host_s + b.dp_host_s) / k + comm) / b.step_s / cores
         return k - max(1.0, demand)
     lo, hi = 1.0, world / cores
     if excess(lo) >= 0:
@@ -200,10 +206,11 @@ def _breakdown(ctx: Context, fit: Fitted, rank: int | None = None) -> Breakdown:
         recompute = m * sum(c.fwd.total for c in p.chunks[rank])
     b = Breakdown(compute_s={k: v * scale for k, v in parts.items()}, dp_slowdown_s=s.slowdown_s,
                   tp_s=s.tp_s, cp_s=s.cp_s, pp_s=s.pp_s, bubble_s=s.bubble_s + s.sync_s,
-                  dp_exposed_s=s.dp_wait_s + s.dp_drain_s + gather,
+                  dp_exposed_s=s.dp_wait_s + s.dp_drain_s + gather + s.host_under_dp_s,
                   optimizer_s=s.finalize_s + s.optimizer_s - gather, dp_total_s=s.dp_total_s,
                   critical_rank=s.critical_rank, rank=rank, recompute_s=recompute,
-                  host_s=s.host_s, core_turns_s=s.turns_s)
+                  host_s=s.host_s - s.host_under_dp_s, core_turns_s=s.turns_s,
+                  dp_host_s=s.host_under_dp_s)
     # one waiting per step, the same on every pipeline rank: of the critical rank's rest
     crit = s if rank == s.critical_rank else simulate.run(p, m, _SIMS[key])
     wait = peer_wait_s(ctx, fit, crit.step_s - crit.dp_wait_s - crit.dp_drain_s - gather)

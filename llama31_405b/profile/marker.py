@@ -50,6 +50,7 @@ def mark_folder(out: Path, cfg, plan) -> None:
                     batch=dict(minibs=cfg.batch.minibs, mbs=cfg.batch.micro_batch_size),
                     layout=dict(tp=cfg.parallel.tp, pp=cfg.parallel.pp, vp=cfg.parallel.vp,
                                 cp=cfg.parallel.cp, dp=cfg.derived.dp),
+                    dp_overlap=cfg.performance.dp_overlap(),
                     world_size=cfg.derived.world_size, skip=plan.skip, baseline=plan.baseline,
                     steps=plan.steps, ranks=plan.ranks)
     create_exclusive(out / MANIFEST, json.dumps(manifest, indent=1), advice=advice)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-MODEL_REVISION = 18
+MODEL_REVISION = 19
 """The calibrated model's revision: raised whenever the same measurements give other constants
 or predictions. A table derived from measurements (bench/planner_proof: docs/planner_proof/)
 records the revision that derived it and re-derives under that revision's code only.
@@ -127,7 +127,22 @@ core-mate adds (`Fitted.shared_host_extra`), fitted on those whose ranks share c
 (calibrate/joint.py), where the host time per pass had closed TP2 x DP2's step alone and carried
 its TP calls into every 4-rank layout: the committed profiles' host time at 2 ranks to a core was
 2.25-2.6 times their 2-rank twins' (DP4 2.4, PP2 x DP2 2.25, PP2 x VP2 x DP2 2.6, TP2 x DP2
-2.5), not 2."""
+2.5), not 2. 19: overlapped DP (the GB200 settings' small buckets, whose DP the layouts chosen by
+someone else missed by 2.9-9.4x): the passes' host time while a DP collective runs is exposed DP,
+as a profile counts it (a piece with communication and no compute: profile/analysis.py), where
+the model had kept it as host time (`step.Breakdown.dp_host_s`, simulate.covered: GB200 settings
+at DP4 had measured 0.58 of the predicted host time and 4.87x the DP); an overlapped
+collective takes a fixed time per bucket beyond its latency and bytes (`Fitted.overlap_dp_s`,
+planner comm.dp_waits_s), fitted by a joint fit from its layouts whose DP is overlapped, the
+others fitting every other constant (calibrate/joint.py `_overlap_dp`; the thirteenth set's
+traces: at DP2 with a core per rank a bucket's all-gather, 108,000 BF16 parameters on average,
+took 1.1-1.4 ms while its rank computed and its reduce-scatter 1.6-2.5, where latency and bytes
+gave 0.6); a DP collective's
+fixed times (that one and `shared_core_dp_s`) are waits, not a core's work, and take nothing
+from the compute they overlap (comm.dp_work_share: GB200 settings at DP4 had measured 0.75 of
+the predicted compute); and the distributed optimizer's parameter all-gather moves the
+parameters' dtype (comm.param_bytes: 4 bytes for the CPU's FP32 runs, which had been priced at
+BF16's 2)."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -281,6 +296,13 @@ class Fitted:
     layouts whose ranks each have a core, which give the bytes' rate, and a layout with DP whose
     ranks share cores (calibrate/joint.py `_shared_link`: TP2 x DP2 next to TP2 and DP2 on the
     2-core machine); None: 0 (model revision 15)."""
+    overlap_dp_s: float | None = None
+    """The time an overlapped DP collective (megatron-core's `overlap_grad_reduce`,
+    `overlap_param_gather`: dispatched while its rank computes) takes beyond its latency and
+    bytes (and `shared_core_dp_s`), per bucket (planner comm.overlapped_dp_s). Fitted where a
+    joint fit has a layout whose DP collectives are overlapped (calibrate/joint.py `_overlap_dp`:
+    the fit layouts without overlap price a collective that runs while nothing else does);
+    None: 0 (model revision 19)."""
     shared_host_extra: float | None = None
     """Where ranks share cores: the share of a rank's host time each of its core-mates adds on top
     of their turns (host time stretches by k + extra x (k - 1) at k ranks to a core: planner

@@ -234,12 +234,44 @@ def _shared_host(ctx: Context, c: Summary, fit: Fitted) -> float:
     return _secant(f, fit.shared_host_extra or 0.1, "host time's stretch per core-mate")
 
 
+def overlapped(ctx: Context) -> bool:
+    """Whether a layout's DP collectives run while its ranks compute (megatron-core's
+    `overlap_grad_reduce` or `overlap_param_gather`, with DP)."""
+    perf = ctx.cfg.performance
+    return ctx.dp * ctx.cp > 1 and (perf.overlap_grad_reduce or perf.overlap_param_gather)
+
+
+def _overlap_dp(runs: list[tuple[Context, Summary]], fit: Fitted) -> Fitted:
+    """The time an overlapped DP collective takes beyond its latency and bytes, per bucket
+    (`Fitted.overlap_dp_s`, model revision 19), for which each overlapped layout's modelled DP
+    collectives take their measured time (`solver.dp_figure`: less the waiting for the slowest
+    replica where that is priced apart; linear in it), averaged over them; 0 where the transport
+    alone reaches it; `fit` unchanged where none has DP's time measured."""
+    got = []
+    for ctx, c in runs:
+        target = dp_figure(ctx, c, fit)
+        if not target:
+            continue
+        at = [_modelled(ctx, f, breakdown(ctx, f), "DP") for f in
+              (replace(fit, overlap_dp_s=0.0), replace(fit, overlap_dp_s=1e-3))]
+        if at[1] > at[0]:
+            got.append(max(0.0, (target - at[0]) / (at[1] - at[0]) * 1e-3))
+    return replace(fit, overlap_dp_s=fmean(got)) if got else fit
+
+
 def solve_joint(items: Sequence[tuple[Summary, Any]]) -> Fitted:
     """The constants of several measured layouts ((summary, config) each; one: `solver.solve`'s
     exact fit). The layouts must be of one system, model and precision (the caller checks)."""
     if len(items) == 1:
         return solve(*items[0])
-    runs = [(Context.of(config_of(c, cfg)), c) for c, cfg in items]
+    every = [(Context.of(config_of(c, cfg)), c) for c, cfg in items]
+    # where some layouts overlap their DP collectives with compute and some do not, the others
+    # fit every constant as before and the overlapped ones what an overlapped collective adds
+    # (model revision 19): their compute and host time run beside collectives the others never
+    # overlap
+    ovl = [r for r in every if overlapped(r[0])]
+    runs = [r for r in every if not overlapped(r[0])] if len(ovl) < len(every) else every
+    ovl = ovl if runs is not every else []
     own, shared = _core_split(runs)
     # where the cores are shared by some layouts only, those layouts alone give what the
     # sharing changes beyond compute: the transport (a peer waiting for a core lengthens every
@@ -269,8 +301,9 @@ def solve_joint(items: Sequence[tuple[Summary, Any]]) -> Fitted:
         if shared:
             new = replace(new, shared_host_extra=fmean(
                 [_shared_host(ctx, c, new) for ctx, c in shared]))
+        new = _overlap_dp(ovl, new)
         done = _same(new, fit)
         fit = new
         if done:
             break
-    return mean([fit_memory(ctx, c, fit) for ctx, c in runs])
+    return mean([fit_memory(ctx, c, fit) for ctx, c in every])

@@ -141,9 +141,10 @@ def layout_mismatches(folder: str | Path, cfg) -> list[str]:
     mine = {"system": cfg.system.id, "tp": cfg.parallel.tp, "pp": cfg.parallel.pp,
             "vp": cfg.parallel.vp or 1, "cp": cfg.parallel.cp, "dp": cfg.derived.dp}
     theirs = {"system": m.get("system"), **{k: lay.get(k) for k in ("tp", "pp", "vp", "cp", "dp")}}
-    for k in ("model", "precision"):
+    for k in ("model", "precision", "dp_overlap"):   # dp_overlap: profiles since 2026-12-07
         if k in m:
             theirs[k] = m[k]
-    mine.update(model=cfg.model.name, precision=cfg.precision.compute)
+    mine.update(model=cfg.model.name, precision=cfg.precision.compute,
+                dp_overlap=cfg.performance.dp_overlap())
     return [f"{k}: the profile has {theirs[k]!r}, the config {mine[k]!r}" for k in theirs
             if theirs[k] is not None and theirs[k] != mine[k]]

@@ -63,7 +63,7 @@ def synthetic_profile(folder: str | Path, cfg, fit, with_memory: bool = False,
     (folder / "profile.json").write_text(json.dumps({
         "kind": "synthetic profile written by the planner (not a measurement)", "mlperf_run": False,
         "config": cfg.source, "system": cfg.system.id, "model": cfg.model.name,
-        "precision": cfg.precision.compute,
+        "precision": cfg.precision.compute, "dp_overlap": cfg.performance.dp_overlap(),
         "layout": {"tp": lay.tp, "pp": lay.pp, "vp": lay.vp or 1, "cp": lay.cp, "dp": cfg.derived.dp}},
         indent=1))
     (folder / "analysis.json").write_text(json.dumps({
