@@ -89,3 +89,18 @@ def test_the_default_bucket_size_grows_with_dp_without_cp():
     ctx = Context.of(cfg)
     assert (ctx.dp, ctx.cp) == (128, 2)
     assert comm.dp_bucket_params(ctx) == 128e6
+
+
+def test_without_the_overlapped_reduce_scatter_a_chunk_is_one_bucket():
+    """megatron-core 0.19.2 DistributedDataParallel.__init__ sets `bucket_size` to None (one
+    bucket a buffer) where `overlap_grad_reduce` is off, whatever the config gave (model revision
+    20: the planner had laid the config's buckets), as model.builder's layout does."""
+    on = Context.of(load_config(REPO / "configs" / "tiny_cpu_gb200.toml"))
+    off = Context.of(load_config(REPO / "configs" / "tiny_cpu_gb200.toml",
+                                 overrides={"performance": {"overlap_grad_reduce": False,
+                                                            "overlap_param_gather": False}}))
+    assert on.cfg.performance.ddp_bucket_size == off.cfg.performance.ddp_bucket_size == 32768
+    assert comm.dp_bucket_params(on) == 32768 and comm.dp_bucket_params(off) == float("inf")
+    assert costs.plan(on, fitted()).chunks[0][0].buckets > 1
+    first = costs.plan(off, fitted()).chunks[0][0]
+    assert first.buckets == 1 and first.first_bucket_share == first.last_bucket_share == 1.0

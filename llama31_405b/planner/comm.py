@@ -11,6 +11,7 @@ reduce-scatter and parameter all-gather over the DP x CP ranks, hierarchical acr
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from .calibrate.constants import ASSUMED, Fitted
@@ -132,7 +133,11 @@ def dp_bucket_params(ctx: Context) -> float:
     """Megatron DDP's bucket size in parameters: the config's, else megatron-core 0.19.2's default
     (`DistributedDataParallel.__init__`: max(40M, 1M x the size of the DP group without CP, the
     `dp_group` of `ProcessGroupCollection.setup_process_groups_for_ddp`; model.builder resolves
-    it the same way)."""
+    it the same way); infinite, one bucket a buffer, where the gradient reduce-scatter is not
+    overlapped (the same `__init__` sets `bucket_size` to None without `overlap_grad_reduce`,
+    whatever the config gave; model revision 20: the planner had laid the config's buckets)."""
+    if not ctx.cfg.performance.overlap_grad_reduce:
+        return math.inf
     return ctx.cfg.performance.ddp_bucket_size or max(40e6, 1e6 * ctx.dp)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-MODEL_REVISION = 19
+MODEL_REVISION = 20
 """The calibrated model's revision: raised whenever the same measurements give other constants
 or predictions. A table derived from measurements (bench/planner_proof: docs/planner_proof/)
 records the revision that derived it and re-derives under that revision's code only.
@@ -142,7 +142,11 @@ fixed times (that one and `shared_core_dp_s`) are waits, not a core's work, and 
 from the compute they overlap (comm.dp_work_share: GB200 settings at DP4 had measured 0.75 of
 the predicted compute); and the distributed optimizer's parameter all-gather moves the
 parameters' dtype (comm.param_bytes: 4 bytes for the CPU's FP32 runs, which had been priced at
-BF16's 2)."""
+BF16's 2). 20: without the overlapped gradient reduce-scatter a chunk is one bucket, as
+megatron-core 0.19.2's `DistributedDataParallel.__init__` sets `bucket_size` to None then, whatever
+the config gave (comm.dp_bucket_params), where the planner had laid the config's buckets: the
+fourteenth set's GB200 settings with their DP not overlapped, at DP2 and at PP2 x VP2 x DP2,
+measured 0.37 and 0.69 of their predicted DP (20 buckets' latencies a collective)."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
