@@ -19,7 +19,7 @@ from llama31_405b.planner.context import Context
 from llama31_405b.planner.costs import plan
 from llama31_405b.planner.step import breakdown
 from test_planner_core_share import config
-from test_planner_peer_wait import KNOWN
+from test_planner_peer_wait import KNOWN, joint_fit
 
 OVERLAP = "\n[performance]\noverlap_grad_reduce = true\noverlap_param_gather = true\n" \
           "ddp_bucket_size = 32768\n"
@@ -114,13 +114,10 @@ def test_the_parameter_gather_moves_the_parameters_dtype(cfgs):
 def test_a_joint_fit_gives_the_overlapped_collectives_time_back(cfgs, known):
     tmp, c = cfgs
     fit = _fit(known)
-    names = ("tp2", "dp2", "ovdp2")
-    folders = {k: synthetic_profile(tmp / f"profile_{k}_{known}", c[k], fit) for k in names}
-    got = calibrate.solve_joint([(calibrate.from_profile(folders[k], c[k]), c[k]) for k in names])
+    got = joint_fit(tmp, c, ("tp2", "dp2", "ovdp2"), fit, str(known))
     assert got.overlap_dp_s == pytest.approx(known or 0.0, rel=1e-4, abs=1e-8)
     # the other constants come from the layouts without overlap, as without the third layout
-    two = calibrate.solve_joint([(calibrate.from_profile(folders[k], c[k]), c[k])
-                                 for k in ("tp2", "dp2")])
+    two = joint_fit(tmp, c, ("tp2", "dp2"), fit, f"{known}_two")
     for name in ("collective_latency_s", "nvlink_bus_efficiency", "host_s_per_layer_pass"):
         assert getattr(got, name) == pytest.approx(getattr(two, name), rel=1e-9), name
     # PP2 x DP2 with the same overlap, not fitted, predicted as the known constants predict it

@@ -31,6 +31,15 @@ KNOWN = dict(attention_bf16_fraction=0.09, elementwise_passes=31.0, host_s_per_l
 MEASURED = REPO / "docs" / "planner_proof" / "2026-12-06T0833Z" / "layouts" / "tp2dp2"
 
 
+def joint_fit(tmp: Path, cfgs: dict, names, fit, tag: str):
+    """A joint calibration of synthetic profiles of the layouts `names` (of `cfgs`), each written
+    with the constants `fit` into tmp/profile_<name>_<tag>: the round trip the joint fit's tests
+    take."""
+    folders = {k: synthetic_profile(tmp / f"profile_{k}_{tag}", cfgs[k], fit) for k in names}
+    return calibrate.solve_joint([(calibrate.from_profile(folders[k], cfgs[k]), cfgs[k])
+                                  for k in names])
+
+
 @pytest.fixture(scope="module")
 def layouts(tmp_path_factory):
     """TP2 and DP2 (2 ranks), TP2 x DP2, DP4 and PP2 x DP2 (4 ranks on the 2 cores), synthetic

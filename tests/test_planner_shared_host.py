@@ -13,11 +13,10 @@ import pytest
 
 from llama31_405b.config.load import load_config
 from llama31_405b.planner import calibrate, predict
-from llama31_405b.planner.calibrate.synthetic import synthetic_profile
 from llama31_405b.planner.context import Context
 from llama31_405b.planner.costs import chunk_cost, chunk_slots, host_stretch, plan
 from llama31_405b.planner.step import breakdown
-from test_planner_peer_wait import KNOWN
+from test_planner_peer_wait import KNOWN, joint_fit
 from test_planner_shared_dp import cfgs  # noqa: F401  (its layouts, as a fixture)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,9 +48,7 @@ def test_host_time_stretches_by_the_turns_and_what_each_core_mate_adds(cfgs):
 def test_a_joint_fit_gives_the_pass_host_from_own_cores_and_the_core_mates_share_back(cfgs, known):
     tmp, c = cfgs
     fit = _fit(known)
-    names = ("tp2dp2", "tp2", "dp2")
-    folders = {k: synthetic_profile(tmp / f"profile_{k}_{known}", c[k], fit) for k in names}
-    got = calibrate.solve_joint([(calibrate.from_profile(folders[k], c[k]), c[k]) for k in names])
+    got = joint_fit(tmp, c, ("tp2dp2", "tp2", "dp2"), fit, str(known))
     assert got.shared_host_extra == pytest.approx(known or 0.0, rel=1e-4, abs=1e-7)
     assert got.host_s_per_layer_pass == pytest.approx(KNOWN["host_s_per_layer_pass"], rel=1e-4)
     # DP4 and PP2 x DP2, not fitted, predicted as the known constants predict them
@@ -62,9 +59,7 @@ def test_a_joint_fit_gives_the_pass_host_from_own_cores_and_the_core_mates_share
 
 def test_the_fit_layouts_with_a_core_each_alone_fit_no_core_mates_share(cfgs):
     tmp, c = cfgs
-    names = ("tp2", "dp2")
-    folders = {k: synthetic_profile(tmp / f"profile_{k}_own", c[k], _fit(0.5)) for k in names}
-    got = calibrate.solve_joint([(calibrate.from_profile(folders[k], c[k]), c[k]) for k in names])
+    got = joint_fit(tmp, c, ("tp2", "dp2"), _fit(0.5), "own")
     assert got.shared_host_extra is None
 
 
