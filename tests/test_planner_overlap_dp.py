@@ -14,7 +14,6 @@ import pytest
 from llama31_405b.config.load import load_config
 from llama31_405b.planner import calibrate, comm, predict, simulate
 from llama31_405b.planner.calibrate.joint import overlapped
-from llama31_405b.planner.calibrate.synthetic import synthetic_profile
 from llama31_405b.planner.context import Context
 from llama31_405b.planner.costs import plan
 from llama31_405b.planner.step import breakdown
@@ -125,8 +124,16 @@ def test_a_joint_fit_gives_the_overlapped_collectives_time_back(cfgs, known):
     assert have.step_time_s == pytest.approx(want.step_time_s, rel=1e-3)
 
 
-def test_layouts_that_all_overlap_fit_as_before(cfgs):
+def test_where_only_overlapped_layouts_have_dp_they_fit_the_transport_as_before(cfgs):
+    """A joint fit of TP2 and overlapped DP2 (no other layout with DP), and of two overlapped
+    layouts: no overlapped collective's time is fitted, and the transport takes its DP figure
+    from the overlapped layout as it did before revision 19."""
     tmp, c = cfgs
-    folder = synthetic_profile(tmp / "profile_ovdp2_alone", c["ovdp2"], _fit(0.0015))
-    got = calibrate.solve_joint([(calibrate.from_profile(folder, c["ovdp2"]), c["ovdp2"])])
+    for names in (("tp2", "ovdp2"), ("ovdp2", "ovpp2dp2")):
+        got = joint_fit(tmp, c, names, _fit(0.0015), "only_" + "_".join(names))
+        assert got.overlap_dp_s is None, names
+    # TP2 and overlapped DP2 written with no overlapped time: the transport comes back
+    got = joint_fit(tmp, c, ("tp2", "ovdp2"), _fit(None), "none_tp2_ovdp2")
     assert got.overlap_dp_s is None
+    assert got.collective_latency_s == pytest.approx(KNOWN["collective_latency_s"], rel=1e-3)
+    assert got.nvlink_bus_efficiency == pytest.approx(KNOWN["nvlink_bus_efficiency"], rel=1e-3)

@@ -303,10 +303,11 @@ class Fitted:
     overlap_dp_s: float | None = None
     """The time an overlapped DP collective (megatron-core's `overlap_grad_reduce`,
     `overlap_param_gather`: dispatched while its rank computes) takes beyond its latency and
-    bytes (and `shared_core_dp_s`), per bucket (planner comm.overlapped_dp_s). Fitted where a
-    joint fit has a layout whose DP collectives are overlapped (calibrate/joint.py `_overlap_dp`:
-    the fit layouts without overlap price a collective that runs while nothing else does);
-    None: 0 (model revision 19)."""
+    bytes (and `shared_core_dp_s`), per bucket (planner comm.dp_waits_s). Fitted where a joint
+    fit has a layout whose DP collectives are overlapped and others with DP that are not
+    (calibrate/joint.py `_overlap_dp`: those price a collective that runs while nothing else
+    does); none from one profile, nor where only overlapped layouts have DP (they give the
+    transport its DP figure); None: 0 (model revision 19)."""
     shared_host_extra: float | None = None
     """Where ranks share cores: the share of a rank's host time each of its core-mates adds on top
     of their turns (host time stretches by k + extra x (k - 1) at k ranks to a core: planner

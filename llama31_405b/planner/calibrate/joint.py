@@ -265,13 +265,15 @@ def solve_joint(items: Sequence[tuple[Summary, Any]]) -> Fitted:
     if len(items) == 1:
         return solve(*items[0])
     every = [(Context.of(config_of(c, cfg)), c) for c, cfg in items]
-    # where some layouts overlap their DP collectives with compute and some do not, the others
-    # fit every constant as before and the overlapped ones what an overlapped collective adds
-    # (model revision 19): their compute and host time run beside collectives the others never
-    # overlap
-    ovl = [r for r in every if overlapped(r[0])]
-    runs = [r for r in every if not overlapped(r[0])] if len(ovl) < len(every) else every
-    ovl = ovl if runs is not every else []
+    # where some layouts overlap their DP collectives with compute and the others have DP too,
+    # the others fit every other constant as before and the overlapped ones what an overlapped
+    # collective adds (model revision 19): their compute and host time run beside collectives
+    # the others never overlap; where only overlapped layouts have DP, they give the transport
+    # its DP figure as before and no such time is fitted
+    plain = [r for r in every if not overlapped(r[0])]
+    split = len(plain) < len(every) and any(ctx.dp * ctx.cp > 1 for ctx, _ in plain)
+    runs = plain if split else every
+    ovl = [r for r in every if overlapped(r[0])] if split else []
     own, shared = _core_split(runs)
     # where the cores are shared by some layouts only, those layouts alone give what the
     # sharing changes beyond compute: the transport (a peer waiting for a core lengthens every
