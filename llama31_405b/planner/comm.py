@@ -22,14 +22,23 @@ from .topology import (NVLINK, bandwidth, collective_s, cp_span, dp_cp_span, gro
 ACT_BYTES = 2.0  # BF16 activations on the wire
 
 
+def param_bytes(ctx: Context) -> float:
+    """Bytes of one element in the parameters' dtype: 4 for the CPU's FP32 runs, 2 for BF16
+    parameters (every GPU config, and tiny_cpu_gb200 on the CPU). What an activation takes on
+    the wire (`act_bytes`) and a parameter in the distributed optimizer's parameter buffer, which
+    its all-gather moves (megatron-core 0.19.2 `_ParamAndGradBuffer`: the parameters' dtype;
+    `param_gather_bytes_per_param`). Model revision 19: FP32 parameters had been gathered at 2
+    bytes, half what they move (as the activations before revision 17)."""
+    return 4.0 if ctx.cfg.precision.params == "fp32" else ACT_BYTES
+
+
 def act_bytes(ctx: Context) -> float:
     """Bytes of one activation element on the wire (TP, CP, pipeline sends): the parameters'
-    dtype, which the model builder gives megatron-core 0.19.2 as `params_dtype` and
-    `pipeline_dtype` (`TransformerConfig`; the embedding's output and every layer's activations
-    are in it, the low-precision recipes quantize only inside the linears): 4 bytes for the CPU's
-    FP32 runs, 2 for BF16 parameters (every GPU config, and tiny_cpu_gb200 on the CPU). Model
+    dtype (`param_bytes`), which the model builder gives megatron-core 0.19.2 as `params_dtype`
+    and `pipeline_dtype` (`TransformerConfig`; the embedding's output and every layer's
+    activations are in it, the low-precision recipes quantize only inside the linears). Model
     revision 17: the CPU's FP32 runs had been priced at 2 bytes, half what they send."""
-    return 4.0 if ctx.cfg.precision.params == "fp32" else ACT_BYTES
+    return param_bytes(ctx)
 
 
 TP_FORWARD = 4
@@ -106,14 +115,6 @@ def p2p_s(ctx: Context, rank: int, fit: Fitted) -> float:
 
 OPERAND_NVFP4 = 0.5625
 """Bytes per element of NVFP4 data: 4 bits plus an E4M3 scale per 16 elements."""
-
-
-def param_bytes(ctx: Context) -> float:
-    """Bytes of one parameter in the distributed optimizer's parameter buffer, which its
-    all-gather moves (megatron-core 0.19.2 `_ParamAndGradBuffer`: the parameters' dtype): 4 for
-    the CPU's FP32 runs, 2 for BF16 parameters. Model revision 19: FP32 parameters had been
-    gathered at 2 bytes, half what they move (as the activations before revision 17)."""
-    return 4.0 if ctx.cfg.precision.params == "fp32" else 2.0
 
 
 def param_gather_bytes_per_param(ctx: Context) -> float:

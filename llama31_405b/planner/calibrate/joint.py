@@ -34,7 +34,7 @@ core busy (`Fitted.comm_core_fraction`) from the 4-rank layouts' compute; pinned
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import fields, replace
 from statistics import fmean
 from typing import Any
@@ -89,11 +89,23 @@ def _shared_link(runs: list[tuple[Context, Summary]], fit: Fitted,
                for x in (dp_figure(ctx, c, fit),) if x]
     for ctx, target in ([] if link is None else figures[:1]):
         assert link is not None  # the loop runs only with a transport
-        # the modelled DP at no fixed time and at 1 ms: linear in it (a chunk's two collectives)
-        at = [_modelled(ctx, f, breakdown(ctx, f), "DP") for f in
-              (replace(link, shared_core_dp_s=0.0), replace(link, shared_core_dp_s=1e-3))]
-        link = replace(link, shared_core_dp_s=max(0.0, (target - at[0]) / (at[1] - at[0]) * 1e-3))
+        base = link
+        x = _dp_fixed_time(ctx, lambda v: replace(base, shared_core_dp_s=v), target)
+        link = link if x is None else replace(base, shared_core_dp_s=x)
     return link
+
+
+def _dp_fixed_time(ctx: Context, with_time: Callable[[float], Fitted],
+                   target: float) -> float | None:
+    """The value of a DP collective's fixed time per bucket (`shared_core_dp_s`,
+    `overlap_dp_s`: comm.dp_waits_s; `with_time(x)`: the constants with it at x) for which the
+    layout's modelled DP collectives take `target` seconds: the modelled DP at no fixed time and
+    at 1 ms, linear in it; at least 0 (where the transport alone reaches the target); None
+    where it adds nothing to the layout's DP."""
+    at = [_modelled(ctx, f, breakdown(ctx, f), "DP") for f in (with_time(0.0), with_time(1e-3))]
+    if at[1] <= at[0]:
+        return None
+    return max(0.0, (target - at[0]) / (at[1] - at[0]) * 1e-3)
 
 
 def _with_pp(runs: list[tuple[Context, Summary]], fit: Fitted) -> Fitted:
@@ -247,15 +259,9 @@ def _overlap_dp(runs: list[tuple[Context, Summary]], fit: Fitted) -> Fitted:
     collectives take their measured time (`solver.dp_figure`: less the waiting for the slowest
     replica where that is priced apart; linear in it), averaged over them; 0 where the transport
     alone reaches it; `fit` unchanged where none has DP's time measured."""
-    got = []
-    for ctx, c in runs:
-        target = dp_figure(ctx, c, fit)
-        if not target:
-            continue
-        at = [_modelled(ctx, f, breakdown(ctx, f), "DP") for f in
-              (replace(fit, overlap_dp_s=0.0), replace(fit, overlap_dp_s=1e-3))]
-        if at[1] > at[0]:
-            got.append(max(0.0, (target - at[0]) / (at[1] - at[0]) * 1e-3))
+    got = [x for ctx, c in runs for target in (dp_figure(ctx, c, fit),) if target
+           for x in (_dp_fixed_time(ctx, lambda v: replace(fit, overlap_dp_s=v), target),)
+           if x is not None]
     return replace(fit, overlap_dp_s=fmean(got)) if got else fit
 
 
@@ -270,10 +276,10 @@ def solve_joint(items: Sequence[tuple[Summary, Any]]) -> Fitted:
     # collective adds (model revision 19): their compute and host time run beside collectives
     # the others never overlap; where only overlapped layouts have DP, they give the transport
     # its DP figure as before and no such time is fitted
+    ovl = [r for r in every if overlapped(r[0])]
     plain = [r for r in every if not overlapped(r[0])]
-    split = len(plain) < len(every) and any(ctx.dp * ctx.cp > 1 for ctx, _ in plain)
-    runs = plain if split else every
-    ovl = [r for r in every if overlapped(r[0])] if split else []
+    split = bool(ovl) and any(ctx.dp * ctx.cp > 1 for ctx, _ in plain)
+    runs, ovl = (plain, ovl) if split else (every, [])
     own, shared = _core_split(runs)
     # where the cores are shared by some layouts only, those layouts alone give what the
     # sharing changes beyond compute: the transport (a peer waiting for a core lengthens every
