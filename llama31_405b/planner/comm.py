@@ -127,7 +127,12 @@ def param_gather_bytes_per_param(ctx: Context) -> float:
 
 
 def grad_bytes_per_param(ctx: Context) -> float:
-    return 4.0 if ctx.cfg.precision.grad_reduce_in_fp32 else 2.0
+    """Bytes of one gradient element reduced over DP: FP32 with `grad_reduce_in_fp32`, else the
+    parameters' dtype (megatron-core 0.19.2 distributed/param_and_grad_buffer.py
+    `group_params_for_buffers`: a buffer's gradient dtype is torch.float with
+    `grad_reduce_in_fp32`, else the parameter's). Model
+    revision 21: 2 bytes had been taken for FP32 parameters too."""
+    return 4.0 if ctx.cfg.precision.grad_reduce_in_fp32 else param_bytes(ctx)
 
 
 def dp_bucket_params(ctx: Context) -> float:
@@ -162,6 +167,15 @@ def dp_bucket_sizes(sizes: Sequence[float], bucket: float) -> tuple[float, ...]:
     return tuple(out)
 
 
+def dp_peers_share_a_core(ctx: Context, k: float) -> bool:
+    """Members of one DP x CP group are pinned to one core: the ranks pinned k to a core
+    (systems `pin_ranks`) in blocks of a pipeline stage's ranks in rank order (parallel/cores.py
+    `core_for`), TP the fastest-varying dimension, so a block of more than TP ranks holds DP or
+    CP peers (DP4 and PP2 x DP2 on the 2-core machine; not TP2 x DP2, whose blocks are TP
+    pairs). Part of a group may be elsewhere (DP4: two peers on each core)."""
+    return bool(ctx.system.pin_ranks) and k > 1 and ctx.dp * ctx.cp > 1 and k > ctx.tp
+
+
 def dp_waits_s(ctx: Context, fit: Fitted, buckets: int) -> tuple[float, float]:
     """The fixed times a chunk's DP collectives take beyond their latency and bytes, (its
     reduce-scatter's, its all-gather's), per bucket of megatron-core's layout: where ranks share
@@ -169,10 +183,16 @@ def dp_waits_s(ctx: Context, fit: Fitted, buckets: int) -> tuple[float, float]:
     per bucket since 16); where the collective is overlapped, dispatched while its rank computes
     (megatron-core 0.19.2's `overlap_grad_reduce` for the reduce-scatters, launched by the
     backward's gradient hooks; `overlap_param_gather` for the all-gathers, by the forward's
-    pre-hooks), `Fitted.overlap_dp_s` (model revision 19). Waits for a turn on a core or for a
-    wake-up, not a core's work: they do not slow the compute they overlap (`dp_work_share`)."""
+    pre-hooks), `Fitted.overlap_dp_s` (model revision 19), and where the group's peers share a
+    core (`dp_peers_share_a_core`) `Fitted.overlap_peer_core_dp_s` per step of the ring, group
+    size less one (model revision 21: a transfer between two ranks that compute on one core
+    waits for each of them to get its turn; bench/gloo_dp_groups.py --busy timed overlapped
+    collectives at 1.65x their quiet time for TP2 x DP2, 3.8x for PP2 x DP2's one ring step on
+    one core and 5.3x for DP4's three). Waits for a turn on a core or for a wake-up, not a
+    core's work: they do not slow the compute they overlap (`dp_work_share`)."""
     shared = (fit.shared_core_dp_s or 0.0) if fit.core_share > 1 else 0.0
-    over = fit.overlap_dp_s or 0.0
+    peer = (fit.overlap_peer_core_dp_s or 0.0) if dp_peers_share_a_core(ctx, fit.core_share) else 0.0
+    over = (fit.overlap_dp_s or 0.0) + (ctx.dp * ctx.cp - 1) * peer
     perf = ctx.cfg.performance
     return (buckets * (shared + (over if perf.overlap_grad_reduce else 0.0)),
             buckets * (shared + (over if perf.overlap_param_gather else 0.0)))
@@ -181,12 +201,16 @@ def dp_waits_s(ctx: Context, fit: Fitted, buckets: int) -> tuple[float, float]:
 def dp_work_share(ctx: Context, fit: Fitted, chunks: Sequence) -> float:
     """The share of a rank's DP collective time that is transfer (latency and bytes), the part
     that takes cores or SMs from the compute it overlaps (`dp_sm_share`, `dp_hbm_share`): its
-    chunks' collectives less their waits (`dp_waits_s`); 1 without DP."""
-    total = sum(c.reduce_s + c.gather_s for c in chunks)
+    chunks' collectives that run beside its compute (the reduce-scatters, and the all-gathers
+    where `overlap_param_gather` puts them there: without it they run after the optimizer,
+    costs.plan's end-of-step work) less their waits (`dp_waits_s`); 1 without DP. Model
+    revision 21: the all-gathers had been counted wherever they ran."""
+    beside = ctx.cfg.performance.overlap_param_gather
+    total = sum(c.reduce_s + (c.gather_s if beside else 0.0) for c in chunks)
     if total <= 0:
         return 1.0
     k = 1 if ctx.cfg.optimizer.distributed else 2   # dp_reduce_s: an all-reduce is twice
-    waits = sum(k * r + (g if c.gather_s > 0 else 0.0)
+    waits = sum(k * r + (g if beside and c.gather_s > 0 else 0.0)
                 for c in chunks for r, g in (dp_waits_s(ctx, fit, c.buckets),))
     return max(0.0, 1.0 - waits / total)
 

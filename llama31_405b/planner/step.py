@@ -211,9 +211,12 @@ def _breakdown(ctx: Context, fit: Fitted, rank: int | None = None) -> Breakdown:
                   critical_rank=s.critical_rank, rank=rank, recompute_s=recompute,
                   host_s=s.host_s - s.host_under_dp_s, core_turns_s=s.turns_s,
                   dp_host_s=s.host_under_dp_s)
-    # one waiting per step, the same on every pipeline rank: of the critical rank's rest
+    # one waiting per step, the same on every pipeline rank: of the critical rank's rest, the
+    # step less its exposed DP as `calibrate.solver._peer_wait` measures it (model revision 21:
+    # with the host time under a DP collective, which had stayed in the rest)
     crit = s if rank == s.critical_rank else simulate.run(p, m, _SIMS[key])
-    wait = peer_wait_s(ctx, fit, crit.step_s - crit.dp_wait_s - crit.dp_drain_s - gather)
+    wait = peer_wait_s(ctx, fit, crit.step_s - crit.dp_wait_s - crit.dp_drain_s - gather
+                       - crit.host_under_dp_s)
     return replace(b, dp_exposed_s=b.dp_exposed_s + wait, dp_peer_wait_s=wait) if wait else b
 
 

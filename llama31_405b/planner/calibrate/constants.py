@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-MODEL_REVISION = 20
+MODEL_REVISION = 21
 """The calibrated model's revision: raised whenever the same measurements give other constants
 or predictions. A table derived from measurements (bench/planner_proof: docs/planner_proof/)
 records the revision that derived it and re-derives under that revision's code only.
@@ -146,7 +146,15 @@ BF16's 2). 20: without the overlapped gradient reduce-scatter a chunk is one buc
 megatron-core 0.19.2's `DistributedDataParallel.__init__` sets `bucket_size` to None then, whatever
 the config gave (comm.dp_bucket_params), where the planner had laid the config's buckets: the
 fourteenth set's GB200 settings with their DP not overlapped, at DP2 and at PP2 x VP2 x DP2,
-measured 0.37 and 0.69 of their predicted DP (20 buckets' latencies a collective)."""
+measured 0.37 and 0.69 of their predicted DP (20 buckets' latencies a collective). 21: an
+overlapped DP collective whose group has peers pinned to one core waits for their turns at each
+step of its ring (`Fitted.overlap_peer_core_dp_s`, comm.dp_peers_share_a_core; FP32 DP4 with the
+GB200 settings' overlapped buckets had measured 3.06x its predicted DP, the GB200 settings at
+DP4 3.4-3.7x); the DP replicas' waiting is a share of the step less all of its exposed DP, the
+host time under a DP collective included (step._breakdown, as calibrate/solver.py
+`_peer_wait` measures it); a DP stream's share of transfer counts the all-gathers only where
+they run beside compute (comm.dp_work_share); gradients are reduced in the parameters' dtype
+without `grad_reduce_in_fp32` (comm.grad_bytes_per_param: 2 bytes had been taken for FP32)."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -308,6 +316,13 @@ class Fitted:
     (calibrate/joint.py `_overlap_dp`: those price a collective that runs while nothing else
     does); none from one profile, nor where only overlapped layouts have DP (they give the
     transport its DP figure); None: 0 (model revision 19)."""
+    overlap_peer_core_dp_s: float | None = None
+    """Where an overlapped DP collective's group has peers pinned to one core (planner
+    comm.dp_peers_share_a_core: DP4 and PP2 x DP2 on the 2-core machine), the time it takes
+    beyond `overlap_dp_s`, per bucket and per step of its ring (group size less one: planner
+    comm.dp_waits_s), each transfer waiting for both its ranks' turns on a core that runs their
+    compute. Fitted where a joint fit has an overlapped layout whose DP peers share a core next
+    to one whose peers do not (calibrate/joint.py `_overlap_dp`); None: 0 (model revision 21)."""
     shared_host_extra: float | None = None
     """Where ranks share cores: the share of a rank's host time each of its core-mates adds on top
     of their turns (host time stretches by k + extra x (k - 1) at k ranks to a core: planner

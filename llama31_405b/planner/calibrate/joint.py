@@ -40,6 +40,7 @@ from statistics import fmean
 from typing import Any
 
 from .. import compute
+from ..comm import dp_peers_share_a_core
 from ..context import Context
 from ..costs import plan, stage_core_share, tp_peers_share_a_core
 from ..step import breakdown, rank_compute
@@ -254,15 +255,31 @@ def overlapped(ctx: Context) -> bool:
 
 
 def _overlap_dp(runs: list[tuple[Context, Summary]], fit: Fitted) -> Fitted:
-    """The time an overlapped DP collective takes beyond its latency and bytes, per bucket
-    (`Fitted.overlap_dp_s`, model revision 19), for which each overlapped layout's modelled DP
-    collectives take their measured time (`solver.dp_figure`: less the waiting for the slowest
-    replica where that is priced apart; linear in it), averaged over them; 0 where the transport
-    alone reaches it; `fit` unchanged where none has DP's time measured."""
+    """What an overlapped DP collective takes beyond its latency and bytes, per bucket: first
+    `Fitted.overlap_dp_s` (model revision 19), for which each overlapped layout whose DP peers
+    run on different cores has its modelled DP collectives take their measured time
+    (`solver.dp_figure`: less the waiting for the slowest replica where that is priced apart;
+    linear in it), averaged over them; then, given it, `Fitted.overlap_peer_core_dp_s` per ring
+    step (model revision 21) from those whose DP peers share a core (comm.dp_peers_share_a_core:
+    the same solve). Where every overlapped layout's peers share a core they give
+    `overlap_dp_s` and no step's time is fitted (as before revision 21). 0 where the transport
+    alone reaches the figure; `fit` unchanged where none has DP's time measured."""
+    together = [r for r in runs if dp_peers_share_a_core(r[0], breakdown(r[0], fit).core_share)]
+    apart = [r for r in runs if r not in together]
+    fit = _fixed_time_of(apart or together, fit, lambda f, v: replace(f, overlap_dp_s=v))
+    return _fixed_time_of(together if apart else [], fit,
+                          lambda f, v: replace(f, overlap_peer_core_dp_s=v))
+
+
+def _fixed_time_of(runs: list[tuple[Context, Summary]], fit: Fitted,
+                   put: Callable[[Fitted, float], Fitted]) -> Fitted:
+    """`fit` with a DP fixed time (`put(fit, x)` sets it: `_dp_fixed_time`) at its mean over
+    `runs`; unchanged where none of them has DP's time measured or the time adds nothing to its
+    DP."""
     got = [x for ctx, c in runs for target in (dp_figure(ctx, c, fit),) if target
-           for x in (_dp_fixed_time(ctx, lambda v: replace(fit, overlap_dp_s=v), target),)
+           for x in (_dp_fixed_time(ctx, lambda v: put(fit, v), target),)
            if x is not None]
-    return replace(fit, overlap_dp_s=fmean(got)) if got else fit
+    return put(fit, fmean(got)) if got else fit
 
 
 def solve_joint(items: Sequence[tuple[Summary, Any]]) -> Fitted:
