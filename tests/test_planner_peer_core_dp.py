@@ -45,6 +45,12 @@ def _fit(ov: float | None = 0.0015, peer: float | None = None):
     return replace(calibrate.fitted(), **KNOWN, overlap_dp_s=ov, overlap_peer_core_dp_s=peer)
 
 
+def config_like(cfg, *, overlap: bool):
+    """`cfg` with both of megatron-core's DP overlaps set to `overlap`."""
+    perf = replace(cfg.performance, overlap_grad_reduce=overlap, overlap_param_gather=overlap)
+    return replace(cfg, performance=perf)
+
+
 def _k(ctx: Context) -> float:
     return breakdown(ctx, _fit()).core_share
 
@@ -80,11 +86,6 @@ def test_the_peer_cores_wait_is_per_ring_step_and_only_where_it_applies(cfgs):
     # without overlap the collectives wait for none of it
     plain = Context.of(config_like(c["ovdp4"], overlap=False))
     assert comm.dp_waits_s(plain, fit, 5) == (0.0, 0.0)
-
-
-def config_like(cfg, *, overlap: bool):
-    perf = replace(cfg.performance, overlap_grad_reduce=overlap, overlap_param_gather=overlap)
-    return replace(cfg, performance=perf)
 
 
 @pytest.mark.parametrize("peer", [0.002, None])

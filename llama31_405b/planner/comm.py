@@ -130,8 +130,8 @@ def grad_bytes_per_param(ctx: Context) -> float:
     """Bytes of one gradient element reduced over DP: FP32 with `grad_reduce_in_fp32`, else the
     parameters' dtype (megatron-core 0.19.2 distributed/param_and_grad_buffer.py
     `group_params_for_buffers`: a buffer's gradient dtype is torch.float with
-    `grad_reduce_in_fp32`, else the parameter's). Model
-    revision 21: 2 bytes had been taken for FP32 parameters too."""
+    `grad_reduce_in_fp32`, else the parameter's). Model revision 21: 2 bytes had been taken for
+    FP32 parameters too."""
     return 4.0 if ctx.cfg.precision.grad_reduce_in_fp32 else param_bytes(ctx)
 
 
@@ -191,7 +191,8 @@ def dp_waits_s(ctx: Context, fit: Fitted, buckets: int) -> tuple[float, float]:
     one core and 5.3x for DP4's three). Waits for a turn on a core or for a wake-up, not a
     core's work: they do not slow the compute they overlap (`dp_work_share`)."""
     shared = (fit.shared_core_dp_s or 0.0) if fit.core_share > 1 else 0.0
-    peer = (fit.overlap_peer_core_dp_s or 0.0) if dp_peers_share_a_core(ctx, fit.core_share) else 0.0
+    peers = dp_peers_share_a_core(ctx, fit.core_share)
+    peer = (fit.overlap_peer_core_dp_s or 0.0) if peers else 0.0
     over = (fit.overlap_dp_s or 0.0) + (ctx.dp * ctx.cp - 1) * peer
     perf = ctx.cfg.performance
     return (buckets * (shared + (over if perf.overlap_grad_reduce else 0.0)),

@@ -43,7 +43,7 @@ from .. import compute
 from ..comm import dp_peers_share_a_core
 from ..context import Context
 from ..costs import plan, stage_core_share, tp_peers_share_a_core
-from ..step import breakdown, rank_compute
+from ..step import breakdown, core_share, rank_compute
 from .constants import Fitted
 from .precisions import with_probe
 from .solver import (LINEAR, _close_step, _comm, _compute, _initial, _link, _modelled, _peer_wait,
@@ -86,14 +86,9 @@ def _shared_link(runs: list[tuple[Context, Summary]], fit: Fitted,
     if tp is None or dp is None:
         return None
     link = _link(fit, tp, dp)
-    figures = [(ctx, x) for ctx, c in shared if ctx.dp * ctx.cp > 1
-               for x in (dp_figure(ctx, c, fit),) if x]
-    for ctx, target in ([] if link is None else figures[:1]):
-        assert link is not None  # the loop runs only with a transport
-        base = link
-        x = _dp_fixed_time(ctx, lambda v: replace(base, shared_core_dp_s=v), target)
-        link = link if x is None else replace(base, shared_core_dp_s=x)
-    return link
+    first = [(ctx, c) for ctx, c in shared if ctx.dp * ctx.cp > 1 and dp_figure(ctx, c, fit)][:1]
+    return None if link is None else _fixed_time_of(
+        first, link, lambda f, v: replace(f, shared_core_dp_s=v))
 
 
 def _dp_fixed_time(ctx: Context, with_time: Callable[[float], Fitted],
@@ -264,8 +259,10 @@ def _overlap_dp(runs: list[tuple[Context, Summary]], fit: Fitted) -> Fitted:
     the same solve). Where every overlapped layout's peers share a core they give
     `overlap_dp_s` and no step's time is fitted (as before revision 21). 0 where the transport
     alone reaches the figure; `fit` unchanged where none has DP's time measured."""
-    together = [r for r in runs if dp_peers_share_a_core(r[0], breakdown(r[0], fit).core_share)]
-    apart = [r for r in runs if r not in together]
+    together: list[tuple[Context, Summary]] = []
+    apart: list[tuple[Context, Summary]] = []
+    for r in runs:
+        (together if dp_peers_share_a_core(r[0], core_share(r[0], fit)) else apart).append(r)
     fit = _fixed_time_of(apart or together, fit, lambda f, v: replace(f, overlap_dp_s=v))
     return _fixed_time_of(together if apart else [], fit,
                           lambda f, v: replace(f, overlap_peer_core_dp_s=v))
