@@ -102,7 +102,7 @@ def synthetic_run(tmp_path_factory) -> Path:
 
 def test_the_proof_file_fixes_the_proof():
     p = spec.load()
-    assert (p.date, p.step_tol, p.component_tol, p.negligible) == ("2026-12-07T1540Z", 0.15, 0.25,
+    assert (p.date, p.step_tol, p.component_tol, p.negligible) == ("2026-12-07T1732Z", 0.15, 0.25,
                                                                     0.05)
     assert (p.rounds, p.steps) == (3, 16)   # the fourth file: 16 profiled steps, 4 before
     assert "committed_before_measurement = true" in p.text
@@ -111,9 +111,12 @@ def test_the_proof_file_fixes_the_proof():
     # DP2 (the kernels' time per pass apart from their rate)
     # and (the fifth file, model revision 19) a twin with the GB200 settings' overlapped DP;
     # (the sixth, revision 21) the unseen DP4's twin with it, DP peers sharing cores
-    assert (four.fit, four.unseen) == (("tp2dp2", "tp2", "dp2", "ovtp2dp2", "ovdp4"),
+    # (the seventh, revision 22) the first with a pipeline, PP2 x VP2 at 2 ranks, in both sections
+    assert (four.fit, four.unseen) == (("tp2dp2", "tp2", "dp2", "ovtp2dp2", "ovdp4", "pp2vp2"),
                                        ("dp4", "pp2dp2", "pp2dp2vp2", "tp2pp2", "gb200"))
-    assert (sorted(two.fit), two.unseen) == (["dp2", "ovdp2", "tp2"], ("pp2",))
+    assert (sorted(two.fit), two.unseen) == (["dp2", "ovdp2", "pp2vp2", "tp2"], ("pp2",))
+    assert dict(p.layouts["pp2vp2"].overrides) == dict(p.layouts["pp2dp2vp2"].overrides)
+    assert (p.layouts["pp2vp2"].ranks, p.layouts["pp2dp2vp2"].ranks) == (2, 4)
     for a, b in (("tp2dp2", "ovtp2dp2"), ("dp2", "ovdp2"), ("dp4", "ovdp4")):
         assert dict(p.layouts[b].overrides) == dict(p.layouts[a].overrides) | {
             "overlap": 1, "bucket": 32768}

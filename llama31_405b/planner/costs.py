@@ -235,6 +235,14 @@ def host_pass_s(ctx: Context, fit: Fitted) -> float:
     return fixed + ctx.system.host_s_per_layer_token * ctx.tokens
 
 
+def chunk_host_s(ctx: Context, fit: Fitted) -> float:
+    """Host time per model chunk and microbatch pass beyond its layer slots' (the pipeline
+    schedule's Python around the pass and its exchanges): fitted from a pipeline layout's
+    profile, else the system's prior (model revision 22)."""
+    c = fit.host_s_per_chunk_pass
+    return ctx.system.host_s_per_chunk_pass if c is None else c
+
+
 def chunk_slots(ctx: Context, rank: int, chunk: int) -> tuple[int, bool, bool]:
     """(transformer layers, holds the embedding, holds the output layer and loss) of a pipeline
     rank's model chunk."""
@@ -286,8 +294,9 @@ def chunk_cost(ctx: Context, rank: int, chunk: int, fit: Fitted) -> ChunkCost:
         sizes = comm.dp_bucket_sizes(chunk_param_sizes(ctx, layers, emb, logits),
                                      comm.dp_bucket_params(ctx))
     buckets, total = len(sizes), sum(sizes)
-    # embedding and loss as layers, and the emulated linears' Python (model revision 18)
-    host = (host_pass_s(ctx, fit) * (layers + emb + logits)
+    # embedding and loss as layers, the emulated linears' Python (model revision 18) and the
+    # schedule's around the chunk's pass (revision 22)
+    host = (host_pass_s(ctx, fit) * (layers + emb + logits) + chunk_host_s(ctx, fit)
             + emulated_linear_host_s(ctx, layers)) * host_stretch(fit, k)
     host_b = host * (2 if ctx.cfg.performance.recompute == "full" else 1)
     return ChunkCost(fwd=fwd, bwd=bwd, tp_fwd=tp_f, tp_bwd=tp_b, cp_fwd=cp_f, cp_bwd=cp_b,

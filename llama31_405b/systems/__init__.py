@@ -121,6 +121,12 @@ class SystemSpec:
     step (the optimizer's gradient-norm read), stretched like the passes' where ranks share
     cores: 0 on GPUs (CUDA graphs); on a CPU, the optimizer's and the step's Python
     (bench/host_priors.py: 7.3 ms per step on 2-rank FP32 profiles, 2 of them the assumed)."""
+    host_s_per_chunk_pass: float = 0.0
+    """Host time per model chunk and microbatch pass (forward or backward) beyond its layers',
+    the prior a calibration with a pipeline fit layout replaces (`Fitted.host_s_per_chunk_pass`):
+    0 on GPUs (CUDA graphs replay the schedule); on a CPU, the pipeline schedule's Python around
+    each pass and its exchanges, about 0.5 ms a pass (bench/host_where.py on the committed
+    profiles, docs/planner_proof/host_where/2026-12-07T1635Z.txt; model revision 22)."""
     host_s_per_emulated_linear: float = 0.0
     """Host time of one emulated low-precision linear's autograd Function, forward or backward,
     beyond an FP32 linear's (whose Python is in `host_s_per_layer_pass`), stretched like the

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-MODEL_REVISION = 21
+MODEL_REVISION = 22
 """The calibrated model's revision: raised whenever the same measurements give other constants
 or predictions. A table derived from measurements (bench/planner_proof: docs/planner_proof/)
 records the revision that derived it and re-derives under that revision's code only.
@@ -154,7 +154,13 @@ DP4 3.4-3.7x); the DP replicas' waiting is a share of the step less all of its e
 host time under a DP collective included (step._breakdown, as calibrate/solver.py
 `_peer_wait` measures it); a DP stream's share of transfer counts the all-gathers only where
 they run beside compute (comm.dp_work_share); gradients are reduced in the parameters' dtype
-without `grad_reduce_in_fp32` (comm.grad_bytes_per_param: 2 bytes had been taken for FP32)."""
+without `grad_reduce_in_fp32` (comm.grad_bytes_per_param: 2 bytes had been taken for FP32). 22:
+each model chunk's pass has host time of its own beyond its layer slots' (systems and
+`Fitted.host_s_per_chunk_pass`: the pipeline schedule's Python, about 0.5 ms a pass on the CPU),
+fitted from a pipeline fit layout's host time (calibrate/joint.py `_chunk_host`), where the host
+time per layer slot had given a one-layer chunk a sixth of a six-slot chunk's: the GB200
+settings at PP2 x VP4, 32 passes of one layer slot a step, measured 1.71 of their predicted host
+time."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -323,6 +329,14 @@ class Fitted:
     comm.dp_waits_s), each transfer waiting for both its ranks' turns on a core that runs their
     compute. Fitted where a joint fit has an overlapped layout whose DP peers share a core next
     to one whose peers do not (calibrate/joint.py `_overlap_dp`); None: 0 (model revision 21)."""
+    host_s_per_chunk_pass: float | None = None
+    """Host time per model chunk and microbatch pass, forward or backward, beyond its layer
+    slots' (`host_s_per_layer_pass`): the pipeline schedule's Python around each pass and its
+    exchanges (planner costs.chunk_host_s). Fitted where a joint fit has a pipeline layout
+    whose ranks each have a core next to layouts without a pipeline, for which its modelled host
+    time is its measured host time (calibrate/joint.py `_chunk_host`): every chunk pass of a
+    layout without a pipeline holds all its layers, so only a pipeline's passes of fewer layer
+    slots tell the two apart; None: the system's `host_s_per_chunk_pass` (model revision 22)."""
     shared_host_extra: float | None = None
     """Where ranks share cores: the share of a rank's host time each of its core-mates adds on top
     of their turns (host time stretches by k + extra x (k - 1) at k ranks to a core: planner

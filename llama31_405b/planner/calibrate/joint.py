@@ -279,6 +279,35 @@ def _fixed_time_of(runs: list[tuple[Context, Summary]], fit: Fitted,
     return put(fit, fmean(got)) if got else fit
 
 
+def _chunk_host(runs: list[tuple[Context, Summary]], fit: Fitted) -> Fitted:
+    """The host time per model chunk pass (`Fitted.host_s_per_chunk_pass`, model revision 22)
+    for which each of `runs` (pipeline layouts whose ranks each have a core) has its modelled
+    host time (`step.Breakdown.host_s`, linear in it) at its measured host gaps
+    (`Summary.host_s`), averaged; at least 0; `fit` unchanged where none has its host time
+    measured or the time adds nothing to its host time."""
+    got = []
+    for ctx, c in runs:
+        if c.host_s is None:
+            continue
+        at = [breakdown(ctx, replace(fit, host_s_per_chunk_pass=x)).host_s for x in (0.0, 1e-3)]
+        if at[1] > at[0]:
+            got.append(max(0.0, (c.host_s - at[0]) / (at[1] - at[0]) * 1e-3))
+    return replace(fit, host_s_per_chunk_pass=fmean(got)) if got else fit
+
+
+def _pipelines(runs: list[tuple[Context, Summary]]) -> tuple[list, list]:
+    """(the layouts that fit every other constant, the pipeline layouts whose ranks each have a
+    core that give the host time per chunk pass alone: `_chunk_host`) where the fit has both
+    and the others have none with a pipeline; else (every layout, none). A chunk pass of a
+    layout without a pipeline holds every layer slot, so its host time per chunk pass and per
+    layer slot are one figure; a pipeline's one-layer chunks tell them apart."""
+    cores = runs[0][0].system.shared_cores
+    pipe = [r for r in runs if r[0].pp > 1
+            and not (cores and r[0].tp * r[0].pp * r[0].cp * r[0].dp > cores)]
+    rest = [r for r in runs if r not in pipe]
+    return (rest, pipe) if pipe and rest and not any(ctx.pp > 1 for ctx, _ in rest) else (runs, [])
+
+
 def solve_joint(items: Sequence[tuple[Summary, Any]]) -> Fitted:
     """The constants of several measured layouts ((summary, config) each; one: `solver.solve`'s
     exact fit). The layouts must be of one system, model and precision (the caller checks)."""
@@ -294,6 +323,9 @@ def solve_joint(items: Sequence[tuple[Summary, Any]]) -> Fitted:
     plain = [r for r in every if not overlapped(r[0])]
     split = bool(ovl) and any(ctx.dp * ctx.cp > 1 for ctx, _ in plain)
     runs, ovl = (plain, ovl) if split else (every, [])
+    # a pipeline layout whose ranks each have a core, next to layouts without a pipeline, gives
+    # the host time per chunk pass and nothing else (model revision 22)
+    runs, pipe = _pipelines(runs)
     own, shared = _core_split(runs)
     # where the cores are shared by some layouts only, those layouts alone give what the
     # sharing changes beyond compute: the transport (a peer waiting for a core lengthens every
@@ -323,7 +355,7 @@ def solve_joint(items: Sequence[tuple[Summary, Any]]) -> Fitted:
         if shared:
             new = replace(new, shared_host_extra=fmean(
                 [_shared_host(ctx, c, new) for ctx, c in shared]))
-        new = _overlap_dp(ovl, new)
+        new = _overlap_dp(ovl, _chunk_host(pipe, new))
         done = _same(new, fit)
         fit = new
         if done:
