@@ -12,6 +12,7 @@ import pytest
 from llama31_405b.config.load import load_config
 from llama31_405b.planner import calibrate, costs
 from llama31_405b.planner.calibrate.joint import _pipelines
+from llama31_405b.planner.calibrate.synthetic import synthetic_profile
 from llama31_405b.planner.context import Context
 from llama31_405b.planner.step import breakdown
 from llama31_405b.systems import load_system, system_ids
@@ -94,3 +95,18 @@ def test_which_layouts_give_the_chunk_pass_alone(cfgs):
     assert _pipelines(every) == (every, [])
     every = [runs[n] for n in ("tp2", "pp2dp2vp2", "pp2vp2")]
     assert _pipelines(every) == (every, [])
+
+
+def test_a_pipeline_layout_without_host_gaps_fits_no_chunk_pass(cfgs):
+    """A summary that measured no host gaps (a published summary's form) gives nothing: the
+    prior stays, and the other layouts fit as without it."""
+    tmp, c = cfgs
+    fit = _fit(7e-4)
+    names = ("tp2", "dp2", "tp2dp2", "pp2vp2")
+    folders = {k: synthetic_profile(tmp / f"profile_{k}_nohost", c[k], fit) for k in names}
+    items = [(calibrate.from_profile(folders[k], c[k]), c[k]) for k in names]
+    items[-1] = (replace(items[-1][0], host_s=None), items[-1][1])
+    got = calibrate.solve_joint(items)
+    assert got.host_s_per_chunk_pass is None
+    assert got.host_s_per_layer_pass == pytest.approx(
+        joint_fit(tmp, c, names[:-1], fit, "nohost_ref").host_s_per_layer_pass, rel=1e-9)
