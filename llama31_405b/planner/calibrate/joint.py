@@ -91,17 +91,22 @@ def _shared_link(runs: list[tuple[Context, Summary]], fit: Fitted,
         first, link, lambda f, v: replace(f, shared_core_dp_s=v))
 
 
+def _solved(figure: Callable[[float], float], target: float) -> float | None:
+    """The time x (seconds) at which a modelled figure linear in it, `figure(x)`, is `target`:
+    the line through its values at 0 and 1 ms; at least 0 (where the figure reaches the target
+    without it); None where it does not grow with x."""
+    at = [figure(0.0), figure(1e-3)]
+    return None if at[1] <= at[0] else max(0.0, (target - at[0]) / (at[1] - at[0]) * 1e-3)
+
+
 def _dp_fixed_time(ctx: Context, with_time: Callable[[float], Fitted],
                    target: float) -> float | None:
     """The value of a DP collective's fixed time per bucket (`shared_core_dp_s`,
     `overlap_dp_s`: comm.dp_waits_s; `with_time(x)`: the constants with it at x) for which the
-    layout's modelled DP collectives take `target` seconds: the modelled DP at no fixed time and
-    at 1 ms, linear in it; at least 0 (where the transport alone reaches the target); None
-    where it adds nothing to the layout's DP."""
-    at = [_modelled(ctx, f, breakdown(ctx, f), "DP") for f in (with_time(0.0), with_time(1e-3))]
-    if at[1] <= at[0]:
-        return None
-    return max(0.0, (target - at[0]) / (at[1] - at[0]) * 1e-3)
+    layout's modelled DP collectives take `target` seconds (`_solved`); None where it adds
+    nothing to the layout's DP."""
+    return _solved(lambda x: _modelled(ctx, with_time(x), breakdown(ctx, with_time(x)), "DP"),
+                   target)
 
 
 def _with_pp(runs: list[tuple[Context, Summary]], fit: Fitted) -> Fitted:
@@ -208,14 +213,19 @@ def _call_times(own: list[tuple[Context, Summary]], fit: Fitted) -> Fitted | Non
                                                           | {prec: eta}).items()))))
 
 
+def _shares_cores(ctx: Context) -> bool:
+    """The layout has more ranks than the system's `shared_cores` (none on GPUs): some wait for
+    a core."""
+    cores = ctx.system.shared_cores
+    return bool(cores) and ctx.tp * ctx.pp * ctx.cp * ctx.dp > cores
+
+
 def _core_split(runs: list[tuple[Context, Summary]]) -> tuple[list, list]:
     """(the layouts whose ranks each have a core, those whose ranks share them) where the fit
     has both on a system with `shared_cores`; else (every layout, none)."""
-    cores = runs[0][0].system.shared_cores
-    waits = [ctx.tp * ctx.pp * ctx.cp * ctx.dp > cores for ctx, _ in runs]
-    own = [r for r, w in zip(runs, waits) if not w]
-    shared = [r for r, w in zip(runs, waits) if w]
-    return (own, shared) if cores and own and shared else (runs, [])
+    own = [r for r in runs if not _shares_cores(r[0])]
+    shared = [r for r in runs if _shares_cores(r[0])]
+    return (own, shared) if own and shared else (runs, [])
 
 
 def _compute_share(ctx: Context, c: Summary, fit: Fitted) -> float:
@@ -285,13 +295,9 @@ def _chunk_host(runs: list[tuple[Context, Summary]], fit: Fitted) -> Fitted:
     host time (`step.Breakdown.host_s`, linear in it) at its measured host gaps
     (`Summary.host_s`), averaged; at least 0; `fit` unchanged where none has its host time
     measured or the time adds nothing to its host time."""
-    got = []
-    for ctx, c in runs:
-        if c.host_s is None:
-            continue
-        at = [breakdown(ctx, replace(fit, host_s_per_chunk_pass=x)).host_s for x in (0.0, 1e-3)]
-        if at[1] > at[0]:
-            got.append(max(0.0, (c.host_s - at[0]) / (at[1] - at[0]) * 1e-3))
+    got = [x for ctx, c in runs if c.host_s is not None
+           for x in (_solved(lambda v: breakdown(ctx, replace(fit, host_s_per_chunk_pass=v)).host_s,
+                             c.host_s),) if x is not None]
     return replace(fit, host_s_per_chunk_pass=fmean(got)) if got else fit
 
 
@@ -301,9 +307,7 @@ def _pipelines(runs: list[tuple[Context, Summary]]) -> tuple[list, list]:
     and the others have none with a pipeline; else (every layout, none). A chunk pass of a
     layout without a pipeline holds every layer slot, so its host time per chunk pass and per
     layer slot are one figure; a pipeline's one-layer chunks tell them apart."""
-    cores = runs[0][0].system.shared_cores
-    pipe = [r for r in runs if r[0].pp > 1
-            and not (cores and r[0].tp * r[0].pp * r[0].cp * r[0].dp > cores)]
+    pipe = [r for r in runs if r[0].pp > 1 and not _shares_cores(r[0])]
     rest = [r for r in runs if r not in pipe]
     return (rest, pipe) if pipe and rest and not any(ctx.pp > 1 for ctx, _ in rest) else (runs, [])
 
