@@ -36,6 +36,16 @@ in `make test`.
                                 calibration CAL (of this model revision), printed, nothing
                                 written: a diagnosis of how much a prediction owes to the run
                                 its calibration came from, never the folder's own report
+    ... [--beside SECTION=FILE ...]
+                                a proof run that also profiles the [layouts] of each FILE in
+                                its own rounds, interleaved with the proof's (as its unseen
+                                layouts are), and predicts them from the run's calibration of
+                                SECTION: each reported apart, in a folder of the --extra kind
+                                beside the run's (extra_<run>_<SECTION>), never in the
+                                published table. The set and the calibration then see the
+                                same machine: a set predicted from another run's calibration
+                                reads that run's drift (docs/planner.md, "What revision 22
+                                leaves")
     ... --extra FILE --calibration CAL [--out DIR]
                                 profile the [layouts] of FILE (the proof file's format) and
                                 predict them from CAL: reported apart (extra.md, extra.json in
@@ -250,19 +260,97 @@ def _now() -> str:
     return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
 
 
+def beside_sets(proof: spec.Proof, items: list[str]) -> list[tuple[str, Path, dict]]:
+    """`--beside SECTION=FILE`: (section, file, its layouts) each, refused before any work
+    where SECTION is not one of the proof's, a layout's name is already taken (by the proof file
+    or another FILE), or a layout has another rank count than every unseen layout of SECTION
+    (a set meant for the other section)."""
+    sections = {s.name: s for s in proof.sections}
+    taken, out = set(proof.layouts), []
+    for item in items:
+        name, _, path = item.partition("=")
+        if name not in sections or not path:
+            sys.exit(f"--beside {item!r}: give SECTION=FILE, SECTION one of the proof's "
+                     f"sections ({', '.join(sections)})")
+        try:
+            layouts = spec.load_layouts(Path(path))
+        except (OSError, ValueError) as e:
+            sys.exit(f"--beside {item!r}: {e}")
+        ranks = {proof.layouts[n].ranks for n in sections[name].unseen}
+        for n, lay in layouts.items():
+            if n in taken:
+                sys.exit(f"{path}: layout {n!r} is already named by the proof file or another "
+                         "--beside file: rename it")
+            if lay.ranks not in ranks:
+                sys.exit(f"{path}: layout {n!r} has {lay.ranks} ranks, section {name}'s unseen "
+                         f"layouts {sorted(ranks)}: give it to the section of its rank count")
+        taken |= set(layouts)
+        out.append((name, Path(path), layouts))
+    return out
+
+
+def _beside_path(run: Path, sec: str) -> Path:
+    return run.parent / f"extra_{run.name}_{sec}"
+
+
+def _beside_folder(run: Path, proof: spec.Proof, sec: str, path: Path, layouts: dict) -> Path:
+    """The new folder of a set profiled beside `run` (refused where it exists), holding its
+    layouts file, the proof file and each layout's committed config, which must load."""
+    from llama31_405b.config.load import load_config
+    out = summaries.new_folder(_beside_path(run, sec))
+    (out / "proof.toml").write_text(proof.text)
+    shutil.copyfile(path, out / "layouts.toml")
+    for n, lay in layouts.items():
+        load_config(spec.committed_config(lay, out / "layouts" / n))
+    return out
+
+
+def _rel(path: Path) -> str:
+    path = Path(path).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def beside_report(run: Path, work: Path, folder: Path, sec: str, path: Path, layouts: dict,
+                  rounds: int, info: dict) -> None:
+    """A set profiled beside `run`: summarised into `folder` and predicted from the run's
+    calibration of `sec` (copied as calibration/given.toml), as an --extra folder."""
+    cal = run / "calibration" / f"{sec}.toml"
+    summarise(work, folder, layouts, list(layouts), rounds)
+    (folder / "run.json").write_text(json.dumps(info | {"beside": run.name}, indent=1) + "\n")
+    if not cal.is_file():
+        print(f"{folder}: section {sec} has no calibration (table.md says why): the set is "
+              "summarised, not predicted")
+        return
+    (folder / "calibration").mkdir()
+    shutil.copyfile(cal, folder / "calibration" / "given.toml")
+    t = derive.derive_extra(folder, _rel(path), _rel(cal))
+    (folder / "extra.json").write_text(json.dumps(t, indent=1) + "\n")
+    (folder / "extra.md").write_text(render.extra_markdown(t))
+    print(render.extra_markdown(t) + f"\nWritten: {folder}")
+
+
 def proof_run(a) -> None:
     proof = spec.load(a.proof)
-    run = summaries.new_folder(a.out or ROOT / "docs" / "planner_proof" /
-                               time.strftime("%Y-%m-%dT%H%MZ", time.gmtime()))
+    sets = beside_sets(proof, getattr(a, "beside", None) or [])
+    commit = _commit()   # before this run writes anything (the sets' folders get files at once)
+    run = Path(a.out or ROOT / "docs" / "planner_proof" /
+               time.strftime("%Y-%m-%dT%H%MZ", time.gmtime()))
+    summaries.refuse_existing(*[_beside_path(run, sec) for sec, _, _ in sets])
+    summaries.new_folder(run)
+    folders = [_beside_folder(run, proof, sec, path, lay) for sec, path, lay in sets]
     work = a.work or Path(tempfile.mkdtemp(prefix="planner_vs_measured_"))
     work.mkdir(parents=True, exist_ok=True)
     info = {"started": _now(), "cpus": os.cpu_count(), "load_before": os.getloadavg()[0],
-            "work": str(work), **_cpu(), **_commit()}
+            "work": str(work), **_cpu(), **commit}
     print(f"summaries folder {run}; work folder {work}; load average {info['load_before']:.1f} "
           f"on {info['cpus']} CPUs; {info['started']}", flush=True)
     (run / "proof.toml").write_text(proof.text)
     names = proof.profiled
-    profile_all(work, proof.layouts, names, proof.fits, proof.rounds, proof.steps, a.reuse)
+    layouts = dict(proof.layouts)
+    for _, _, lay in sets:
+        layouts |= lay
+    profile_all(work, layouts, [*names, *[n for _, _, lay in sets for n in lay]], proof.fits,
+                proof.rounds, proof.steps, a.reuse)
     summarise(work, run, proof.layouts, names, proof.rounds)
     info.update(finished=_now(), load_after=os.getloadavg()[0])
     (run / "run.json").write_text(json.dumps(info, indent=1) + "\n")
@@ -270,6 +358,8 @@ def proof_run(a) -> None:
     (run / "table.json").write_text(json.dumps(table, indent=1) + "\n")
     (run / "table.md").write_text(render.markdown(table))
     print(render.markdown(table))
+    for folder, (sec, path, lay) in zip(folders, sets):
+        beside_report(run, work, folder, sec, path, lay, proof.rounds, info)
     print(f"Load average {info['load_before']:.1f} before, {info['load_after']:.1f} after "
           f"({info['finished']}). Written: {run}")
 
@@ -327,12 +417,17 @@ def main() -> None:
     ap.add_argument("--derive", type=Path, metavar="RUN",
                     help="re-derive RUN's table (or an --extra folder's)")
     ap.add_argument("--extra", type=Path, metavar="FILE", help="layouts outside the proof")
+    ap.add_argument("--beside", action="append", metavar="SECTION=FILE",
+                    help="with a proof run: also profile FILE's layouts in its rounds and "
+                         "predict them from its SECTION calibration, reported apart")
     ap.add_argument("--calibration", type=Path,
                     help="with --extra: the calibration to use; with --derive DIR: predict the "
                          "--extra folder DIR from it instead (printed only)")
     a = ap.parse_args()
     if a.reuse and not a.work:
         sys.exit("--reuse needs --work DIR")
+    if a.beside and (a.extra or a.derive):
+        sys.exit("--beside belongs to a proof run: not with --extra or --derive")
     if a.derive:
         sys.exit(diagnose_extra(a.derive, a.calibration) if a.calibration
                  else rederive(a.derive))

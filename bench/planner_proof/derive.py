@@ -246,8 +246,9 @@ def derive_extra(folder: Path, layouts_file: str, calibration: str,
     tolerances and rounds. The layouts and the proof file are the folder's copies (layouts.toml,
     proof.toml); a folder written before the bench kept them (the two of 2026-12-05T1200Z) reads
     `layouts_file` and the repository's proof file, whose tolerances and rounds were theirs.
-    `given`: another calibration file to predict them from instead (a diagnosis, never the
-    folder's extra.json)."""
+    A set profiled in a proof run's rounds (the bench's `--beside`) names that run (`beside`,
+    from the folder's run.json). `given`: another calibration file to predict them from
+    instead (a diagnosis, never the folder's extra.json)."""
     from llama31_405b.planner import calibrate as cal
     from llama31_405b.planner.calibrate import MODEL_REVISION
     folder = Path(folder)
@@ -258,7 +259,10 @@ def derive_extra(folder: Path, layouts_file: str, calibration: str,
     fit = cal.read(given or folder / "calibration" / "given.toml").fit
     rows = [layout_row(folder, proof, lay, "extra", fit, records)
             for lay in layouts.values()]
-    return {"layouts_file": layouts_file, "calibration": calibration,
+    rj = folder / "run.json"
+    beside = json.loads(rj.read_text()).get("beside") if rj.is_file() else None
+    return ({"beside": beside} if beside else {}) | {
+            "layouts_file": layouts_file, "calibration": calibration,
             "model_revision": MODEL_REVISION, "rounds": proof.rounds,
             "tolerance": tolerance(proof),
             "rows": rows, "verdict": judge(rows)}

@@ -100,8 +100,11 @@ def markdown(t: dict) -> str:
 
 def extra_markdown(t: dict) -> str:
     """Layouts outside the proof, predicted from a given calibration: reported apart."""
+    where = (f"profiled in the rounds of proof run {t['beside']}, beside its layouts, and "
+             f"predicted from its calibration {t['calibration']}" if t.get("beside")
+             else f"predicted from {t['calibration']}")
     return "\n".join([f"Not part of the published proof: layouts of {t['layouts_file']}, "
-                      f"predicted from {t['calibration']} ({t['rounds']} rounds).", "",
+                      f"{where} ({t['rounds']} rounds).", "",
                       *rows_table(t["rows"]), "", *retry_lines(t["rows"]),
                       *verdict_lines(t["verdict"], t["tolerance"],
                                                                  "extra"), ""])

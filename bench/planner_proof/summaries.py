@@ -40,12 +40,18 @@ RECORD_KEYS = ("rank", "cuda_graphs", "baseline_step_s", "eager_step_s", "memory
                "precision_probe")
 
 
+def refuse_existing(*paths: Path) -> None:
+    """Refuse, naming the first, where any of `paths` exists (before any of them is made)."""
+    for path in paths:
+        if Path(path).exists():
+            raise FileExistsError(f"{path} exists: a summaries folder is never overwritten "
+                                  "(give another --out, or move it away)")
+
+
 def new_folder(path: Path) -> Path:
     """Create `path` (and its parents); refuse one that exists, naming it."""
     path = Path(path)
-    if path.exists():
-        raise FileExistsError(f"{path} exists: a summaries folder is never overwritten (give "
-                              "another --out, or move it away)")
+    refuse_existing(path)
     path.mkdir(parents=True)
     return path
 
