@@ -58,7 +58,9 @@ Never part of `make test`. 18-19 minutes on the quiet 2-core machine (2026-12-05
 rounds, the two initial checkpoints included; docs/planner_proof/2026-12-05T0308Z and T0440Z);
 21 and 29 minutes with 4 and 15 profiles taken again (2026-12-06T0424Z, T0459Z). Under the
 fourth proof file (16 profiled steps) 16 minutes, none taken again, on the faster machine of
-2026-12-06 evening (AVX512; docs/planner_proof/2026-12-06T2132Z, T2150Z).
+2026-12-06 evening (AVX512; docs/planner_proof/2026-12-06T2132Z, T2150Z). With five layouts
+beside it (`--beside`) on an AVX2 machine, 77 minutes (docs/planner_proof/2026-12-07T1957Z: the
+GB200 settings' BF16 profiles 106-180 s each).
 """
 from __future__ import annotations
 
