@@ -197,12 +197,14 @@ def probe_factor(ctx: Context, fit: Fitted, op: str, prec: str) -> float:
     """A CPU probe's time of operation `op` (gemm, attention, elementwise) in precision `prec`
     over the profiled precision's (`Fitted.probe_scale`; 1 where the probe did not price it: the
     profiled precision itself, a GPU's calibration). The attention takes the ladder's rung
-    nearest this layout's bmm batch, mbs x heads / TP (in log2; the smaller on a tie)."""
+    nearest this layout's bmm batch, mbs x heads / TP, the GEMMs the rung nearest its LM head's
+    vocabulary shard, vocabulary / TP (model revision 23; in log2, the smaller on a tie)."""
     scale = dict(fit.probe_scale)
-    rungs = {int(k.partition("_")[0][len("attention-b"):]): v for k, v in scale.items()
-             if op == "attention" and k.startswith("attention-b") and k.endswith("_" + prec)}
-    batch = ctx.mbs * ctx.model.num_attention_heads / ctx.tp
-    nearest = min(rungs, key=lambda b: (abs(math.log2(b / batch)), b), default=0)
+    prefix, size = {"attention": ("attention-b", ctx.mbs * ctx.model.num_attention_heads / ctx.tp),
+                    "gemm": ("gemm-v", ctx.vocab / ctx.tp)}.get(op, ("", 0.0))
+    rungs = {int(k.partition("_")[0][len(prefix):]): v for k, v in scale.items()
+             if prefix and k.startswith(prefix) and k.endswith("_" + prec)}
+    nearest = min(rungs, key=lambda b: (abs(math.log2(b / size)), b), default=0)
     return rungs.get(nearest) or scale.get(f"{op}_{prec}", 1.0)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-MODEL_REVISION = 22
+MODEL_REVISION = 23
 """The calibrated model's revision: raised whenever the same measurements give other constants
 or predictions. A table derived from measurements (bench/planner_proof: docs/planner_proof/)
 records the revision that derived it and re-derives under that revision's code only.
@@ -160,7 +160,11 @@ each model chunk's pass has host time of its own beyond its layer slots' (system
 fitted from a pipeline fit layout's host time (calibrate/joint.py `_chunk_host`), where the host
 time per layer slot had given a one-layer chunk a sixth of a six-slot chunk's: the GB200
 settings at PP2 x VP4, 32 passes of one layer slot a step, measured 1.71 of their predicted host
-time."""
+time. 23: a CPU probe's GEMM ratio at the layout's own LM-head shard, vocabulary / TP (a rung
+per shard the fit layouts probed: calibrate/precisions.py `shard_rungs`, compute.probe_factor),
+where the median over the fit layouts' probes had priced every layout alike: on an AVX2 CPU the
+BF16 LM head's ratio grows with the shard, and the GB200 settings at TP 1 read compute
+1.14-1.17 where the fit's median was a TP 2 shard's (docs/planner_proof/2026-12-07T1957Z)."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)

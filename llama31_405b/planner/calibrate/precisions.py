@@ -15,7 +15,8 @@ the whole part: its rate and its time per call alike (`Fitted.call_s`; the probe
 operation as the run calls it). So the fit keeps q's fraction of its peak at p's (scaled by
 the peaks' ratio, 1 on the CPU) and records the ratio in `Fitted.probe_scale` ("<operation>_<q>";
 `compute.probe_factor` applies it): "gemm" for linear parts in q (the LM head in BF16 under
-NVFP4), "attention-b<B>" at each rung of the probe's ladder of bmm batches (the rung nearest a
+NVFP4; "gemm-v<V>" at each vocabulary shard V the fit layouts probed, model revision 23, the
+rung nearest a layout's shard), "attention-b<B>" at each rung of the probe's ladder of bmm batches (the rung nearest a
 layout's mbs x heads / TP; "attention" where a probe had no ladder), "elementwise" for the
 non-GEMM work on activations in q (the parameters' precision), and "gemm_nvfp4" for the
 emulated NVFP4 linear against the FP32 one ("ffn" in the probe): its quantisation, priced as
@@ -56,6 +57,23 @@ def ratios(runs: list[tuple[Context, Summary]], op: str, base: str) -> dict[str,
     return {p: statistics.median(v) for p, v in out.items()}
 
 
+def shard_rungs(runs: list[tuple[Context, Summary]], base: str) -> dict[str, float]:
+    """Model revision 23: the LM head's probe ratio per vocabulary shard (vocabulary / TP: the
+    shape each run's probe timed), "gemm-v<shard>_<precision>" -> the median over the runs of
+    that shard, where the runs probed more than one shard ({} otherwise: the "gemm" ratio is
+    the one shard's). On a CPU without BF16 units the ratio grows with the shard (docs/planner.md,
+    "What the eighteenth set shows": 17.6-21.6 at 2,048, 22.6-31.1 at 4,096), so the median over
+    the fit layouts priced a layout at TP 1 at a TP 2 layout's ratio."""
+    by: dict[int, list[tuple[Context, Summary]]] = {}
+    for ctx, c in runs:
+        if c.probe_s:
+            by.setdefault(ctx.vocab // ctx.tp, []).append((ctx, c))
+    if len(by) < 2:
+        return {}
+    return {f"gemm-v{shard}_{prec}": 1 / r for shard, group in sorted(by.items())
+            for prec, r in ratios(group, "gemm", base).items()}
+
+
 def with_probe(fit: Fitted, runs: list[tuple[Context, Summary]]) -> Fitted:
     """`fit` with the precisions the runs' probes timed and the runs did not execute: their
     GEMM and attention fractions at the measured precision's (`Fitted.gemm_fraction`,
@@ -69,6 +87,7 @@ def with_probe(fit: Fitted, runs: list[tuple[Context, Summary]]) -> Fitted:
     for prec, r in ratios(runs, "gemm", gemm).items():
         g[prec] = base * peak(gemm) / peak(prec)
         scale[f"gemm_{prec}"] = 1 / r
+    scale |= shard_rungs(runs, gemm)
     rungs = sorted({k.partition("_")[0] for _, c in runs for k, _ in c.probe_s
                     if k.startswith("attention-b")})
     for op in ("attention", *rungs):
