@@ -291,6 +291,21 @@ def beside_sets(proof: spec.Proof, items: list[str]) -> list[tuple[str, Path, di
     return out
 
 
+def _extra_head(out: Path, proof: spec.Proof, layouts_file: Path) -> None:
+    """An --extra kind folder's copies of the proof file and the layouts file it ran under."""
+    (out / "proof.toml").write_text(proof.text)
+    shutil.copyfile(layouts_file, out / "layouts.toml")
+
+
+def _extra_report(out: Path, layouts_file: str, calibration: str) -> None:
+    """An --extra kind folder's report (extra.json, extra.md) from its summaries and its
+    calibration/given.toml (`derive.derive_extra`), printed."""
+    t = derive.derive_extra(out, layouts_file, calibration)
+    (out / "extra.json").write_text(json.dumps(t, indent=1) + "\n")
+    (out / "extra.md").write_text(render.extra_markdown(t))
+    print(render.extra_markdown(t) + f"\nWritten: {out}")
+
+
 def _beside_path(run: Path, sec: str) -> Path:
     return run.parent / f"extra_{run.name}_{sec}"
 
@@ -300,8 +315,7 @@ def _beside_folder(run: Path, proof: spec.Proof, sec: str, path: Path, layouts: 
     layouts file, the proof file and each layout's committed config, which must load."""
     from llama31_405b.config.load import load_config
     out = summaries.new_folder(_beside_path(run, sec))
-    (out / "proof.toml").write_text(proof.text)
-    shutil.copyfile(path, out / "layouts.toml")
+    _extra_head(out, proof, path)
     for n, lay in layouts.items():
         load_config(spec.committed_config(lay, out / "layouts" / n))
     return out
@@ -325,10 +339,7 @@ def beside_report(run: Path, work: Path, folder: Path, sec: str, path: Path, lay
         return
     (folder / "calibration").mkdir()
     shutil.copyfile(cal, folder / "calibration" / "given.toml")
-    t = derive.derive_extra(folder, _rel(path), _rel(cal))
-    (folder / "extra.json").write_text(json.dumps(t, indent=1) + "\n")
-    (folder / "extra.md").write_text(render.extra_markdown(t))
-    print(render.extra_markdown(t) + f"\nWritten: {folder}")
+    _extra_report(folder, _rel(path), _rel(cal))
 
 
 def proof_run(a) -> None:
@@ -396,18 +407,14 @@ def extra(a) -> None:
         sys.exit("\n".join(bad))
     info = {"started": _now(), "cpus": os.cpu_count(), "load_before": os.getloadavg()[0],
             "work": str(work), **_cpu(), **commit}
-    (out / "proof.toml").write_text(proof.text)
-    shutil.copyfile(a.extra, out / "layouts.toml")
+    _extra_head(out, proof, a.extra)
     (out / "calibration").mkdir()
     shutil.copyfile(a.calibration, out / "calibration" / "given.toml")
     profile_all(work, layouts, names, [], proof.rounds, proof.steps, a.reuse)
     summarise(work, out, layouts, names, proof.rounds)
     info.update(finished=_now(), load_after=os.getloadavg()[0])
     (out / "run.json").write_text(json.dumps(info, indent=1) + "\n")
-    t = derive.derive_extra(out, str(a.extra), str(a.calibration))
-    (out / "extra.json").write_text(json.dumps(t, indent=1) + "\n")
-    (out / "extra.md").write_text(render.extra_markdown(t))
-    print(render.extra_markdown(t) + f"\nWritten: {out}")
+    _extra_report(out, str(a.extra), str(a.calibration))
 
 
 def main() -> None:

@@ -295,9 +295,9 @@ def _chunk_host(runs: list[tuple[Context, Summary]], fit: Fitted) -> Fitted:
     host time (`step.Breakdown.host_s`, linear in it) at its measured host gaps
     (`Summary.host_s`), averaged; at least 0; `fit` unchanged where none has its host time
     measured or the time adds nothing to its host time."""
-    got = [x for ctx, c in runs if c.host_s is not None
-           for x in (_solved(lambda v: breakdown(ctx, replace(fit, host_s_per_chunk_pass=v)).host_s,
-                             c.host_s),) if x is not None]
+    solved = (_solved(lambda v: breakdown(ctx, replace(fit, host_s_per_chunk_pass=v)).host_s,
+                      c.host_s) for ctx, c in runs if c.host_s is not None)
+    got = [x for x in solved if x is not None]
     return replace(fit, host_s_per_chunk_pass=fmean(got)) if got else fit
 
 

@@ -16,8 +16,9 @@ operation as the run calls it). So the fit keeps q's fraction of its peak at p's
 the peaks' ratio, 1 on the CPU) and records the ratio in `Fitted.probe_scale` ("<operation>_<q>";
 `compute.probe_factor` applies it): "gemm" for linear parts in q (the LM head in BF16 under
 NVFP4; "gemm-v<V>" at each vocabulary shard V the fit layouts probed, model revision 23, the
-rung nearest a layout's shard), "attention-b<B>" at each rung of the probe's ladder of bmm batches (the rung nearest a
-layout's mbs x heads / TP; "attention" where a probe had no ladder), "elementwise" for the
+rung nearest a layout's shard), "attention-b<B>" at each rung of the probe's ladder of bmm
+batches (the rung nearest a layout's mbs x heads / TP; "attention" where a probe had no
+ladder), "elementwise" for the
 non-GEMM work on activations in q (the parameters' precision), and "gemm_nvfp4" for the
 emulated NVFP4 linear against the FP32 one ("ffn" in the probe): its quantisation, priced as
 elementwise work of (ratio - 1) x the layer's linear time. Several layouts: the median ratio
