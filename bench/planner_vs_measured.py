@@ -60,7 +60,8 @@ rounds, the two initial checkpoints included; docs/planner_proof/2026-12-05T0308
 fourth proof file (16 profiled steps) 16 minutes, none taken again, on the faster machine of
 2026-12-06 evening (AVX512; docs/planner_proof/2026-12-06T2132Z, T2150Z). With five layouts
 beside it (`--beside`) on an AVX2 machine, 77 minutes (docs/planner_proof/2026-12-07T1957Z: the
-GB200 settings' BF16 profiles 106-180 s each).
+GB200 settings' BF16 profiles 106-180 s each); 72 minutes for the next
+(docs/planner_proof/2026-12-07T2253Z).
 """
 from __future__ import annotations
 
