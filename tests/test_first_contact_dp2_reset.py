@@ -30,10 +30,14 @@ def _phase(tmp_path_factory, no_reset: bool) -> tuple:
         mp.setattr(dp2, "WORKER", (str(WORKER),))
         mp.setenv("DP2_PROBE_DIR", str(probe))
         mp.setenv("DP2_NO_RESET", "1" if no_reset else "0")
-        rep = Report()
+        rep = Report(path=probe / "out" / "report.json")
         dp2.run_dp2_phase(rep, CONFIG, layers=1, seq_length=64, steps=2, cpu=True,
                           system=None, compute="bf16", timeout_s=600)
     ranks = [json.loads((probe / f"rank{r}.json").read_text()) for r in range(2)]
+    # the ranks' logs stay beside the report file, in the folder the check's detail names
+    logs = [d for d in (probe / "out").iterdir() if d.name.startswith("first_contact_dp2_")]
+    assert len(logs) == 1 and str(logs[0]) in rep.checks["dp2_eval_sync"].detail
+    assert {f.name for f in logs[0].iterdir()} >= {"rank0.log", "rank1.log", "result.json"}
     return rep.checks["dp2_eval_sync"], ranks
 
 

@@ -136,7 +136,12 @@ def run_dp2_phase(rep: Report, config: str | Path, *, layers: int, seq_length: i
         if steps < 1:   # before any rank starts: the replay check (0) follows the first step
             raise ValueError(f"--steps {steps}: the DP 2 phase needs at least 1 training step "
                              "(its replayed training step follows the first optimizer step)")
-        tmp = Path(tempfile.mkdtemp(prefix="first_contact_dp2_"))
+        # the ranks' logs and result beside the report file (where it has one: save() makes its
+        # folder), else in a temporary folder; named in the check's detail either way, so a run
+        # that passes or fails leaves them where its reader looks (never deleted)
+        rep.save()
+        tmp = Path(tempfile.mkdtemp(prefix="first_contact_dp2_",
+                                    dir=rep.path.parent if rep.path else None))
         result = tmp / "result.json"
         port = _free_port()
         cmd = [sys.executable, *WORKER, "--config",
@@ -174,9 +179,10 @@ def run_dp2_phase(rep: Report, config: str | Path, *, layers: int, seq_length: i
             tails.append(f"rank {r} (exit {procs[r].returncode}): " + log.read()[-1500:])
             log.close()
         if timed_out and not result.exists():
-            raise RuntimeError(f"the DP 2 ranks ran past {limit:.0f} s; " + " | ".join(tails))
+            raise RuntimeError(f"the DP 2 ranks ran past {limit:.0f} s (logs in {tmp}); "
+                               + " | ".join(tails))
         if any(p.returncode for p in procs) or not result.exists():
-            raise RuntimeError("a DP 2 rank failed: " + " | ".join(tails))
+            raise RuntimeError(f"a DP 2 rank failed (logs in {tmp}): " + " | ".join(tails))
         res: Dp2Result = json.loads(result.read_text())   # Any: JSON, written by worker
         same_w = all(r["weights_synchronised"] for r in res["ranks"])
         same_t = all(r["train_replay_synchronised"] for r in res["ranks"])
@@ -192,7 +198,8 @@ def run_dp2_phase(rep: Report, config: str | Path, *, layers: int, seq_length: i
                   + ("weights scored = synchronised weights on both ranks" if same_w else
                      "STALE: ranks " + ", ".join(str(r["rank"]) for r in res["ranks"]
                                                  if not r["weights_synchronised"])
-                     + " scored weights that differ from the synchronised ones"))
+                     + " scored weights that differ from the synchronised ones")
+                  + f"; the ranks' logs in {tmp}")
         if same_w and same_l and same_t:
             rep.passed("dp2_eval_sync", detail, **res)
         else:
